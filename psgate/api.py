@@ -1,0 +1,212 @@
+"""The library API behind the CLI: validate a trace, replay it, write a receipt.
+
+    receipt = replay(ReplayConfig(trace="incident.jsonl", baseline="lru",
+                                  candidate="prefixshield", out=Path("out")))
+
+One validation pass reads the whole trace first (nothing is written for a
+trace with an error anywhere), then each policy gets its own streaming pass
+over the same bytes with the same capacity, clock and events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from psgate import __version__
+from psgate.engines import ENGINES
+from psgate.engines.cost import CostModel
+from psgate.engines.sim import SimEngine
+from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, EngineUnavailable, InputError
+from psgate.policies import make_policy
+from psgate.receipt.atomic import StagedOutput, prepare_out_dir
+from psgate.receipt.gate import GateSpec, evaluate, load_gate_file
+from psgate.receipt.ledger import LedgerWriter, file_sha256, write_requests
+from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
+from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
+from psgate.stats.metrics import paired_difference, run_metrics
+from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+
+DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
+DEFAULT_CAPACITY = 512
+DEFAULT_CONTRACTS = ("critical", "standard", "best-effort")
+VLLM_INSTALL_HINT = "install it with: bash scripts/install-vllm.sh (see README, 'vLLM engines')"
+
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass
+class ReplayConfig:
+    trace: str = DEFAULT_TRACE
+    baseline: str = "lru"
+    candidate: str = "lru"
+    baseline_params: dict = field(default_factory=dict)
+    candidate_params: dict = field(default_factory=dict)
+    capacity: int = DEFAULT_CAPACITY
+    engine: str = "sim"
+    out: Path = Path("psgate-out")
+    force: bool = False
+    gate_file: str | None = None
+    allow_unexercised: bool = False
+    paranoid: bool = False
+    ledger_hits: bool = False
+    cost: CostModel = field(default_factory=CostModel)
+    contracts: tuple[str, ...] = DEFAULT_CONTRACTS
+
+
+@dataclass
+class ReplayResult:
+    receipt: dict
+    out: Path
+
+    @property
+    def passed(self) -> bool:
+        return self.receipt["gate"]["result"] == "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PASS if self.passed else EXIT_GATE_FAILED
+
+
+def check_engine(engine: str) -> None:
+    if engine in ENGINES:
+        return
+    if engine in ("vllm-pool", "vllm"):
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineUnavailable(f"engine '{engine}' needs vLLM, which is not installed; "
+                                    f"{VLLM_INSTALL_HINT}")
+        raise EngineUnavailable(f"engine '{engine}' is not available in psgate {__version__}; "
+                                f"available: {', '.join(ENGINES)}")
+    raise InputError(f"unknown engine '{engine}'; expected one of sim, vllm-pool, vllm",
+                     path="--engine")
+
+
+def validate(trace: str) -> dict:
+    header, summary = validate_trace(trace)
+    return {"path": summary.path, "block_size": header.block_size,
+            "sha256": summary.sha256, "canonical_sha256": summary.canonical_sha256,
+            "lines": summary.num_lines, "requests": summary.num_requests,
+            "cancels": summary.num_cancels, "dones": summary.num_dones,
+            "distinct_blocks": summary.num_distinct_blocks,
+            "skipped_unknown": summary.num_skipped_unknown}
+
+
+def _environment(src: TraceSource, out: Path, started: float, gate: str | None) -> dict:
+    pkgs = {}
+    for name in ("typer", "rich", "orjson", "jsonschema", "rfc8785"):
+        try:
+            from importlib.metadata import version
+            pkgs[name] = version(name)
+        except Exception:  # noqa: BLE001 - a missing version is not an error here
+            pkgs[name] = None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "packages": pkgs,
+        "trace_abspath": str(src.path.resolve()),
+        "gate_abspath": str(Path(gate).resolve()) if gate else None,
+        "out_dir": str(out.resolve()),
+        "cwd": os.getcwd(),
+        "started_unix": round(started, 3),
+        "wall_s": round(time.time() - started, 3),
+    }
+
+
+def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> ReplayResult:
+    started = time.time()
+    check_engine(cfg.engine)
+    if cfg.capacity < 2:
+        raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
+                         f"found {cfg.capacity}", path="--capacity")
+    policies = {"baseline": make_policy(cfg.baseline, cfg.baseline_params),
+                "candidate": make_policy(cfg.candidate, cfg.candidate_params)}
+    spec: GateSpec | None = load_gate_file(cfg.gate_file) if cfg.gate_file else None
+    gate_sha = None
+    if cfg.gate_file:
+        gate_sha = hashlib.sha256(Path(cfg.gate_file).read_bytes()).hexdigest()
+
+    src = TraceSource.resolve(cfg.trace)
+    hashes = HashTable()
+    header, summary = validate_trace(cfg.trace, hashes)
+
+    prepare_out_dir(cfg.out, cfg.force)
+    runs: dict[str, dict] = {}
+    results = []
+    with StagedOutput(cfg.out) as staged:
+        ledger = LedgerWriter(staged.path("ledger.csv"), hits=cfg.ledger_hits)
+        try:
+            for label, policy in policies.items():
+                ledger.start_run(label, policy.name)
+                tick = progress(f"{label} ({policy.name})", summary.num_lines) if progress else None
+                engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity,
+                                   policy=policy, contracts=cfg.contracts,
+                                   done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
+                                   paranoid=cfg.paranoid, label=label, trace_path=src.display,
+                                   progress=tick)
+                with TraceReader(src, hashes) as reader:
+                    result = engine.run(reader.events())
+                    if reader.summary().sha256 != summary.sha256:
+                        raise InputError("the trace changed while it was being replayed",
+                                         path=src.display)
+                results.append(result)
+                runs[label] = {
+                    "policy": result.policy,
+                    "aborted": result.aborted,
+                    "metrics": run_metrics(result, cfg.cost),
+                    "counts": result.counts,
+                    "invariants": {n: v.to_json() for n, v in sorted(result.invariants.items())},
+                    "orphans": result.orphans,
+                    "rejected_ids": result.rejected_ids,
+                    "span_s": round((result.end_ns - result.start_ns) / 1e9, 9),
+                }
+        finally:
+            ledger.close()
+        write_requests(staged.path("requests.csv"),
+                       [(r.label, r.policy["name"], r.requests) for r in results])
+
+        gate = evaluate(runs, spec, cfg.allow_unexercised)
+        receipt = {
+            "psgate_receipt": RECEIPT_FORMAT,
+            "tool": {"name": "psgate", "version": __version__},
+            "trace": {
+                "path": src.display, "sha256": summary.sha256,
+                "canonical_sha256": summary.canonical_sha256,
+                "block_size": header.block_size, "hashing": header.hashing,
+                "source": header.source, "partial": header.partial,
+                "num_lines": summary.num_lines, "num_requests": summary.num_requests,
+                "num_cancels": summary.num_cancels, "num_dones": summary.num_dones,
+                "num_distinct_blocks": summary.num_distinct_blocks,
+                "num_skipped_unknown": summary.num_skipped_unknown,
+            },
+            "config": {
+                "engine": cfg.engine, "capacity": cfg.capacity, "usable_blocks": cfg.capacity - 1,
+                "block_size": header.block_size, "contracts": list(cfg.contracts),
+                "cost_model": cfg.cost.to_json(),
+                "baseline": policies["baseline"].describe(),
+                "candidate": policies["candidate"].describe(),
+                "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
+                "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
+                "gate_file": {"path": cfg.gate_file, "sha256": gate_sha} if cfg.gate_file else None,
+                "replay_model": "psgate replay model v1: blocks held from admission, "
+                                "ceil((prompt+out)/block_size) per request, prompt blocks cached",
+            },
+            "runs": runs,
+            "comparison": paired_difference(runs["baseline"]["metrics"],
+                                            runs["candidate"]["metrics"]),
+            "gate": gate,
+            "outputs": {name: {"sha256": file_sha256(staged.path(name))}
+                        for name in ("ledger.csv", "requests.csv")},
+        }
+        receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file)
+        validate_receipt(receipt)
+        staged.path("receipt.json").write_bytes(dumps(receipt))
+        staged.commit()
+    return ReplayResult(receipt=receipt, out=cfg.out)

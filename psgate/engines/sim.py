@@ -1,0 +1,548 @@
+"""sim: psgate's own block pool and service model, reproducing vLLM v1's block pool.
+
+Block pool (facts checked against vLLM 0.32's ``BlockPool``):
+  - block 0 is the null block: N configured blocks give N-1 usable ones;
+  - the free queue is [truly free blocks ... | cached candidates ...]: a freed
+    request's uncached blocks are prepended (its last block frontmost), its
+    cached ones appended (last block first); allocation pops from the front,
+    so truly free blocks are used first and candidates are evicted in the
+    policy's order (for ``lru``, exactly vLLM's queue order);
+  - a hit takes a candidate out of the queue (``touch``); one hash may be held
+    by several blocks (after a last-block recompute) and a lookup takes the
+    earliest inserted; hits stop at ``prompt_tokens - 1`` tokens, in whole blocks.
+
+Replay model (a documented simplification of vLLM's scheduler): a request holds
+``ceil((prompt + out) / block_size)`` blocks from admission until it completes
+or is cancelled, allocated in one batch; its new full prompt blocks become
+cached at admission. At equal times releases come before arrivals. Admission
+is FIFO and head-of-line blocking; a request that cannot fit even into an empty
+cache is rejected. Prefill runs FIFO on one server whose time comes from the
+cost model.
+
+The per-block state is flat arrays (a few bytes a block), not objects.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from collections.abc import Iterable
+
+from psgate.engines.cost import CostModel
+from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
+                                    RequestOutcome, RunResult)
+from psgate.errors import InputError
+from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.policies.base import EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent, TraceHeader
+from psgate.trace.reader import HashTable
+
+NS_PER_MS = 1_000_000
+_WAITING, _RUNNING = 1, 2
+_KEY_SHIFT = 32
+
+
+class _Req:
+    __slots__ = ("ev", "preq", "gid", "ns", "state", "blocks", "num_total", "admit_ns",
+                 "first_token_ns", "release_ns", "seq", "done_ns", "awaits_done", "outcome",
+                 "wait_start_ns")
+
+    def __init__(self, ev: RequestEvent, preq: PolicyRequest, gid: int, num_total: int,
+                 outcome: RequestOutcome, awaits_done: bool):
+        self.ev = ev
+        self.preq = preq
+        self.gid = gid
+        self.ns = preq.namespace
+        self.state = 0
+        self.blocks: list[int] = []
+        self.num_total = num_total
+        self.admit_ns = 0
+        self.first_token_ns = 0
+        self.release_ns = -1
+        self.seq = -1
+        self.done_ns = ev.done_ns
+        self.awaits_done = awaits_done
+        self.outcome = outcome
+        self.wait_start_ns = -1
+
+
+class _PolicyFault(Exception):
+    """The policy chose a block that is not a candidate; the run cannot go on."""
+
+
+class NullRecorder:
+    """Receives ledger events; the receipt layer supplies a real one."""
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        pass
+
+    def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
+        pass
+
+    def hit(self, now_ns, req, pos, block, hash_name, owner) -> None:
+        pass
+
+
+class SimEngine:
+    """Replays one trace under one policy; ``run()`` returns a :class:`RunResult`."""
+
+    name = "sim"
+
+    def __init__(self, *, header: TraceHeader, hashes: HashTable, capacity: int,
+                 policy: EvictionPolicy, contracts: Iterable[str], done_ids: frozenset[str],
+                 cost: CostModel | None = None, recorder=None, paranoid: bool = False,
+                 label: str = "run", trace_path: str = "trace", progress=None) -> None:
+        if capacity < 2:
+            raise InputError(f"expected at least 2 configured blocks (one is vLLM's null "
+                             f"block), found {capacity}", path="--capacity")
+        self.bs = header.block_size
+        self.hashes = hashes
+        self.num_blocks = capacity
+        self.num_usable = capacity - 1
+        self.policy = policy
+        self.contracts = frozenset(contracts)
+        self.done_ids = done_ids
+        self.cost = cost or CostModel()
+        self.recorder = recorder or NullRecorder()
+        self.label = label
+        self.trace_path = trace_path
+        self.progress = progress
+
+        n = capacity
+        self.ref = array("i", [0]) * n
+        self.key = array("q", [NO_KEY]) * n
+        self.owner = array("i", [-1]) * n
+        # Truly free blocks, front first; block 0 (null) is never in it.
+        self.free = deque(range(1, n))
+        # content key -> block, or list of blocks in insertion order (duplicates)
+        self.cached: dict[int, int | list[int]] = {}
+
+        self.ns_ids: dict[tuple[str, str], int] = {}
+        self.gids: dict[str, int] = {}
+        self.group_names: list[str] = []
+        self.occ: list[int] = []
+        self.occ_max: list[int] = []
+        self.occ_area: list[int] = []
+        self.occ_t: list[int] = []
+        self.evict_matrix: list[list[int]] = []
+        self.lost: set[int] = set()
+
+        self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs))
+        parent = hashes.parent
+
+        def parent_of(k: int) -> int:
+            p = parent[k & 0xFFFFFFFF]
+            return NO_KEY if p < 0 else ((k >> _KEY_SHIFT) << _KEY_SHIFT) | p
+
+        self.checker = InvariantChecker(n, parent_of, paranoid=paranoid)
+        self.paranoid = paranoid
+
+        self.now = 0
+        self.start_ns: int | None = None
+        self.heap: list[tuple[int, int, _Req]] = []
+        self.line: deque[_Req] = deque()            # capacity waits: head-of-line blocking
+        self.group_lines: dict[int, deque[_Req]] = {}  # quota waits: per group
+        self.reqs: dict[str, _Req | str] = {}       # id -> live request, or its final state
+        self.server_free_ns = 0
+        self.seq = 0
+        self.outcomes: list[RequestOutcome] = []
+        self.num_evictions = 0
+        self.counts = {"admitted": 0, "waits": 0, "rejected": 0, "dropped": 0, "cancelled": 0,
+                       "late_cancels": 0, "late_dones": 0, "done_shifted": 0, "unfinished": 0,
+                       "hit_blocks": 0, "new_blocks": 0}
+        self.rejected_ids: list[str] = []
+        self.aborted: str | None = None
+
+    # -- helpers --------------------------------------------------------------
+    def _gid(self, group: str) -> int:
+        g = self.gids.get(group)
+        if g is None:
+            g = len(self.group_names)
+            self.gids[group] = g
+            self.group_names.append(group)
+            self.occ.append(0)
+            self.occ_max.append(0)
+            self.occ_area.append(0)
+            self.occ_t.append(self.now)
+            for row in self.evict_matrix:
+                row.append(0)
+            self.evict_matrix.append([0] * (g + 1))
+        return g
+
+    def _occ_add(self, g: int, delta: int) -> None:
+        now = self.now
+        self.occ_area[g] += self.occ[g] * (now - self.occ_t[g])
+        self.occ_t[g] = now
+        v = self.occ[g] + delta
+        self.occ[g] = v
+        if v > self.occ_max[g]:
+            self.occ_max[g] = v
+
+    def _where(self, r: _Req) -> str:
+        return f"{self.trace_path}:{r.ev.line} (request {r.ev.id}, {self.label})"
+
+    def _lookup(self, ns: int, hid: int) -> int:
+        v = self.cached.get((ns << _KEY_SHIFT) | hid)
+        if v is None:
+            return -1
+        return v if type(v) is int else v[0]
+
+    def num_candidates(self) -> int:
+        return self.policy.num_candidates
+
+    # -- the replay -------------------------------------------------------------
+    def run(self, events: Iterable[RequestEvent | CancelEvent | DoneEvent]) -> RunResult:
+        try:
+            for ev in events:
+                if self.start_ns is None:
+                    self.start_ns = ev.t_ns
+                    self.now = ev.t_ns
+                    self.server_free_ns = ev.t_ns
+                self._advance(ev.t_ns)
+                if type(ev) is RequestEvent:
+                    self._arrive(ev)
+                elif type(ev) is CancelEvent:
+                    self._cancel(ev)
+                else:
+                    self._done(ev)
+                if self.progress is not None:
+                    self.progress(ev.line)
+            self._drain()
+        except _PolicyFault as exc:
+            self.aborted = str(exc)
+        return self._result()
+
+    def _advance(self, t: int, move_clock: bool = True) -> None:
+        """Process every release due at or before t, then retry waiting requests."""
+        heap = self.heap
+        while heap and heap[0][0] <= t:
+            tc = heap[0][0]
+            self.now = tc
+            while heap and heap[0][0] == tc:
+                _, _, r = heapq.heappop(heap)
+                if r.state == _RUNNING and r.release_ns == tc:
+                    self._release(r, COMPLETED)
+            self._admit_waiting()
+        if move_clock and t > self.now:
+            self.now = t
+
+    def _drain(self) -> None:
+        self._advance(1 << 62, move_clock=False)
+        # Requests still waiting for a done event that never came (partial traces)
+        # release at the end, in admission order, letting anyone still waiting in.
+        while True:
+            running = sorted((r for r in self.reqs.values()
+                              if type(r) is _Req and r.state == _RUNNING),
+                             key=lambda r: r.seq)
+            if not running:
+                break
+            for r in running:
+                self._release(r, UNFINISHED)
+            self._admit_waiting()
+            self._advance(1 << 62, move_clock=False)
+        for r in list(self.line) + [r for q in self.group_lines.values() for r in q]:
+            # Unreachable in a consistent pool: an empty cache fits any non-rejected request.
+            r.outcome.state = UNFINISHED
+            self._finalize(r)
+
+    def _arrive(self, ev: RequestEvent) -> None:
+        if ev.contract not in self.contracts:
+            raise InputError(f"unknown contract '{ev.contract}'; the replay's contract table "
+                             f"has {', '.join(sorted(self.contracts))}",
+                             path=self.trace_path, line=ev.line, field="contract")
+        g = self._gid(ev.group)
+        nskey = (ev.group, ev.scope)
+        ns = self.ns_ids.get(nskey)
+        if ns is None:
+            ns = len(self.ns_ids)
+            self.ns_ids[nskey] = ns
+        bs = self.bs
+        preq = PolicyRequest(id=ev.id, group=ev.group, contract=ev.contract, scope=ev.scope,
+                             namespace=ns, prefix=ev.prefix, t_ns=ev.t_ns,
+                             prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
+                             num_new_full_blocks=0, priority=ev.priority,
+                             priority_until_ns=ev.priority_until_ns)
+        outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
+                                 measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
+                                 prompt_tokens=ev.prompt_tokens)
+        num_total = -(-(ev.prompt_tokens + ev.out) // bs)
+        r = _Req(ev, preq, g, num_total, outcome, ev.id in self.done_ids)
+        if num_total > self.num_usable:
+            outcome.state = REJECTED
+            self.counts["rejected"] += 1
+            self.rejected_ids.append(ev.id)
+            self.reqs[ev.id] = REJECTED
+            self._finalize(r)
+            return
+        self.reqs[ev.id] = r
+        r.state = _WAITING
+        if self.line:
+            self._wait(r, self.line)
+            return
+        status = self._try_admit(r)
+        if status == "quota":
+            self._wait(r, self.group_lines.setdefault(g, deque()))
+        elif status == "nofit":
+            self._wait(r, self.line)
+
+    def _wait(self, r: _Req, line: deque) -> None:
+        line.append(r)
+        if r.wait_start_ns < 0:
+            r.wait_start_ns = self.now
+            r.outcome.waited = True
+            self.counts["waits"] += 1
+
+    def _admit_waiting(self) -> None:
+        line = self.line
+        while line:
+            status = self._try_admit(line[0])
+            if status == "ok":
+                line.popleft()
+            elif status == "quota":
+                r = line.popleft()
+                self.group_lines.setdefault(r.gid, deque()).append(r)
+            else:
+                break
+        for q in self.group_lines.values():
+            while q:
+                status = self._try_admit(q[0])
+                if status != "ok":
+                    break
+                q.popleft()
+
+    def _try_admit(self, r: _Req) -> str:
+        ev = r.ev
+        bs = self.bs
+        ns = r.ns
+        ref = self.ref
+        max_hits = min((ev.prompt_tokens - 1) // bs, len(ev.blocks))
+        hits: list[int] = []
+        cached = self.cached
+        base = ns << _KEY_SHIFT
+        for i in range(max_hits):
+            v = cached.get(base | ev.blocks[i])
+            if v is None:
+                break
+            hits.append(v if type(v) is int else v[0])
+        num_hits = len(hits)
+        num_new = r.num_total - num_hits
+        preq = r.preq
+        num_full = len(ev.blocks)
+        preq.num_new_full_blocks = num_full - num_hits
+        if not self.policy.admission_allowed(preq, num_new):
+            return "quota"
+        evictable_hits = 0
+        for b in hits:
+            if ref[b] == 0:
+                evictable_hits += 1
+        if num_new > len(self.free) + self.policy.num_candidates - evictable_hits:
+            return "nofit"
+
+        # -- admit: one allocation batch -----------------------------------------
+        now = self.now
+        policy = self.policy
+        rec = self.recorder
+        g = r.gid
+        policy.on_admit(preq, now)
+        for pos, b in enumerate(hits):
+            if ref[b] == 0:
+                policy.on_touch(b)
+            ref[b] += 1
+            policy.on_hit(b, preq, pos)
+        new: list[int] = []
+        free = self.free
+        take = min(num_new, len(free))
+        for _ in range(take):
+            new.append(free.popleft())
+        for _ in range(num_new - take):
+            d = policy.select_victim(preq, now)
+            self._evict(d, r)
+            new.append(d.victim)
+        owner = self.owner
+        for b in new:
+            ref[b] = 1
+            owner[b] = g
+        self._occ_add(g, num_new)
+        blocks = hits + new
+        r.blocks = blocks
+        key = self.key
+        names = self.hashes.names
+        cached_now: list[tuple[int, int]] = []
+        recompute = 0
+        lost = self.lost
+        for pos in range(num_hits, num_full):
+            b = blocks[pos]
+            k = base | ev.blocks[pos]
+            key[b] = k
+            cur = cached.get(k)
+            if cur is None:
+                cached[k] = b
+            elif type(cur) is int:
+                cached[k] = [cur, b]
+            else:
+                cur.append(b)
+            if k in lost:
+                lost.discard(k)
+                recompute += bs
+            cached_now.append((b, k))
+            policy.on_cached(b, preq, pos, blocks[pos - 1] if pos else -1)
+        note = policy.end_admit(preq, now)
+
+        r.state = _RUNNING
+        r.admit_ns = now
+        r.seq = self.seq
+        self.seq += 1
+        cached_tokens = num_hits * bs
+        o = r.outcome
+        o.cached_tokens = cached_tokens
+        o.new_blocks = num_full - num_hits
+        o.recompute_tokens = recompute
+        self.counts["admitted"] += 1
+        self.counts["hit_blocks"] += num_hits
+        self.counts["new_blocks"] += num_full - num_hits
+        prefill_ms = self.cost.prefill_ms(ev.prompt_tokens - cached_tokens, cached_tokens)
+        start = max(now, self.server_free_ns)
+        first = start + round(prefill_ms * NS_PER_MS)
+        self.server_free_ns = first
+        r.first_token_ns = first
+        o.prefill_ms = prefill_ms
+        o.ttft_ms = (first - ev.t_ns) / NS_PER_MS
+        o.queue_ms = (start - ev.t_ns) / NS_PER_MS
+        if r.wait_start_ns >= 0:
+            o.wait_ms = (now - r.wait_start_ns) / NS_PER_MS
+        if r.done_ns is not None:
+            self._schedule_done(r)
+        elif not r.awaits_done:
+            self._schedule(r, first + round(ev.out * self.cost.per_output_token_ms * NS_PER_MS))
+
+        where = self._where(r)
+        ns_keys = [base | h for h in ev.blocks[:num_hits]]
+        self.checker.admitted(where, ns_keys, hits, max_hits, new, cached_now)
+        self.checker.check_accounting(where, len(free), policy.num_candidates, self, policy)
+        rec.admission(now, preq, num_hits, num_new, num_full - num_hits, note)
+        if getattr(rec, "hits", False):
+            for pos, b in enumerate(hits):
+                rec.hit(now, preq, pos, b, names[ev.blocks[pos]], self.group_names[owner[b]])
+        return "ok"
+
+    def _evict(self, d, r: _Req) -> None:
+        v = d.victim
+        k = self.key[v]
+        where = self._where(r)
+        self.checker.evicted(where, v)
+        if not (0 < v < self.num_blocks) or self.ref[v] != 0 or k == NO_KEY:
+            raise _PolicyFault(f"{where}: policy '{self.policy.name}' chose block {v}, which "
+                               f"is not an eviction candidate (pinned or holding no content)")
+        og = self.owner[v]
+        self.recorder.eviction(self.now, r.preq, d, v, self.hashes.names[k & 0xFFFFFFFF],
+                               self.group_names[og])
+        cur = self.cached[k]
+        if type(cur) is int:
+            del self.cached[k]
+            self.lost.add(k)
+        else:
+            cur.remove(v)
+            if len(cur) == 1:
+                self.cached[k] = cur[0]
+        self.key[v] = NO_KEY
+        self.policy.on_evict(v)
+        self._occ_add(og, -1)
+        self.owner[v] = -1
+        self.evict_matrix[r.gid][og] += 1
+        self.num_evictions += 1
+
+    def _schedule(self, r: _Req, release_ns: int) -> None:
+        # Always through the heap, even when due now: releasing from inside an
+        # admission would re-enter the waiting line.
+        release_ns = max(release_ns, self.now)
+        r.release_ns = release_ns
+        heapq.heappush(self.heap, (release_ns, r.seq, r))
+
+    def _schedule_done(self, r: _Req) -> None:
+        """Hold for done - t from admission, never releasing before the first token."""
+        release = max(r.admit_ns + (r.done_ns - r.ev.t_ns), r.first_token_ns)
+        if release != r.done_ns:
+            self.counts["done_shifted"] += 1
+        self._schedule(r, release)
+
+    def _release(self, r: _Req, state: str) -> None:
+        ref, key, owner = self.ref, self.key, self.owner
+        uncached: list[int] = []
+        freed: list[int] = []
+        for b in reversed(r.blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                (uncached if key[b] == NO_KEY else freed).append(b)
+        self.free.extendleft(reversed(uncached))
+        for b in uncached:
+            self._occ_add(owner[b], -1)
+            owner[b] = -1
+        self.policy.on_free(freed, self.now)
+        where = self._where(r)
+        self.checker.released(where, r.blocks)
+        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
+                                      self, self.policy)
+        r.state = 0
+        r.outcome.state = state
+        r.outcome.release_ns = self.now
+        if state == CANCELLED and self.now < r.first_token_ns:
+            r.outcome.ttft_ms = None
+        if state == UNFINISHED:
+            self.counts["unfinished"] += 1
+        self.reqs[r.ev.id] = state
+        self._finalize(r)
+
+    def _finalize(self, r: _Req) -> None:
+        self.outcomes.append(r.outcome)
+
+    def _cancel(self, ev: CancelEvent) -> None:
+        r = self.reqs.get(ev.id)
+        if type(r) is not _Req:
+            self.counts["late_cancels"] += 1
+            return
+        if r.state == _WAITING:
+            for line in (self.line, self.group_lines.get(r.gid)):
+                if line is not None and r in line:
+                    line.remove(r)
+            r.state = 0
+            r.outcome.state = DROPPED
+            self.counts["dropped"] += 1
+            self.reqs[ev.id] = DROPPED
+            self._finalize(r)
+            self._admit_waiting()
+        else:
+            self.counts["cancelled"] += 1
+            self._release(r, CANCELLED)
+            self._admit_waiting()
+
+    def _done(self, ev: DoneEvent) -> None:
+        r = self.reqs.get(ev.id)
+        if type(r) is not _Req:
+            self.counts["late_dones"] += 1
+            return
+        r.done_ns = ev.t_ns
+        if r.state == _RUNNING:
+            self._schedule_done(r)
+            self._advance(self.now)
+
+    # -- results ----------------------------------------------------------------
+    def _result(self) -> RunResult:
+        end = self.now
+        span = max(1, end - (self.start_ns or 0))
+        occ_mean = {}
+        for g, name in enumerate(self.group_names):
+            area = self.occ_area[g] + self.occ[g] * (end - self.occ_t[g])
+            occ_mean[name] = area / span
+        names = self.group_names
+        matrix = {names[a]: {names[b]: n for b, n in enumerate(row) if n}
+                  for a, row in enumerate(self.evict_matrix)}
+        return RunResult(
+            label=self.label, policy=self.policy.describe(), usable_blocks=self.num_usable,
+            requests=self.outcomes, groups=list(names), evictions=self.num_evictions,
+            evictions_by={a: row for a, row in matrix.items() if row},
+            occupancy_mean=occ_mean,
+            occupancy_max={names[g]: v for g, v in enumerate(self.occ_max)},
+            counts=dict(self.counts), invariants=self.checker.results(),
+            orphans=self.checker.orphan_stats(), aborted=self.aborted,
+            rejected_ids=list(self.rejected_ids), start_ns=self.start_ns or 0, end_ns=end)

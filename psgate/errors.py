@@ -1,0 +1,39 @@
+"""Errors that end a command, each carrying the exit code the CLI returns.
+
+Exit codes: 0 the gate passed, 1 the gate failed, 2 bad input or usage,
+3 an engine that is not installed or cannot start.
+"""
+
+EXIT_PASS = 0
+EXIT_GATE_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_ENGINE_UNAVAILABLE = 3
+
+
+class PsgateError(Exception):
+    """A failure that the CLI reports as one line and an exit code."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class InputError(PsgateError):
+    """Bad input: a malformed trace, gate file or option.
+
+    The message names where the problem is (``file:line: field ...``) and what
+    was expected, so an operator can fix it without reading a traceback.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 field: str | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}{what}{message}")
+        self.path = path
+        self.line = line
+        self.field = field
+
+
+class EngineUnavailable(PsgateError):
+    exit_code = EXIT_ENGINE_UNAVAILABLE

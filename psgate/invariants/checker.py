@@ -1,0 +1,201 @@
+"""Invariant checking from engine events, with state of its own.
+
+The checker rebuilds reference counts, cached content and residency from the
+events the engine reports, and compares the engine's and the policy's own
+counters against that; it never trusts either. Checks are incremental (O(1)
+per block event); ``paranoid=True`` also recomputes everything from scratch
+after every mutation, which tests use.
+
+A violation is recorded, never raised: a replay always ends with a verdict
+per invariant (how many times it was checked, how many violations, the first).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+NO_KEY = -1
+
+HARD = ("no_pinned_eviction", "hits_contiguous_in_namespace", "capacity_and_accounting")
+
+
+@dataclass(slots=True)
+class Verdict:
+    name: str
+    hard: bool
+    checks: int = 0
+    violations: int = 0
+    first_violation: str | None = None
+
+    @property
+    def holds(self) -> bool:
+        return self.violations == 0
+
+    def record(self, ok: bool, what) -> None:
+        self.checks += 1
+        if not ok:
+            self.violations += 1
+            if self.first_violation is None:
+                self.first_violation = what() if callable(what) else what
+
+    def to_json(self) -> dict:
+        return {"hard": self.hard, "holds": self.holds, "checks": self.checks,
+                "violations": self.violations, "first_violation": self.first_violation}
+
+
+class InvariantChecker:
+    def __init__(self, num_blocks: int, parent_of, paranoid: bool = False) -> None:
+        """``parent_of(key)`` gives the key of a cached block's parent, or NO_KEY for a root."""
+        self.num_blocks = num_blocks
+        self.num_usable = num_blocks - 1
+        self.paranoid = paranoid
+        self._parent_of = parent_of
+        self.ref = array("i", [0]) * num_blocks
+        self.key = array("q", [NO_KEY]) * num_blocks
+        self.num_resident = 0            # blocks pinned or holding cached content
+        self.num_candidates = 0          # unpinned blocks holding cached content
+        self.copies: dict[int, int] = {}     # key -> resident blocks holding it
+        self.children: dict[int, int] = {}   # key -> resident blocks whose parent is key
+        self.num_orphans = 0
+        self.max_orphans = 0
+        self.orphans_created = 0
+        self.verdicts = {name: Verdict(name, True) for name in HARD}
+        self._where = ""
+
+    # -- residency bookkeeping ------------------------------------------------
+    def _add_copy(self, k: int) -> None:
+        p = self._parent_of(k)
+        if p != NO_KEY:
+            self.children[p] = self.children.get(p, 0) + 1
+            if self.copies.get(p, 0) == 0:
+                self.num_orphans += 1
+        c = self.copies.get(k, 0)
+        self.copies[k] = c + 1
+        if c == 0:
+            self.num_orphans -= self.children.get(k, 0)
+
+    def _drop_copy(self, k: int) -> None:
+        p = self._parent_of(k)
+        if p != NO_KEY:
+            self.children[p] -= 1
+            if self.copies.get(p, 0) == 0:
+                self.num_orphans -= 1
+        c = self.copies[k] - 1
+        if c == 0:
+            del self.copies[k]
+            orphaned = self.children.get(k, 0)
+            self.num_orphans += orphaned
+            self.orphans_created += orphaned
+        else:
+            self.copies[k] = c
+
+    # -- events ---------------------------------------------------------------
+    def admitted(self, where: str, ns_keys: list[int], hits: list[int], max_hits: int,
+                 new_blocks: list[int], cached: list[tuple[int, int]]) -> None:
+        """A request with chain keys ``ns_keys`` took ``hits`` and ``new_blocks``;
+        ``cached`` lists (block, key) that now hold content."""
+        self._where = where
+        ref, key = self.ref, self.key
+        v = self.verdicts["hits_contiguous_in_namespace"]
+        ok = len(hits) <= max_hits
+        bad = None
+        for i, b in enumerate(hits):
+            if key[b] != ns_keys[i]:
+                ok = False
+                bad = (i, b)
+                break
+        v.record(ok, lambda: f"{where}: hit {len(hits)} blocks (at most {max_hits} allowed)"
+                 if bad is None else
+                 f"{where}: hit position {bad[0]} is block {bad[1]}, which does not hold this "
+                 f"request's block in its namespace")
+        for b in hits:
+            if ref[b] == 0:
+                self.num_candidates -= 1
+            ref[b] += 1
+        acc = self.verdicts["capacity_and_accounting"]
+        for b in new_blocks:
+            free = ref[b] == 0 and key[b] == NO_KEY
+            acc.record(free, lambda b=b: f"{where}: block {b} was allocated while "
+                       f"{'pinned' if ref[b] else 'holding cached content'}")
+            ref[b] += 1
+            self.num_resident += 1
+        for b, k in cached:
+            key[b] = k
+            self._add_copy(k)
+        if self.num_orphans > self.max_orphans:
+            self.max_orphans = self.num_orphans
+
+    def evicted(self, where: str, b: int) -> None:
+        ref, key = self.ref, self.key
+        v = self.verdicts["no_pinned_eviction"]
+        v.record(ref[b] == 0 and key[b] != NO_KEY,
+                 lambda: f"{where}: evicted block {b}, which was "
+                 + ("pinned by a running request" if ref[b] else "not holding cached content"))
+        if key[b] != NO_KEY:
+            self._drop_copy(key[b])
+            key[b] = NO_KEY
+            if ref[b] == 0:
+                self.num_candidates -= 1
+                self.num_resident -= 1
+
+    def released(self, where: str, blocks: list[int]) -> None:
+        ref, key = self.ref, self.key
+        for b in blocks:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if key[b] == NO_KEY:
+                    self.num_resident -= 1
+                else:
+                    self.num_candidates += 1
+
+    def check_accounting(self, where: str, num_truly_free: int, num_candidates: int,
+                         engine=None, policy=None) -> None:
+        """After a mutation: capacity holds and every party counts the same blocks."""
+        v = self.verdicts["capacity_and_accounting"]
+        resident = self.num_resident
+        ok = (resident <= self.num_usable and num_truly_free == self.num_usable - resident
+              and num_candidates == self.num_candidates)
+        v.record(ok, lambda: f"{where}: occupancy {resident} of {self.num_usable} usable; the "
+                 f"engine has {num_truly_free} truly free blocks (expected "
+                 f"{self.num_usable - resident}) and the policy {num_candidates} candidates "
+                 f"(expected {self.num_candidates})")
+        if self.paranoid and engine is not None:
+            self._recount(where, engine, policy)
+
+    def _recount(self, where: str, engine, policy) -> None:
+        """Everything again from scratch: the engine's arrays, the policy's queue, orphans."""
+        v = self.verdicts["capacity_and_accounting"]
+        mism = [b for b in range(1, self.num_blocks)
+                if engine.ref[b] != self.ref[b] or engine.key[b] != self.key[b]]
+        v.record(not mism, lambda: f"{where}: engine and checker disagree on block {mism[0]} "
+                 f"(ref {engine.ref[mism[0]]} vs {self.ref[mism[0]]}, content "
+                 f"{engine.key[mism[0]]} vs {self.key[mism[0]]})")
+        expected = sorted(b for b in range(1, self.num_blocks)
+                          if self.ref[b] == 0 and self.key[b] != NO_KEY)
+        if policy is not None:
+            got = policy.candidates()
+            v.record(sorted(got) == expected and len(got) == len(set(got)),
+                     lambda: f"{where}: the policy's candidates ({len(got)}) are not the "
+                     f"unpinned cached blocks ({len(expected)})")
+        resident_keys: dict[int, int] = {}
+        for b in range(1, self.num_blocks):
+            if self.key[b] != NO_KEY:
+                resident_keys[self.key[b]] = resident_keys.get(self.key[b], 0) + 1
+        orphans = 0
+        for b in range(1, self.num_blocks):
+            k = self.key[b]
+            if k != NO_KEY:
+                p = self._parent_of(k)
+                if p != NO_KEY and p not in resident_keys:
+                    orphans += 1
+        v.record(orphans == self.num_orphans and resident_keys == self.copies,
+                 lambda: f"{where}: {orphans} orphans recounted, {self.num_orphans} tracked")
+
+    # -- results --------------------------------------------------------------
+    def orphan_stats(self) -> dict:
+        return {"orphans_created": self.orphans_created, "orphan_blocks_max": self.max_orphans,
+                "orphan_blocks_end": self.num_orphans}
+
+    def results(self) -> dict[str, Verdict]:
+        return dict(self.verdicts)

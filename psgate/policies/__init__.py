@@ -1,0 +1,43 @@
+"""The policy registry: every eviction policy psgate can replay, by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psgate.errors import InputError
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls):
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"policy name missing or taken: {cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_builtin() -> None:
+    # Imported for their @register side effect.
+    from psgate.policies import lru  # noqa: F401
+
+
+def policy_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str):
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise InputError(f"unknown policy '{name}'; registered: {', '.join(sorted(_REGISTRY))}",
+                         path="policy") from None
+
+
+def make_policy(name: str, params: dict[str, Any] | None = None):
+    cls = policy_class(name)
+    try:
+        return cls(**(params or {}))
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc), path=f"policy {name}") from None

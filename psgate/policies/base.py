@@ -1,0 +1,146 @@
+"""The interface between an engine and an eviction policy.
+
+An engine owns blocks, reference counts and the truly free blocks; a policy
+owns only the *order of the candidates* (unpinned blocks that still hold cached
+content) and whatever indexes it needs to find a victim without scanning.
+
+The engine tells the policy every event that changes the candidate set or that
+a rule may depend on, in the order vLLM's block pool would see it:
+
+    on_admit(req)            an allocation batch for req starts
+    on_hit(block, req, pos)  req reuses block at prompt position pos (pinned or not)
+    on_touch(block)          a hit took block out of the candidates
+    select_victim(req)       which candidate would you evict? (must not mutate)
+    on_evict(block)          the engine evicted it (always the block just selected)
+    on_cached(block, req, pos, parent)   a newly computed full block now holds content
+    end_admit(req)           the batch is done
+    on_free(blocks)          blocks (cached, now unpinned) became candidates, in
+                             vLLM's append order: a request's last block first
+
+Splitting ``select_victim`` from ``on_evict`` lets the engine record the
+decision, with the ranking fields that made it, before anything changes. A
+policy never sees a request's ``role``: :class:`PolicyRequest` has no such field.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(slots=True, frozen=True)
+class PoolInfo:
+    """What a policy may know about the pool it serves."""
+
+    num_blocks: int          # configured, null block included (vLLM's num_gpu_blocks)
+    num_usable: int          # num_blocks - 1
+    block_size: int
+
+
+@dataclass(slots=True)
+class PolicyRequest:
+    """A request as a policy sees it; the trace's ``role`` is deliberately absent."""
+
+    id: str
+    group: str
+    contract: str
+    scope: str
+    namespace: int
+    prefix: str | None
+    t_ns: int
+    prompt_tokens: int
+    num_prompt_blocks: int
+    num_new_full_blocks: int
+    priority: int | None = None
+    priority_until_ns: int | None = None
+
+
+@dataclass(slots=True)
+class Decision:
+    """One eviction decision, complete enough to explain from a single ledger row.
+
+    ``num_candidates`` and ``position`` describe the candidate set: the victim
+    was at ``position`` (0 = front) in the queue it was taken from. Policies that
+    rank groups fill ``responsible`` and friends; ``rank`` holds the
+    policy-specific fields that chose the victim, small and JSON-serializable.
+    """
+
+    victim: int
+    num_candidates: int
+    position: int
+    queue: str = "main"
+    responsible: str | None = None
+    responsible_p_before: float | None = None
+    responsible_p_after: float | None = None
+    runner_up: str | None = None
+    runner_up_p: float | None = None
+    segments: dict[str, int] | None = None
+    rank: dict[str, Any] = field(default_factory=dict)
+
+
+class EvictionPolicy(ABC):
+    """Base class; subclasses register with :func:`psgate.policies.register`."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    # Parameters and their defaults; a run's receipt records the values used.
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) for policy '{self.name}': "
+                             f"{', '.join(unknown)}; known: {', '.join(self.defaults) or 'none'}")
+        self.params: dict[str, Any] = {**self.defaults, **params}
+        self.pool: PoolInfo | None = None
+
+    def bind(self, pool: PoolInfo) -> None:
+        """Called once before the first event; allocate per-block arrays here."""
+        self.pool = pool
+
+    # -- events ---------------------------------------------------------------
+    def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
+        pass
+
+    def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:
+        pass
+
+    @abstractmethod
+    def on_touch(self, block: int) -> None:
+        """A candidate was hit and is no longer a candidate."""
+
+    @abstractmethod
+    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
+        """The candidate to evict next for req; called only while candidates exist."""
+
+    @abstractmethod
+    def on_evict(self, block: int) -> None:
+        """The engine evicted block (the one just selected)."""
+
+    def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int) -> None:
+        """block now holds req's prompt block pos; parent is the block before it or -1."""
+
+    def end_admit(self, req: PolicyRequest, now_ns: int) -> None:
+        pass
+
+    @abstractmethod
+    def on_free(self, blocks: list[int], now_ns: int) -> None:
+        """Cached blocks whose last reference was dropped, in vLLM's append order."""
+
+    # -- admission control ----------------------------------------------------
+    def admission_allowed(self, req: PolicyRequest, num_new_blocks: int) -> bool:
+        """False makes req wait in its group's own line (quota policies)."""
+        return True
+
+    @property
+    @abstractmethod
+    def num_candidates(self) -> int:
+        """How many candidates the policy holds (checked against the engine's count)."""
+
+    def candidates(self) -> list[int]:
+        """All candidates in eviction order; for explain and paranoid checks, not hot paths."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "params": dict(self.params)}

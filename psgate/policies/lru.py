@@ -1,0 +1,57 @@
+"""lru: vLLM's native eviction order.
+
+    on_free(blocks):   append each block to the back of the queue
+    on_touch(block):   unlink it (a hit takes it out of the free queue)
+    select_victim():   the front of the queue
+
+This is exactly vLLM v1's ``FreeKVCacheBlockQueue`` restricted to cached
+blocks: the engine keeps truly free blocks in front of them, as vLLM's
+``prepend_n`` does, and hands out those first.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from psgate.policies import register
+from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policies.queues import BlockQueues
+
+NS_PER_S = 1_000_000_000
+
+
+@register
+class LRUPolicy(EvictionPolicy):
+    name = "lru"
+    summary = "vLLM native: evict the head of the free queue (least recently freed)"
+    defaults = {}
+
+    def bind(self, pool: PoolInfo) -> None:
+        super().bind(pool)
+        self._q = BlockQueues(pool.num_blocks, 1)
+        self._freed_ns = array("q", [0]) * pool.num_blocks
+
+    def on_free(self, blocks: list[int], now_ns: int) -> None:
+        q = self._q
+        freed = self._freed_ns
+        for b in blocks:
+            q.append(0, b)
+            freed[b] = now_ns
+
+    def on_touch(self, block: int) -> None:
+        self._q.remove(block)
+
+    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
+        b = self._q.head(0)
+        return Decision(victim=b, num_candidates=self._q.sizes[0], position=0, queue="lru",
+                        rank={"freed_t": self._freed_ns[b] / NS_PER_S})
+
+    def on_evict(self, block: int) -> None:
+        self._q.remove(block)
+
+    @property
+    def num_candidates(self) -> int:
+        return self._q.sizes[0]
+
+    def candidates(self) -> list[int]:
+        return self._q.items(0)

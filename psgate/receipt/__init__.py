@@ -1,0 +1,1 @@
+"""Receipts, ledgers and the gate: what a replay leaves behind for a reviewer."""

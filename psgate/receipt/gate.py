@@ -1,0 +1,118 @@
+"""The gate: every check, its threshold, the observed value and a verdict.
+
+The default checks are fixed: every hard invariant holds in both runs, both
+runs finished, and the trace exercised eviction (a replay with no eviction
+proves nothing about an eviction policy, so it fails closed unless allowed).
+A gate file adds performance checks. An empty set of checks fails closed.
+"""
+
+from __future__ import annotations
+
+import operator
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+
+from psgate.errors import InputError
+from psgate.resources import load_schema
+
+OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
+       "==": operator.eq, "!=": operator.ne}
+RUNS = ("baseline", "candidate")
+
+
+@dataclass(frozen=True, slots=True)
+class GateSpec:
+    path: str | None
+    checks: tuple[dict, ...]
+
+
+def load_gate_file(path: str) -> GateSpec:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read gate file: {exc.strerror}", path=path) from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputError("not valid UTF-8", path=path) from None
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None)
+        raise InputError(f"invalid TOML: {getattr(exc, 'msg', exc)}", path=path,
+                         line=line) from None
+    if not doc.get("check"):
+        raise InputError("a gate file needs at least one [[check]] table; found none",
+                         path=path)
+    validator = jsonschema.Draft202012Validator(load_schema("gate"))
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e.absolute_path)
+        loc = loc.lstrip(".") or "(top level)"
+        raise InputError(f"{e.message}", path=path, field=loc)
+    checks = []
+    for i, c in enumerate(doc["check"]):
+        c = {"select": "run", "run": "candidate", "delta": 0, **c}
+        delta = f" {c['delta']:+g}" if c["delta"] else ""
+        c.setdefault("name", f"check[{i}] {c['metric']} {c['op']} {c['ref']}{delta} "
+                     f"({c['select']})")
+        checks.append(c)
+    return GateSpec(path=path, checks=tuple(checks))
+
+
+def _select(run_metrics: dict, select: str) -> dict | None:
+    if select == "run":
+        return run_metrics["totals"]
+    kind, _, name = select.partition(":")
+    return run_metrics["groups" if kind == "group" else "roles"].get(name)
+
+
+def evaluate(runs: dict[str, dict], spec: GateSpec | None, allow_unexercised: bool) -> dict:
+    """``runs``: label -> {"metrics": ..., "invariants": ..., "aborted": ...}."""
+    checks: list[dict] = []
+
+    def add(name, run, select, metric, op, threshold, observed, ok, note=None):
+        checks.append({"name": name, "run": run, "select": select, "metric": metric, "op": op,
+                       "threshold": threshold, "observed": observed,
+                       "verdict": "pass" if ok else "fail", **({"note": note} if note else {})})
+
+    for label in RUNS:
+        run = runs[label]
+        add(f"{label} run completed", label, "run", "aborted", "==", None, run["aborted"],
+            run["aborted"] is None)
+        for name, v in run["invariants"].items():
+            if v["hard"]:
+                add(f"{label} invariant {name}", label, "run", f"invariant:{name}", "==", 0,
+                    v["violations"], v["violations"] == 0 and v["checks"] > 0,
+                    None if v["checks"] else "never checked: fails closed")
+        ev = run["metrics"]["totals"]["evictions"]
+        add(f"{label} exercised eviction", label, "run", "evictions", ">", 0, ev,
+            ev > 0 or allow_unexercised,
+            "no eviction: allowed by --allow-unexercised" if ev == 0 and allow_unexercised
+            else ("no eviction: the trace does not exercise the policy" if ev == 0 else None))
+
+    for c in (spec.checks if spec else ()):
+        target = _select(runs[c["run"]]["metrics"], c["select"])
+        observed = None if target is None else target.get(c["metric"])
+        if c["ref"] == "baseline":
+            base = _select(runs["baseline"]["metrics"], c["select"])
+            ref_value = None if base is None else base.get(c["metric"])
+        else:
+            ref_value = c["ref"]
+        threshold = None if ref_value is None else round(ref_value + c["delta"], 9)
+        if observed is None or threshold is None:
+            add(c["name"], c["run"], c["select"], c["metric"], c["op"], threshold, observed,
+                False, f"no value for {c['select']}: fails closed")
+        else:
+            add(c["name"], c["run"], c["select"], c["metric"], c["op"], threshold, observed,
+                OPS[c["op"]](observed, threshold))
+
+    ok = bool(checks) and all(c["verdict"] == "pass" for c in checks)
+    return {"result": "pass" if ok else "fail",
+            "num_checks": len(checks),
+            "num_failed": sum(c["verdict"] == "fail" for c in checks),
+            "gate_file": spec.path if spec else None,
+            "checks": checks}

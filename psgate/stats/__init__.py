@@ -1,0 +1,1 @@
+"""Metrics per run, group and role, and paired comparisons between runs."""

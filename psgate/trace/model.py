@@ -1,0 +1,79 @@
+"""The parsed form of a psgate-trace v1 file.
+
+Times are integer nanoseconds from here on: a trace says seconds, and adding
+durations to float seconds would drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NS_PER_S = 1_000_000_000
+FORMAT_VERSION = 1
+
+
+def seconds_to_ns(t: float | int) -> int:
+    if type(t) is int:
+        return t * NS_PER_S
+    return round(t * NS_PER_S)
+
+
+@dataclass(slots=True)
+class TraceHeader:
+    block_size: int
+    hashing: str | None
+    source: str | None
+    groups: dict | None
+    partial: bool
+    raw: dict
+
+
+@dataclass(slots=True)
+class RequestEvent:
+    line: int
+    t_ns: int
+    id: str
+    group: str
+    contract: str
+    scope: str
+    blocks: list[int]          # interned trace block hashes, see HashTable
+    tail: int
+    out: int
+    prompt_tokens: int
+    prefix: str | None = None
+    role: str | None = None
+    measure: bool = True
+    priority: int | None = None
+    priority_until_ns: int | None = None
+    done_ns: int | None = None
+    prefill_ms: float | None = None
+
+
+@dataclass(slots=True)
+class CancelEvent:
+    line: int
+    t_ns: int
+    id: str
+
+
+@dataclass(slots=True)
+class DoneEvent:
+    line: int
+    t_ns: int
+    id: str
+
+
+@dataclass(slots=True)
+class TraceSummary:
+    """What one full pass over a trace learned; the trace's identity in a receipt."""
+
+    path: str
+    sha256: str
+    canonical_sha256: str
+    num_lines: int
+    num_requests: int
+    num_cancels: int
+    num_dones: int
+    num_distinct_blocks: int
+    num_skipped_unknown: int
+    done_ids: frozenset[str] = field(default_factory=frozenset)

@@ -1,0 +1,378 @@
+"""Streaming reader and validator for psgate-trace v1.
+
+The reader never holds the whole file: it parses one line at a time, checks it
+against the rules of ``schemas/trace.schema.json`` plus the rules a schema
+cannot state (time order, one parent per block hash, ids), and yields typed
+events. The checks are written out by hand because a generic schema validator
+costs more per line than the whole replay of that line; a test keeps the two
+in agreement.
+
+Every problem is an :class:`~psgate.errors.InputError` of the form
+``file:line: field 'x': expected ..., found ...``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import rfc8785
+
+from psgate.errors import InputError
+from psgate.resources import BUNDLED_PREFIX, bundled_trace_names, bundled_trace_path
+from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestEvent,
+                                TraceHeader, TraceSummary, seconds_to_ns)
+
+MAX_LINE_BYTES = 8 * 1024 * 1024
+MAX_BLOCK_SIZE = 1 << 16
+_HASH_RE = re.compile(r"[0-9a-f]{1,128}")
+_OPS = ("request", "cancel", "done")
+_REQUEST_REQUIRED = ("id", "group", "contract", "scope", "blocks", "tail", "out")
+
+
+class HashTable:
+    """Interns trace block hashes to dense ints and remembers each one's parent.
+
+    A block hash names (parent, tokens), so one hash with two parents means the
+    trace is corrupt; that check needs exactly this table, which is also the
+    only per-block state that lives for a whole trace.
+    """
+
+    ROOT = -1
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+        self.parent = array("q")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def intern_chain(self, hashes: list[str], where) -> list[int]:
+        out = []
+        parent = self.ROOT
+        ids = self.ids
+        for h in hashes:
+            hid = ids.get(h)
+            if hid is None:
+                hid = len(self.names)
+                ids[h] = hid
+                self.names.append(h)
+                self.parent.append(parent)
+            elif self.parent[hid] != parent:
+                seen = self.parent[hid]
+                seen_s = "none (a first block)" if seen == self.ROOT else self.names[seen][:16]
+                here_s = "none (a first block)" if parent == self.ROOT else self.names[parent][:16]
+                raise where(f"block hash {h[:16]} was seen earlier with parent {seen_s}; "
+                            f"here its parent is {here_s}", "blocks")
+            out.append(hid)
+            parent = hid
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """A trace as the user named it (``display``) and where its bytes are."""
+
+    display: str
+    path: Path
+
+    @classmethod
+    def resolve(cls, given: str) -> "TraceSource":
+        if given.startswith(BUNDLED_PREFIX):
+            name = given[len(BUNDLED_PREFIX):]
+            if name not in bundled_trace_names():
+                raise InputError(f"no bundled trace named '{name}'; bundled traces: "
+                                 f"{', '.join(bundled_trace_names())}", path=given)
+            return cls(given, Path(str(bundled_trace_path(name))))
+        p = Path(given)
+        if not p.exists():
+            raise InputError("no such file", path=given)
+        if not p.is_file():
+            raise InputError("not a regular file", path=given)
+        return cls(given, p)
+
+
+def _is_number(v) -> bool:
+    return (type(v) is int or type(v) is float) and math.isfinite(v)
+
+
+def _type_name(v) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+class TraceReader:
+    """One streaming pass over a trace: ``with TraceReader(src) as r: r.header; r.events()``.
+
+    ``summary()`` is available once ``events()`` is exhausted. Pass the same
+    :class:`HashTable` to later passes so block ids agree between them.
+    """
+
+    def __init__(self, source: TraceSource, hashes: HashTable | None = None):
+        self.source = source
+        self.hashes = hashes if hashes is not None else HashTable()
+        self.header: TraceHeader | None = None
+        self._fh = None
+        self._line = 0
+        self._file_sha = hashlib.sha256()
+        self._canon_sha = hashlib.sha256()
+        self._summary: TraceSummary | None = None
+
+    # -- context management -------------------------------------------------
+    def __enter__(self) -> "TraceReader":
+        try:
+            self._fh = open(self.source.path, "rb")
+        except OSError as exc:
+            raise InputError(f"cannot open: {exc.strerror}", path=self.source.display) from None
+        self.header = self._read_header()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    # -- helpers --------------------------------------------------------------
+    def _err(self, message: str, field: str | None = None) -> InputError:
+        return InputError(message, path=self.source.display, line=self._line, field=field)
+
+    def _next_object(self):
+        """The next line as a parsed JSON object, or None at end of file."""
+        raw = self._fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return None
+        self._line += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise self._err(f"line longer than {MAX_LINE_BYTES} bytes")
+        self._file_sha.update(raw)
+        if not raw.strip():
+            raise self._err("empty line: expected one JSON object per line")
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if b"\n" not in raw:
+                raise self._err(f"truncated or invalid JSON on the last line ({exc})") from None
+            raise self._err(f"invalid JSON ({exc})") from None
+        if type(obj) is not dict:
+            raise self._err(f"expected a JSON object, found {_type_name(obj)}")
+        try:
+            self._canon_sha.update(rfc8785.dumps(obj))
+        except (rfc8785.CanonicalizationError, ValueError) as exc:
+            raise self._err(f"value outside the JSON interchange range ({exc})") from None
+        self._canon_sha.update(b"\n")
+        return obj
+
+    def _read_header(self) -> TraceHeader:
+        obj = self._next_object()
+        if obj is None:
+            raise InputError("empty file: expected a psgate-trace header on line 1",
+                             path=self.source.display)
+        if "psgate_trace" not in obj:
+            raise self._err("missing: the first line must be a header with 'psgate_trace' "
+                            "and 'block_size'", "psgate_trace")
+        ver = obj["psgate_trace"]
+        if type(ver) is not int:
+            raise self._err(f"expected the integer {FORMAT_VERSION}, found {_type_name(ver)}",
+                            "psgate_trace")
+        if ver != FORMAT_VERSION:
+            if ver > FORMAT_VERSION:
+                raise self._err(f"format version {ver} is newer than this psgate reads "
+                                f"({FORMAT_VERSION})", "psgate_trace")
+            raise self._err(f"expected {FORMAT_VERSION}, found {ver}", "psgate_trace")
+        bs = obj.get("block_size")
+        if type(bs) is not int or not 1 <= bs <= MAX_BLOCK_SIZE:
+            found = "nothing" if "block_size" not in obj else repr(bs)
+            raise self._err(f"expected an integer in 1..{MAX_BLOCK_SIZE}, found {found}",
+                            "block_size")
+        for key in ("hashing", "source"):
+            if key in obj and type(obj[key]) is not str:
+                raise self._err(f"expected a string, found {_type_name(obj[key])}", key)
+        groups = obj.get("groups")
+        if groups is not None:
+            if type(groups) is not dict:
+                raise self._err(f"expected an object, found {_type_name(groups)}", "groups")
+            for name, spec in groups.items():
+                if type(spec) is not dict:
+                    raise self._err(f"expected an object, found {_type_name(spec)}",
+                                    f"groups.{name}")
+                contracts = spec.get("contracts")
+                if contracts is not None and (type(contracts) is not list or not all(
+                        type(c) is str for c in contracts)):
+                    raise self._err("expected an array of contract names",
+                                    f"groups.{name}.contracts")
+        partial = obj.get("partial", False)
+        if type(partial) is not bool:
+            raise self._err(f"expected a boolean, found {_type_name(partial)}", "partial")
+        return TraceHeader(block_size=bs, hashing=obj.get("hashing"), source=obj.get("source"),
+                           groups=groups, partial=partial, raw=obj)
+
+    # -- the event stream ------------------------------------------------------
+    def events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
+        header = self.header
+        bs = header.block_size
+        groups = header.groups
+        partial = header.partial
+        last_t = -1
+        # id -> True when the request carries done_t (a done event would then conflict)
+        requests: dict[str, bool] = {}
+        done_ids: set[str] = set()
+        n_req = n_cancel = n_done = n_skipped = 0
+        err = self._err
+        intern = self.hashes.intern_chain
+
+        while True:
+            obj = self._next_object()
+            if obj is None:
+                break
+            t = obj.get("t")
+            if t is None and "t" not in obj:
+                raise err("missing", "t")
+            if not _is_number(t):
+                raise err(f"expected a finite number of seconds, found {_type_name(t)}", "t")
+            if t < 0:
+                raise err(f"expected a time >= 0, found {t}", "t")
+            t_ns = seconds_to_ns(t)
+            if t_ns < last_t:
+                raise err(f"time goes backwards: {t} is earlier than the previous event", "t")
+            last_t = t_ns
+            op = obj.get("op")
+            if op not in _OPS:
+                found = "nothing" if "op" not in obj else repr(op)
+                raise err(f"expected one of {', '.join(_OPS)}, found {found}", "op")
+            rid = obj.get("id")
+            if type(rid) is not str or not rid:
+                found = "nothing" if "id" not in obj else _type_name(rid)
+                raise err(f"expected a non-empty string, found {found}", "id")
+
+            if op == "request":
+                for key in _REQUEST_REQUIRED:
+                    if key not in obj:
+                        raise err("missing", key)
+                if rid in requests:
+                    raise err(f"duplicate request id '{rid}'", "id")
+                for key in ("group", "contract", "scope"):
+                    v = obj[key]
+                    if type(v) is not str or (key != "scope" and not v):
+                        raise err(f"expected a{' non-empty' if key != 'scope' else ''} string, "
+                                  f"found {_type_name(v)}", key)
+                group = obj["group"]
+                contract = obj["contract"]
+                if groups is not None:
+                    spec = groups.get(group)
+                    if spec is None:
+                        raise err(f"group '{group}' is not declared in the header's groups",
+                                  "group")
+                    allowed = spec.get("contracts")
+                    if allowed is not None and contract not in allowed:
+                        raise err(f"contract '{contract}' is not declared for group '{group}'",
+                                  "contract")
+                blocks = obj["blocks"]
+                if type(blocks) is not list:
+                    raise err(f"expected an array of block hashes, found {_type_name(blocks)}",
+                              "blocks")
+                for i, h in enumerate(blocks):
+                    if type(h) is not str or _HASH_RE.fullmatch(h) is None:
+                        raise err(f"element {i}: expected a lowercase hex string of 1-128 "
+                                  f"characters, found {h!r:.40}", "blocks")
+                tail = obj["tail"]
+                if type(tail) is not int or not 0 <= tail < bs:
+                    raise err(f"expected an integer in 0..{bs - 1} (block_size {bs}), found "
+                              f"{tail!r:.40}", "tail")
+                out = obj["out"]
+                if type(out) is not int or out < 0:
+                    raise err(f"expected an integer >= 0, found {out!r:.40}", "out")
+                prompt_tokens = len(blocks) * bs + tail
+                if prompt_tokens == 0:
+                    raise err("empty prompt: no blocks and tail 0", "blocks")
+                ev = RequestEvent(line=self._line, t_ns=t_ns, id=rid, group=group,
+                                  contract=contract, scope=obj["scope"], blocks=[],
+                                  tail=tail, out=out, prompt_tokens=prompt_tokens)
+                self._optional_fields(obj, ev, t, t_ns)
+                ev.blocks = intern(blocks, err)
+                requests[rid] = ev.done_ns is not None
+                n_req += 1
+                yield ev
+            else:
+                has_done_t = requests.get(rid)
+                if has_done_t is None:
+                    if partial:
+                        n_skipped += 1
+                        continue
+                    raise err(f"{op} of unknown request id '{rid}' (no earlier request line "
+                              f"has this id)", "id")
+                if op == "cancel":
+                    n_cancel += 1
+                    yield CancelEvent(line=self._line, t_ns=t_ns, id=rid)
+                else:
+                    if has_done_t:
+                        raise err(f"request '{rid}' already carries done_t; a done event "
+                                  f"would give it two completions", "id")
+                    if rid in done_ids:
+                        raise err(f"duplicate done for request '{rid}'", "id")
+                    done_ids.add(rid)
+                    n_done += 1
+                    yield DoneEvent(line=self._line, t_ns=t_ns, id=rid)
+
+        self._summary = TraceSummary(
+            path=self.source.display, sha256=self._file_sha.hexdigest(),
+            canonical_sha256=self._canon_sha.hexdigest(), num_lines=self._line,
+            num_requests=n_req, num_cancels=n_cancel, num_dones=n_done,
+            num_distinct_blocks=len(self.hashes), num_skipped_unknown=n_skipped,
+            done_ids=frozenset(done_ids))
+
+    def _optional_fields(self, obj: dict, ev: RequestEvent, t, t_ns: int) -> None:
+        err = self._err
+        for key in ("prefix", "role"):
+            if key in obj:
+                v = obj[key]
+                if type(v) is not str or not v:
+                    raise err(f"expected a non-empty string, found {_type_name(v)}", key)
+                setattr(ev, key, v)
+        if "measure" in obj:
+            if type(obj["measure"]) is not bool:
+                raise err(f"expected a boolean, found {_type_name(obj['measure'])}", "measure")
+            ev.measure = obj["measure"]
+        if "priority" in obj:
+            if type(obj["priority"]) is not int:
+                raise err(f"expected an integer, found {_type_name(obj['priority'])}",
+                          "priority")
+            ev.priority = obj["priority"]
+        if "priority_until" in obj:
+            v = obj["priority_until"]
+            if not _is_number(v) or v < 0:
+                raise err(f"expected a time >= 0 in seconds, found {v!r:.40}", "priority_until")
+            ev.priority_until_ns = seconds_to_ns(v)
+        if "done_t" in obj:
+            v = obj["done_t"]
+            if not _is_number(v) or v < t:
+                raise err(f"expected a time >= t ({t}), found {v!r:.40}", "done_t")
+            ev.done_ns = seconds_to_ns(v)
+        if "prefill_ms" in obj:
+            v = obj["prefill_ms"]
+            if not _is_number(v) or v < 0:
+                raise err(f"expected a number >= 0, found {v!r:.40}", "prefill_ms")
+            ev.prefill_ms = float(v)
+
+    def summary(self) -> TraceSummary:
+        if self._summary is None:
+            raise RuntimeError("summary() before the trace was read to the end")
+        return self._summary
+
+
+def validate_trace(given: str, hashes: HashTable | None = None
+                   ) -> tuple[TraceHeader, TraceSummary]:
+    """Read a whole trace once, checking every line; the first problem raises InputError."""
+    src = TraceSource.resolve(given)
+    with TraceReader(src, hashes) as reader:
+        for _ in reader.events():
+            pass
+        return reader.header, reader.summary()

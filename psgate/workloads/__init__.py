@@ -1,0 +1,1 @@
+"""Seeded, deterministic workload generators that write psgate-trace v1."""
