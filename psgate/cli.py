@@ -185,11 +185,17 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _one_line(text: str) -> str:
+    """``text`` with unprintable characters (newlines from a trace's ids, ...) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main() -> None:
     try:
         app()
     except PsgateError as exc:
-        err.print(f"psgate: error: {exc}", markup=False, soft_wrap=True)
+        err.print(f"psgate: error: {_one_line(str(exc))}", markup=False, emoji=False,
+                  soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("psgate: interrupted; nothing was written", markup=False)
