@@ -1,0 +1,210 @@
+"""The CLI end to end: every exit code, outputs, determinism, the golden receipt."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psgate.receipt.receipt import deterministic_part, dumps, validate_receipt
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN_DIR = ROOT / "receipts" / "example"
+GOLDEN_ARGS = ["--baseline", "lru", "--candidate", "lru"]
+
+
+def psgate(*args, cwd=None, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "psgate.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=e, timeout=300)
+
+
+def assert_one_line_error(proc, code, *needles):
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("psgate: error:"), lines[0]
+    assert "Traceback" not in proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def small_trace(tmp_path, name="t.jsonl", n=40, gap=0.01):
+    lines = [{"psgate_trace": 1, "block_size": 4}]
+    for i in range(n):
+        lines.append({"t": round(i * gap, 3), "op": "request", "id": f"r{i}",
+                      "group": "g" if i % 3 else "h", "contract": "standard", "scope": "m",
+                      "blocks": [f"{i % 5:x}a", f"{i % 5:x}b", f"{i:x}c"], "tail": 1, "out": 2,
+                      "role": "victim" if i % 3 else "attacker"})
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p
+
+
+def test_exit_0_default_replay_writes_valid_receipt(tmp_path):
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "psgate-out"
+    assert sorted(p.name for p in out.iterdir()) == ["ledger.csv", "receipt.json", "requests.csv"]
+    receipt = json.loads((out / "receipt.json").read_text())
+    validate_receipt(receipt)
+    assert receipt["trace"]["path"] == "bundled:example"
+    assert receipt["config"]["usable_blocks"] == 511
+    assert receipt["gate"]["result"] == "pass"
+    assert receipt["runs"]["baseline"]["metrics"]["totals"]["evictions"] > 0
+    summary = json.loads(proc.stdout)
+    assert summary["gate"] == "pass"
+    # ledger: eviction rows precede their admission row
+    rows = (out / "ledger.csv").read_text().splitlines()
+    kinds = [r.split(",")[4] for r in rows[1:]]
+    assert kinds.count("admit") == receipt["runs"]["baseline"]["counts"]["admitted"] * 2
+    first_evict = kinds.index("evict")
+    assert kinds[first_evict - 1] == "admit" and "admit" in kinds[first_evict:]
+
+
+def test_exit_1_unexercised_trace_fails_closed(tmp_path):
+    t = small_trace(tmp_path)
+    proc = psgate("replay", "--trace", t, "--capacity", 10000, "--out", tmp_path / "o")
+    assert proc.returncode == 1, proc.stderr
+    receipt = json.loads((tmp_path / "o" / "receipt.json").read_text())
+    failed = [c["name"] for c in receipt["gate"]["checks"] if c["verdict"] == "fail"]
+    assert failed == ["baseline invariant no_pinned_eviction", "baseline exercised eviction",
+                      "candidate invariant no_pinned_eviction", "candidate exercised eviction"]
+    proc = psgate("replay", "--trace", t, "--capacity", 10000, "--out", tmp_path / "o2",
+                  "--allow-unexercised")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_exit_1_gate_file_threshold(tmp_path):
+    t = small_trace(tmp_path)
+    gate = tmp_path / "gate.toml"
+    gate.write_text('[[check]]\nmetric = "hit_fraction"\nselect = "role:victim"\nop = ">="\n'
+                    'ref = "baseline"\ndelta = 0.05\n')
+    proc = psgate("replay", "--trace", t, "--capacity", 12, "--out", tmp_path / "o",
+                  "--gate", gate)
+    assert proc.returncode == 1, proc.stderr
+    receipt = json.loads((tmp_path / "o" / "receipt.json").read_text())
+    check = receipt["gate"]["checks"][-1]
+    base = receipt["runs"]["baseline"]["metrics"]["roles"]["victim"]["hit_fraction"]
+    assert check["threshold"] == pytest.approx(base + 0.05)
+    assert check["observed"] == base and check["verdict"] == "fail"
+    gate.write_text('[[check]]\nmetric = "hit_fraction"\nselect = "role:victim"\nop = ">="\n'
+                    'ref = "baseline"\ndelta = -0.01\n')
+    proc = psgate("replay", "--trace", t, "--capacity", 12, "--out", tmp_path / "o2",
+                  "--gate", gate)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--baseline", "nope"], ["unknown policy 'nope'"]),
+    (["--capacity", "1"], ["--capacity", "at least 2"]),
+    (["--trace", "missing.jsonl"], ["missing.jsonl", "no such file"]),
+    (["--trace", "bundled:nothing"], ["no bundled trace named 'nothing'"]),
+    (["--engine", "tpu"], ["unknown engine 'tpu'"]),
+    (["--cost-param", "fixed_ms"], ["--cost-param", "KEY=VALUE"]),
+    (["--cost-param", "speed=3"], ["unknown cost-model parameter 'speed'"]),
+    (["--cost-param", "fixed_ms=-1"], ["'fixed_ms' must be a number >= 0"]),
+    (["--baseline-param", "x=1"], ["unknown parameter(s) for policy 'lru': x"]),
+    (["--gate", "nope.toml"], ["nope.toml", "cannot read gate file"]),
+])
+def test_exit_2_bad_options(tmp_path, args, needles):
+    proc = psgate("replay", *args, "--out", tmp_path / "o", cwd=tmp_path)
+    assert_one_line_error(proc, 2, *needles)
+    assert not (tmp_path / "o").exists()
+
+
+def test_exit_2_bad_trace_writes_nothing(tmp_path):
+    t = small_trace(tmp_path)
+    lines = t.read_text().splitlines()
+    lines[30] = lines[30].replace('"tail": 1', '"tail": 9')
+    t.write_text("\n".join(lines) + "\n")
+    proc = psgate("replay", "--trace", t, "--out", tmp_path / "o")
+    assert_one_line_error(proc, 2, f"{t}:31: field 'tail'", "0..3")
+    assert not (tmp_path / "o").exists()
+
+
+def test_exit_2_bad_gate_file(tmp_path):
+    gate = tmp_path / "g.toml"
+    gate.write_text('[[check]]\nmetric = "speed"\nop = ">="\nref = 1\n')
+    proc = psgate("replay", "--gate", gate, "--out", tmp_path / "o")
+    assert_one_line_error(proc, 2, "g.toml", "check[0].metric")
+    gate.write_text("")
+    proc = psgate("replay", "--gate", gate, "--out", tmp_path / "o")
+    assert_one_line_error(proc, 2, "at least one [[check]]")
+    assert not (tmp_path / "o").exists()
+
+
+def test_exit_2_usage_error():
+    proc = psgate("replay", "--no-such-option")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+
+
+def test_exit_2_refuses_non_empty_out_dir(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    proc = psgate("replay", "--out", out)
+    assert_one_line_error(proc, 2, "not empty", "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    proc = psgate("replay", "--out", out, "--force")
+    assert proc.returncode == 0
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert (out / "receipt.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".psgate-staging")]
+
+
+def test_exit_3_vllm_engine_unavailable(tmp_path):
+    proc = psgate("replay", "--engine", "vllm-pool", "--out", tmp_path / "o")
+    assert_one_line_error(proc, 3, "vllm-pool")
+    assert not (tmp_path / "o").exists()
+
+
+def test_validate_and_policies_commands(tmp_path):
+    t = small_trace(tmp_path)
+    proc = psgate("validate", t)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    assert s["requests"] == 40 and s["block_size"] == 4 and s["lines"] == 41
+    assert s["distinct_blocks"] == 10 + 40
+    proc = psgate("policies", "--json")
+    assert proc.returncode == 0
+    names = [p["name"] for p in json.loads(proc.stdout)["policies"]]
+    assert "lru" in names
+
+
+def test_deterministic_across_runs_and_hash_seeds(tmp_path):
+    outs = []
+    for i, seed in enumerate(["0", "12345"]):
+        out = tmp_path / f"o{i}"
+        proc = psgate("replay", "--out", out, env={"PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr
+        outs.append(out)
+    for name in ("ledger.csv", "requests.csv"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes()
+    r0, r1 = (json.loads((o / "receipt.json").read_text()) for o in outs)
+    assert r0["environment"]["out_dir"] != r1["environment"]["out_dir"]
+    assert dumps(deterministic_part(r0)) == dumps(deterministic_part(r1))
+
+
+def test_golden_receipt(request, tmp_path):
+    """receipts/example is the committed example receipt; regenerate with --update-golden."""
+    out = tmp_path / "o"
+    proc = psgate("replay", *GOLDEN_ARGS, "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    if request.config.getoption("--update-golden"):
+        if GOLDEN_DIR.exists():
+            shutil.rmtree(GOLDEN_DIR)
+        shutil.copytree(out, GOLDEN_DIR)
+        pytest.skip("golden receipt rewritten")
+    got = json.loads((out / "receipt.json").read_text())
+    want = json.loads((GOLDEN_DIR / "receipt.json").read_text())
+    assert dumps(deterministic_part(got)) == dumps(deterministic_part(want))
+    for name in ("ledger.csv", "requests.csv"):
+        assert (out / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
