@@ -9,6 +9,7 @@ A gate file adds performance checks. An empty set of checks fails closed.
 from __future__ import annotations
 
 import operator
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from psgate.resources import load_schema
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
        "==": operator.eq, "!=": operator.ne}
 RUNS = ("baseline", "candidate")
+_TOML_POS = re.compile(r" \(at line (\d+), column (\d+)\)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +42,13 @@ def load_gate_file(path: str) -> GateSpec:
     except UnicodeDecodeError:
         raise InputError("not valid UTF-8", path=path) from None
     except tomllib.TOMLDecodeError as exc:
-        line = getattr(exc, "lineno", None)
-        raise InputError(f"invalid TOML: {getattr(exc, 'msg', exc)}", path=path,
-                         line=line) from None
+        msg = getattr(exc, "msg", str(exc))
+        line, col = getattr(exc, "lineno", None), getattr(exc, "colno", None)
+        pos = _TOML_POS.search(msg) if line is None else None
+        if pos:  # before Python 3.14 the position is only in the message text
+            msg, line, col = msg[:pos.start()], int(pos[1]), pos[2]
+        raise InputError(f"invalid TOML: {msg}" + (f" (column {col})" if col else ""),
+                         path=path, line=line) from None
     if not doc.get("check"):
         raise InputError("a gate file needs at least one [[check]] table; found none",
                          path=path)

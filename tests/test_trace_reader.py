@@ -1,0 +1,549 @@
+"""The trace reader: a bad-input matrix, valid-trace behaviour, and agreement with the schema.
+
+Every malformed trace must end as one ``InputError`` naming ``file:line`` (and the field
+where there is one), and the CLI must turn it into exit code 2 and a single stderr line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jsonschema
+import orjson
+import pytest
+import rfc8785
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from psgate.errors import InputError
+from psgate.trace import HashTable, RequestEvent, TraceReader, TraceSource, validate_trace
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = {"psgate_trace": 1, "block_size": 16}
+
+
+def req(rid: str = "r1", t: float = 0.0, **kw) -> dict:
+    ev = {"t": t, "op": "request", "id": rid, "group": "g", "contract": "c", "scope": "m1",
+          "blocks": ["aa"], "tail": 1, "out": 4}
+    ev.update(kw)
+    return ev
+
+
+def without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+def jsonl(*items, final_newline: bool = True) -> bytes:
+    """Lines from dicts (serialized) or bytes (taken as they are)."""
+    parts = [x if isinstance(x, bytes) else
+             json.dumps(x, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+             for x in items]
+    return b"\n".join(parts) + (b"\n" if final_newline else b"")
+
+
+GROUPED = {**HEADER, "groups": {"g": {"contracts": ["c"]}, "h": {}}}
+
+# (id, file bytes, offending line (None: the file as a whole), field (None: no field),
+#  regex that must match the rest of the message after "path:line: [field 'x': ]")
+BAD = [
+    ("empty-file", b"", None, None, r"^empty file"),
+    ("header-missing", jsonl(req()), 1, "psgate_trace", r"^missing"),
+    ("header-version-2", jsonl({**HEADER, "psgate_trace": 2}), 1, "psgate_trace",
+     r"newer than this psgate reads"),
+    ("header-version-0", jsonl({**HEADER, "psgate_trace": 0}), 1, "psgate_trace",
+     r"^expected 1, found 0$"),
+    ("header-version-string", jsonl({**HEADER, "psgate_trace": "1"}), 1, "psgate_trace",
+     r"found a string$"),
+    ("header-version-float", jsonl({**HEADER, "psgate_trace": 1.0}), 1, "psgate_trace",
+     r"found a number$"),
+    ("block-size-missing", jsonl(without(HEADER, "block_size")), 1, "block_size",
+     r"found nothing$"),
+    ("block-size-zero", jsonl({**HEADER, "block_size": 0}), 1, "block_size", r"found 0$"),
+    ("block-size-negative", jsonl({**HEADER, "block_size": -16}), 1, "block_size",
+     r"found -16$"),
+    ("block-size-float", jsonl({**HEADER, "block_size": 16.0}), 1, "block_size",
+     r"found 16\.0$"),
+    ("block-size-bool", jsonl({**HEADER, "block_size": True}), 1, "block_size",
+     r"found True$"),
+    ("block-size-too-big", jsonl({**HEADER, "block_size": 65537}), 1, "block_size",
+     r"1\.\.65536, found 65537$"),
+    ("header-hashing-not-string", jsonl({**HEADER, "hashing": 7}), 1, "hashing",
+     r"expected a string"),
+    ("header-groups-not-object", jsonl({**HEADER, "groups": ["g"]}), 1, "groups",
+     r"expected an object, found an array$"),
+    ("header-group-spec-not-object", jsonl({**HEADER, "groups": {"g": 5}}), 1, "groups.g",
+     r"found an integer$"),
+    ("header-contracts-not-list", jsonl({**HEADER, "groups": {"g": {"contracts": "c"}}}), 1,
+     "groups.g.contracts", r"array of contract names"),
+    ("header-partial-not-bool", jsonl({**HEADER, "partial": "yes"}), 1, "partial",
+     r"expected a boolean"),
+    ("header-is-array", jsonl(b"[1, 16]"), 1, None, r"expected a JSON object, found an array"),
+    ("bad-json-middle", jsonl(HEADER, req("r1"), b'{"t": 1, "op": ', req("r2", 2.0)), 3, None,
+     r"^invalid JSON"),
+    ("truncated-last-line", jsonl(HEADER, req("r1"), b'{"t": 1.5, "op": "requ',
+                                  final_newline=False), 3, None, r"^truncated"),
+    ("non-utf8", jsonl(HEADER, b'{"t": 0, "op": "request", "id": "r\xff1"}'), 2, None,
+     r"^invalid JSON.*UTF-8"),
+    ("utf8-bom", b"\xef\xbb\xbf" + jsonl(HEADER), 1, None, r"^invalid JSON"),
+    ("event-is-array", jsonl(HEADER, b'[0, "request"]'), 2, None,
+     r"^expected a JSON object, found an array$"),
+    ("event-is-number", jsonl(HEADER, b"42"), 2, None, r"found an integer$"),
+    ("event-is-null", jsonl(HEADER, b"null"), 2, None, r"found null$"),
+    ("empty-line", jsonl(HEADER, b"", req()), 2, None, r"^empty line"),
+    ("whitespace-line", jsonl(HEADER, req(), b"  \t ", req("r2")), 3, None, r"^empty line"),
+    ("trailing-blank-line", jsonl(HEADER, req(), b""), 3, None, r"^empty line"),
+    ("nan-literal", jsonl(HEADER, b'{"t": NaN, "op": "request"}'), 2, None, r"^invalid JSON"),
+    ("t-1e400", jsonl(HEADER, b'{"t": 1e400, "op": "cancel", "id": "x"}'), 2, None,
+     r"^invalid JSON.*infinity"),
+    # orjson reads an integer beyond 64 bits as a float: rejected as not an integer.
+    ("out-2**70", jsonl(HEADER, req(out=2**70)), 2, None,
+     r"^(field 'out': expected an integer|.*interchange range)"),
+    ("out-2**53+1", jsonl(HEADER, req(out=2**53 + 1)), 2, None, r"interchange range"),
+    ("t-negative", jsonl(HEADER, req(t=-0.5)), 2, "t", r"expected a time >= 0, found -0\.5$"),
+    ("t-string", jsonl(HEADER, req(t="0")), 2, "t", r"found a string$"),
+    ("t-bool", jsonl(HEADER, req(t=True)), 2, "t", r"found a boolean$"),
+    ("t-null", jsonl(HEADER, req(t=None)), 2, "t", r"found null$"),
+    ("t-missing", jsonl(HEADER, without(req(), "t")), 2, "t", r"^missing$"),
+    ("time-backwards", jsonl(HEADER, req("r1", 2.0), req("r2", 1.999)), 3, "t",
+     r"time goes backwards"),
+    ("op-unknown", jsonl(HEADER, {**req(), "op": "evict"}), 2, "op", r"found 'evict'$"),
+    ("op-missing", jsonl(HEADER, without(req(), "op")), 2, "op", r"found nothing$"),
+    ("id-missing", jsonl(HEADER, without(req(), "id")), 2, "id", r"found nothing$"),
+    ("id-not-string", jsonl(HEADER, req(rid=17)), 2, "id", r"found an integer$"),
+    ("id-empty", jsonl(HEADER, req(rid="")), 2, "id", r"non-empty string"),
+    ("duplicate-request-id", jsonl(HEADER, req("r1"), req("r2"), req("r1", 1.0)), 4, "id",
+     r"duplicate request id 'r1'"),
+    ("cancel-unknown-id", jsonl(HEADER, req("r1"), {"t": 1, "op": "cancel", "id": "r9"}), 3,
+     "id", r"cancel of unknown request id 'r9'"),
+    ("done-unknown-id", jsonl(HEADER, req("r1"), {"t": 1, "op": "done", "id": "r9"}), 3, "id",
+     r"done of unknown request id 'r9'"),
+    ("cancel-before-request", jsonl(HEADER, {"t": 0, "op": "cancel", "id": "r1"}, req("r1")),
+     2, "id", r"cancel of unknown request id 'r1'"),
+    ("cancel-id-with-newline", jsonl(HEADER, {"t": 0, "op": "cancel", "id": "x\npsgate: ok"}),
+     2, "id", r"unknown request id 'x\npsgate: ok'"),
+    ("cancel-id-emoji-code", jsonl(HEADER, {"t": 0, "op": "cancel", "id": ":thumbs_up:"}),
+     2, "id", r"unknown request id ':thumbs_up:'"),
+    ("hash-first-then-second", jsonl(HEADER, req("r1", blocks=["aa", "bb"]),
+                                     req("r2", blocks=["bb"])), 3, "blocks",
+     r"block hash bb was seen earlier with parent aa; here its parent is none"),
+    ("hash-second-then-first", jsonl(HEADER, req("r1", blocks=["bb"]),
+                                     req("r2", blocks=["aa", "bb"])), 3, "blocks",
+     r"parent none \(a first block\); here its parent is aa$"),
+    ("hash-two-parents", jsonl(HEADER, req("r1", blocks=["a1", "cc"]),
+                               req("r2", blocks=["b2", "cc"])), 3, "blocks",
+     r"block hash cc .*parent a1; here its parent is b2$"),
+    ("hash-own-parent", jsonl(HEADER, req(blocks=["aa", "aa"])), 2, "blocks",
+     r"block hash aa"),
+    ("tail-equals-block-size", jsonl(HEADER, req(tail=16)), 2, "tail",
+     r"0\.\.15 \(block_size 16\), found 16$"),
+    ("tail-negative", jsonl(HEADER, req(tail=-1)), 2, "tail", r"found -1$"),
+    ("tail-float", jsonl(HEADER, req(tail=1.0)), 2, "tail", r"found 1\.0$"),
+    ("out-negative", jsonl(HEADER, req(out=-3)), 2, "out", r"expected an integer >= 0"),
+    ("out-string", jsonl(HEADER, req(out="4")), 2, "out", r"found '4'$"),
+    ("blocks-not-list", jsonl(HEADER, req(blocks="aa")), 2, "blocks",
+     r"found a string$"),
+    ("blocks-missing", jsonl(HEADER, without(req(), "blocks")), 2, "blocks", r"^missing$"),
+    ("hash-uppercase", jsonl(HEADER, req(blocks=["aa", "9F1C"])), 2, "blocks",
+     r"^element 1: .*found '9F1C'$"),
+    ("hash-non-hex", jsonl(HEADER, req(blocks=["zz"])), 2, "blocks", r"^element 0: "),
+    ("hash-empty-string", jsonl(HEADER, req(blocks=[""])), 2, "blocks", r"found ''$"),
+    ("hash-too-long", jsonl(HEADER, req(blocks=["a" * 129])), 2, "blocks", r"1-128"),
+    ("hash-integer", jsonl(HEADER, req(blocks=[12])), 2, "blocks", r"found 12$"),
+    ("group-missing", jsonl(HEADER, without(req(), "group")), 2, "group", r"^missing$"),
+    ("contract-missing", jsonl(HEADER, without(req(), "contract")), 2, "contract",
+     r"^missing$"),
+    ("scope-missing", jsonl(HEADER, without(req(), "scope")), 2, "scope", r"^missing$"),
+    ("tail-missing", jsonl(HEADER, without(req(), "tail")), 2, "tail", r"^missing$"),
+    ("out-missing", jsonl(HEADER, without(req(), "out")), 2, "out", r"^missing$"),
+    ("group-empty", jsonl(HEADER, req(group="")), 2, "group", r"non-empty string"),
+    ("scope-not-string", jsonl(HEADER, req(scope=3)), 2, "scope", r"found an integer$"),
+    ("group-not-declared", jsonl(GROUPED, req(group="x")), 2, "group",
+     r"group 'x' is not declared"),
+    ("contract-not-declared", jsonl(GROUPED, req(contract="gold")), 2, "contract",
+     r"contract 'gold' is not declared for group 'g'"),
+    ("done-t-before-t", jsonl(HEADER, req(t=2.0, done_t=1.5)), 2, "done_t",
+     r"expected a time >= t \(2\.0\), found 1\.5$"),
+    ("done-t-string", jsonl(HEADER, req(done_t="3")), 2, "done_t", r"found '3'$"),
+    ("duplicate-done", jsonl(HEADER, req("r1"), {"t": 1, "op": "done", "id": "r1"},
+                             {"t": 2, "op": "done", "id": "r1"}), 4, "id",
+     r"duplicate done for request 'r1'"),
+    ("done-for-request-with-done-t", jsonl(HEADER, req("r1", done_t=0.5),
+                                           {"t": 1, "op": "done", "id": "r1"}), 3, "id",
+     r"already carries done_t"),
+    ("measure-not-bool", jsonl(HEADER, req(measure=1)), 2, "measure",
+     r"expected a boolean, found an integer$"),
+    ("measure-string", jsonl(HEADER, req(measure="false")), 2, "measure", r"found a string$"),
+    ("empty-prompt", jsonl(HEADER, req(blocks=[], tail=0)), 2, "blocks", r"^empty prompt"),
+    ("priority-float", jsonl(HEADER, req(priority=1.5)), 2, "priority", r"found a number$"),
+    ("priority-until-negative", jsonl(HEADER, req(priority=1, priority_until=-1)), 2,
+     "priority_until", r"found -1$"),
+    ("prefill-ms-negative", jsonl(HEADER, req(prefill_ms=-0.1)), 2, "prefill_ms",
+     r"found -0\.1$"),
+    ("prefix-empty", jsonl(HEADER, req(prefix="")), 2, "prefix", r"non-empty string"),
+    ("role-not-string", jsonl(HEADER, req(role=["victim"])), 2, "role", r"found an array$"),
+    ("error-after-many-good-lines",
+     jsonl(HEADER, *[req(f"r{i}", float(i), blocks=["aa", f"b{i}"]) for i in range(6)],
+           req("r9", 9.0, tail=99)), 8, "tail", r"found 99$"),
+]
+BAD_IDS = [c[0] for c in BAD]
+assert len(set(BAD_IDS)) == len(BAD_IDS)
+
+
+def _expected_prefix(path: Path, line: int | None, field: str | None) -> str:
+    where = f"{path}:{line}: " if line is not None else f"{path}: "
+    return where + (f"field '{field}': " if field else "")
+
+
+@pytest.mark.parametrize("case_id, content, line, field, pattern", BAD, ids=BAD_IDS)
+def test_validate_trace_rejects(tmp_path, case_id, content, line, field, pattern):
+    path = tmp_path / f"{case_id}.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(InputError) as info:
+        validate_trace(str(path))
+    exc = info.value
+    msg = str(exc)
+    prefix = _expected_prefix(path, line, field)
+    assert msg.startswith(prefix), msg
+    assert re.search(pattern, msg[len(prefix):], re.DOTALL), msg
+    assert exc.path == str(path)
+    assert exc.line == line
+    if field is not None:
+        assert exc.field == field
+    assert exc.exit_code == 2
+    # the error is raised at the offending line, not later: the lines before it are fine
+    if line is not None and line > 1:
+        head = b"".join(content.splitlines(keepends=True)[: line - 1])
+        ok = tmp_path / "head.jsonl"
+        ok.write_bytes(head)
+        validate_trace(str(ok))
+
+
+def _check_cli_stderr(path: Path, rc, stdout: bytes | str, stderr: str) -> None:
+    assert rc == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), stderr
+    assert stderr.endswith("\n")
+    assert not stdout
+    # the same message validate_trace gives, with unprintable characters escaped
+    with pytest.raises(InputError) as info:
+        validate_trace(str(path))
+    assert lines[0] == "psgate: error: " + str(info.value).replace("\n", "\\n")
+
+
+@pytest.mark.parametrize("case_id, content, line, field, pattern", BAD, ids=BAD_IDS)
+def test_cli_main_rejects(tmp_path, monkeypatch, capsys, case_id, content, line, field,
+                          pattern):
+    """Every class through the CLI's entry point in-process (sys.argv, typer, error handler)."""
+    from psgate import cli
+
+    path = tmp_path / f"{case_id}.jsonl"
+    path.write_bytes(content)
+    monkeypatch.setattr(sys, "argv", ["psgate", "validate", str(path)])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    out, err = capsys.readouterr()
+    _check_cli_stderr(path, info.value.code, out, err)
+
+
+# A start-up of the real CLI costs ~0.4 s, so the subprocess check runs on one member of each
+# family of the matrix (all of them concurrently); test_cli_main_rejects covers every class.
+SUBPROCESS_CASES = ["empty-file", "header-missing", "header-version-2", "block-size-float",
+                    "bad-json-middle", "truncated-last-line", "non-utf8", "nan-literal",
+                    "t-1e400", "out-2**70", "time-backwards", "duplicate-request-id",
+                    "hash-two-parents", "cancel-id-with-newline", "cancel-id-emoji-code",
+                    "group-not-declared", "empty-prompt", "error-after-many-good-lines"]
+assert set(SUBPROCESS_CASES) <= set(BAD_IDS)
+
+
+def _run_cli(path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "COLUMNS")}
+    env["PYTHONIOENCODING"] = "utf-8"
+    return subprocess.run([sys.executable, "-m", "psgate.cli", "validate", str(path)],
+                          capture_output=True, env=env, cwd=REPO, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    paths = {}
+    for case_id, content, *_ in BAD:
+        if case_id in SUBPROCESS_CASES:
+            paths[case_id] = d / f"{case_id}.jsonl"
+            paths[case_id].write_bytes(content)
+    with ThreadPoolExecutor(max_workers=max(2, (os.cpu_count() or 2) + 1)) as pool:
+        futures = {cid: pool.submit(_run_cli, p) for cid, p in paths.items()}
+        return {cid: (paths[cid], f.result()) for cid, f in futures.items()}
+
+
+@pytest.mark.parametrize("case_id", SUBPROCESS_CASES)
+def test_cli_subprocess_rejects(cli_results, case_id):
+    path, proc = cli_results[case_id]
+    _check_cli_stderr(path, proc.returncode, proc.stdout, proc.stderr.decode("utf-8"))
+
+
+def test_cli_subprocess_accepts_valid_trace(tmp_path):
+    path = tmp_path / "ok.jsonl"
+    path.write_bytes(jsonl(HEADER, req("r1", blocks=["aa", "bb"]), req("r2", 1, blocks=["aa"])))
+    proc = _run_cli(path)
+    assert proc.returncode == 0, proc.stderr
+    summary = orjson.loads(proc.stdout)
+    assert (summary["requests"], summary["distinct_blocks"], summary["lines"]) == (2, 2, 3)
+    assert summary["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_matrix_is_big_enough():
+    assert len(BAD) >= 25
+
+
+# -- valid traces --------------------------------------------------------------------------
+
+def _write(tmp_path: Path, name: str, content: bytes) -> str:
+    p = tmp_path / name
+    p.write_bytes(content)
+    return str(p)
+
+
+def test_unknown_fields_accepted_and_preserved(tmp_path):
+    header = {**HEADER, "hashing": "keyed-blake2b-128", "source": "unit",
+              "x_vendor": {"nested": [1, 2.5, None, "s"]}, "comment": "kept"}
+    path = _write(tmp_path, "t.jsonl", jsonl(
+        header, req("r1", blocks=["aa", "bb"], x_trace_id="abc", weird=[{}]),
+        {"t": 1, "op": "cancel", "id": "r1", "reason": "client went away"}))
+    h, s = validate_trace(path)
+    assert h.raw == header
+    assert h.block_size == 16 and h.hashing == "keyed-blake2b-128" and h.source == "unit"
+    assert h.groups is None and h.partial is False
+    assert (s.num_lines, s.num_requests, s.num_cancels, s.num_dones) == (3, 1, 1, 0)
+    assert s.num_distinct_blocks == 2
+    assert s.num_skipped_unknown == 0
+
+
+def test_partial_trace_counts_unknown_ids(tmp_path):
+    content = jsonl({**HEADER, "partial": True},
+                    {"t": 0, "op": "cancel", "id": "before-cut"},
+                    {"t": 0.5, "op": "done", "id": "also-before"},
+                    req("r1", 1.0),
+                    {"t": 2, "op": "done", "id": "r1"},
+                    {"t": 3, "op": "cancel", "id": "gone"})
+    h, s = validate_trace(_write(tmp_path, "p.jsonl", content))
+    assert h.partial is True
+    assert s.num_skipped_unknown == 3
+    assert (s.num_requests, s.num_cancels, s.num_dones) == (1, 0, 1)
+    assert s.done_ids == frozenset({"r1"})
+    # the same lines without partial: the first unknown id is an error
+    with pytest.raises(InputError, match=r":2: field 'id': cancel of unknown request id"):
+        validate_trace(_write(tmp_path, "np.jsonl", content.replace(b',"partial":true', b"")))
+
+
+def test_partial_trace_still_rejects_other_errors(tmp_path):
+    content = jsonl({**HEADER, "partial": True}, req("r1"), req("r1", 1.0))
+    with pytest.raises(InputError, match=r":3: field 'id': duplicate request id"):
+        validate_trace(_write(tmp_path, "p.jsonl", content))
+
+
+def _canonical_sha(objs) -> str:
+    return hashlib.sha256(b"".join(rfc8785.dumps(o) + b"\n" for o in objs)).hexdigest()
+
+
+def test_canonical_digest_ignores_key_order_and_whitespace(tmp_path):
+    objs = [{**HEADER, "source": "s", "x": {"b": 1, "a": [1, 2]}},
+            req("r1", 0.25, blocks=["aa", "bb"], role="victim"),
+            {"t": 1, "op": "cancel", "id": "r1"}]
+    a = jsonl(*objs)
+    b = (b'{ "block_size" : 16 , "x": {"a": [1,  2], "b": 1}, "source": "s",'
+         b' "psgate_trace": 1 }\r\n'
+         + orjson.dumps(dict(reversed(list(objs[1].items())))).replace(b",", b", ") + b"\n"
+         + b'{"id":"r1",  "op":"cancel","t":1}')
+    pa, pb = _write(tmp_path, "a.jsonl", a), _write(tmp_path, "b.jsonl", b)
+    _, sa = validate_trace(pa)
+    _, sb = validate_trace(pb)
+    assert sa.canonical_sha256 == sb.canonical_sha256 == _canonical_sha(objs)
+    assert sa.sha256 == hashlib.sha256(a).hexdigest()
+    assert sb.sha256 == hashlib.sha256(b).hexdigest()
+    assert sa.sha256 != sb.sha256
+
+
+def test_canonical_digest_changes_with_a_value(tmp_path):
+    base = [HEADER, req("r1", blocks=["aa"], out=4)]
+    _, s1 = validate_trace(_write(tmp_path, "1.jsonl", jsonl(*base)))
+    _, s2 = validate_trace(_write(tmp_path, "2.jsonl", jsonl(HEADER, req("r1", out=5))))
+    _, s3 = validate_trace(_write(tmp_path, "3.jsonl", jsonl({**HEADER, "source": "x"},
+                                                             base[1])))
+    # an unknown field is part of the identity too
+    _, s4 = validate_trace(_write(tmp_path, "4.jsonl", jsonl(HEADER, {**base[1], "z": 0})))
+    digests = {s.canonical_sha256 for s in (s1, s2, s3, s4)}
+    assert len(digests) == 4
+    assert s1.canonical_sha256 == _canonical_sha(base)
+
+
+def _block_ids(path: str, table: HashTable) -> list[list[int]]:
+    with TraceReader(TraceSource.resolve(path), table) as r:
+        return [ev.blocks for ev in r.events() if isinstance(ev, RequestEvent)]
+
+
+def test_shared_hash_table_gives_same_ids(tmp_path):
+    path = _write(tmp_path, "t.jsonl", jsonl(
+        HEADER, req("r1", 0, blocks=["aa", "bb", "cc"]), req("r2", 1, blocks=["aa", "bb"]),
+        req("r3", 2, blocks=["dd"]), req("r4", 3, blocks=["aa", "ee"])))
+    table = HashTable()
+    first = _block_ids(path, table)
+    assert first == [[0, 1, 2], [0, 1], [3], [0, 4]]
+    assert len(table) == 5
+    second = _block_ids(path, table)
+    assert second == first
+    assert len(table) == 5
+    assert list(table.parent) == [HashTable.ROOT, 0, 1, HashTable.ROOT, 0]
+    _, s = validate_trace(path, table)
+    assert s.num_distinct_blocks == 5
+
+
+def test_integer_and_float_times_convert_to_ns(tmp_path):
+    path = _write(tmp_path, "t.jsonl", jsonl(HEADER, req("r1", 0.1, done_t=0.3),
+                                             req("r2", 2, priority=3, priority_until=2.5)))
+    with TraceReader(TraceSource.resolve(path)) as r:
+        evs = list(r.events())
+    assert [e.t_ns for e in evs] == [100_000_000, 2_000_000_000]
+    assert evs[0].done_ns == 300_000_000
+    assert evs[1].priority_until_ns == 2_500_000_000
+    assert evs[0].prompt_tokens == 17 and evs[0].measure is True
+
+
+def test_missing_file_is_input_error(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(InputError) as info:
+        validate_trace(str(missing))
+    assert str(info.value) == f"{missing}: no such file"
+
+
+# -- the reader and the JSON Schema agree ---------------------------------------------------
+
+SCHEMA = orjson.loads((REPO / "schemas" / "trace.schema.json").read_bytes())
+REQUEST_VALIDATOR = jsonschema.Draft202012Validator(
+    {"$ref": "#/$defs/request", "$defs": SCHEMA["$defs"]})
+REQUIRED = SCHEMA["$defs"]["request"]["required"]
+PROPERTIES = list(SCHEMA["$defs"]["request"]["properties"])
+
+names = st.text(min_size=1, max_size=6)
+hex_hash = st.text(alphabet="0123456789abcdef", min_size=1, max_size=12)
+finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
+json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40),
+                        st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=4))
+any_json = st.one_of(json_scalar, st.lists(json_scalar, max_size=2),
+                     st.dictionaries(st.text(max_size=3), json_scalar, max_size=2))
+bad_hash = st.one_of(
+    st.sampled_from(["", "AB", "9F1C", "xyz", "0x1f", " aa", "aa\n", "a" * 129, "ab-cd"]),
+    hex_hash.map(str.upper).filter(lambda s: s != s.lower()),
+    st.text(min_size=1, max_size=5).filter(lambda s: re.fullmatch(r"[0-9a-f]{1,128}", s) is None),
+    st.integers(0, 255), st.none())
+
+
+@st.composite
+def valid_request(draw) -> dict:
+    t = draw(finite)
+    ev = {"t": t, "op": "request", "id": draw(names), "group": draw(names),
+          "contract": draw(names), "scope": draw(st.text(max_size=4)),
+          "blocks": draw(st.lists(hex_hash, max_size=4, unique=True)),
+          "tail": draw(st.integers(0, 15)), "out": draw(st.integers(0, 10_000))}
+    if not ev["blocks"] and ev["tail"] == 0:
+        ev["tail"] = 1
+    for key, strat in (("prefix", names), ("role", names), ("measure", st.booleans()),
+                       ("priority", st.integers(-100, 100)), ("priority_until", finite),
+                       ("done_t", finite.map(lambda d: t + d)), ("prefill_ms", finite)):
+        if draw(st.booleans()) and draw(st.booleans()):
+            ev[key] = draw(strat)
+    if draw(st.integers(0, 4)) == 0:
+        ev[draw(st.sampled_from(["x_extra", "note", "tags"]))] = draw(any_json)
+    return ev
+
+
+@st.composite
+def request_line(draw) -> dict:
+    ev = draw(valid_request())
+    kind = draw(st.sampled_from(["none", "drop", "wrong-type", "bad-hash", "negative",
+                                 "empty-name", "op", "none"]))
+    if kind == "drop":
+        del ev[draw(st.sampled_from(REQUIRED))]
+    elif kind == "wrong-type":
+        ev[draw(st.sampled_from(PROPERTIES))] = draw(any_json)
+    elif kind == "bad-hash":
+        blocks = list(ev["blocks"])
+        blocks.insert(draw(st.integers(0, len(blocks))), draw(bad_hash))
+        ev["blocks"] = blocks
+    elif kind == "negative":
+        key = draw(st.sampled_from(["t", "tail", "out", "priority_until", "done_t",
+                                    "prefill_ms"]))
+        ev[key] = -draw(st.one_of(st.integers(1, 1000), st.floats(1e-6, 1e3)))
+    elif kind == "empty-name":
+        ev[draw(st.sampled_from(["id", "group", "contract", "prefix", "role"]))] = ""
+    elif kind == "op":
+        ev["op"] = draw(st.sampled_from(["cancel", "done", "Request", "", 1]))
+    return ev
+
+
+# Rules only the reader states (see the schema's description); a line the schema accepts may
+# still fail one of these, and nothing else.
+READER_ONLY_FIELDS = {"tail", "out", "priority", "blocks", "done_t"}
+
+
+_BASE = req("r", 1.5, blocks=["ab"], tail=3, out=2, scope="")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request_line())
+@example(_BASE)
+@example({**_BASE, "blocks": ["ab", "CD"]})
+@example({**_BASE, "blocks": ["ab\n"]})
+@example({**_BASE, "group": ""})
+@example({**_BASE, "id": ""})
+@example({**_BASE, "role": ""})
+@example(without(_BASE, "scope"))
+@example({**_BASE, "tail": -1})
+@example({**_BASE, "out": "2"})
+@example({**_BASE, "t": -0.5})
+@example({**_BASE, "op": "cancel"})
+@example({**_BASE, "measure": 0})
+@example({**_BASE, "priority": 1.5})
+@example({**_BASE, "prefill_ms": -1})
+@example({**_BASE, "tail": 16})
+@example({**_BASE, "done_t": 1.0})
+def test_reader_and_schema_agree_on_request_lines(ev):
+    schema_errors = list(REQUEST_VALIDATOR.iter_errors(ev))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.jsonl")
+        with open(path, "wb") as fh:
+            fh.write(jsonl(HEADER, ev))
+        try:
+            validate_trace(path)
+            reader_error = None
+        except InputError as exc:
+            reader_error = exc
+    if schema_errors:
+        assert reader_error is not None, (ev, [e.message for e in schema_errors])
+        assert reader_error.line == 2
+    elif reader_error is not None:
+        # schema-valid but rejected: only for a rule the schema cannot state
+        assert reader_error.line == 2
+        assert reader_error.field in READER_ONLY_FIELDS, (ev, str(reader_error))
+        if reader_error.field in ("out", "priority"):
+            assert isinstance(ev[reader_error.field], float), (ev, str(reader_error))
+
+
+def test_schema_agreement_examples():
+    """Fixed points for the property test: both accept, both reject, reader-only rejects."""
+    good = req(role="victim", done_t=1.0, prefill_ms=2.5, x_extra=[1])
+    assert not list(REQUEST_VALIDATOR.iter_errors(good))
+    assert list(REQUEST_VALIDATOR.iter_errors(without(good, "scope")))
+    assert list(REQUEST_VALIDATOR.iter_errors(req(blocks=["AA"])))
+    assert list(REQUEST_VALIDATOR.iter_errors(req(out=-1)))
+    # reader-only rules: the schema accepts these
+    assert not list(REQUEST_VALIDATOR.iter_errors(req(tail=16)))
+    assert not list(REQUEST_VALIDATOR.iter_errors(req(t=2, done_t=1)))
