@@ -88,6 +88,13 @@ def check_engine(engine: str) -> None:
                      path="--engine")
 
 
+def contract_table(default: tuple[str, ...], policies) -> list[str]:
+    """Contracts a replay accepts: those every contract-aware policy knows (the
+    defaults when no policy cares). A trace naming another is bad input."""
+    tables = [set(t) for p in policies if (t := p.contract_table()) is not None]
+    return sorted(set.intersection(*tables) if tables else set(default))
+
+
 def validate(trace: str) -> dict:
     header, summary = validate_trace(trace)
     return {"path": summary.path, "block_size": header.block_size,
@@ -128,6 +135,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                          f"found {cfg.capacity}", path="--capacity")
     policies = {"baseline": make_policy(cfg.baseline, cfg.baseline_params),
                 "candidate": make_policy(cfg.candidate, cfg.candidate_params)}
+    contracts = contract_table(cfg.contracts, policies.values())
     spec: GateSpec | None = load_gate_file(cfg.gate_file) if cfg.gate_file else None
     gate_sha = None
     if cfg.gate_file:
@@ -147,7 +155,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                 ledger.start_run(label, policy.name)
                 tick = progress(f"{label} ({policy.name})", summary.num_lines) if progress else None
                 engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity,
-                                   policy=policy, contracts=cfg.contracts,
+                                   policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
                                    paranoid=cfg.paranoid, label=label, trace_path=src.display,
                                    progress=tick)
@@ -188,7 +196,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
             },
             "config": {
                 "engine": cfg.engine, "capacity": cfg.capacity, "usable_blocks": cfg.capacity - 1,
-                "block_size": header.block_size, "contracts": list(cfg.contracts),
+                "block_size": header.block_size, "contracts": contracts,
                 "cost_model": cfg.cost.to_json(),
                 "baseline": policies["baseline"].describe(),
                 "candidate": policies["candidate"].describe(),

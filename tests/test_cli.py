@@ -15,7 +15,7 @@ from psgate.receipt.receipt import deterministic_part, dumps, validate_receipt
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = ROOT / "receipts" / "example"
-GOLDEN_ARGS = ["--baseline", "lru", "--candidate", "lru"]
+GOLDEN_ARGS = ["--baseline", "lru", "--candidate", "prefixshield"]
 
 
 def psgate(*args, cwd=None, env=None):

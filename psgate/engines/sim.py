@@ -34,6 +34,7 @@ from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNF
                                     RequestOutcome, RunResult)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.invariants.prefixshield import BucketAudit
 from psgate.policies.base import EvictionPolicy, PolicyRequest, PoolInfo
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
@@ -136,6 +137,9 @@ class SimEngine:
             return NO_KEY if p < 0 else ((k >> _KEY_SHIFT) << _KEY_SHIFT) | p
 
         self.checker = InvariantChecker(n, parent_of, paranoid=paranoid)
+        claims = policy.claims()
+        self.family = (BucketAudit(policy.params["contracts"], policy.params["eps"], claims)
+                       if claims else None)
         self.paranoid = paranoid
 
         self.now = 0
@@ -386,7 +390,7 @@ class SimEngine:
                 lost.discard(k)
                 recompute += bs
             cached_now.append((b, k))
-            policy.on_cached(b, preq, pos, blocks[pos - 1] if pos else -1)
+            policy.on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
         note = policy.end_admit(preq, now)
 
         r.state = _RUNNING
@@ -420,6 +424,9 @@ class SimEngine:
         ns_keys = [base | h for h in ev.blocks[:num_hits]]
         self.checker.admitted(where, ns_keys, hits, max_hits, new, cached_now)
         self.checker.check_accounting(where, len(free), policy.num_candidates, self, policy)
+        if self.family is not None:
+            self.family.admitted(where, ev.group, ev.contract, now / 1e9, num_full - num_hits,
+                                 policy.audit())
         rec.admission(now, preq, num_hits, num_new, num_full - num_hits, note)
         if getattr(rec, "hits", False):
             for pos, b in enumerate(hits):
@@ -528,6 +535,10 @@ class SimEngine:
 
     # -- results ----------------------------------------------------------------
     def _result(self) -> RunResult:
+        invariants = self.checker.results()
+        if self.family is not None:
+            self.family.finish()
+            invariants.update(self.family.results())
         end = self.now
         span = max(1, end - (self.start_ns or 0))
         occ_mean = {}
@@ -543,6 +554,6 @@ class SimEngine:
             evictions_by={a: row for a, row in matrix.items() if row},
             occupancy_mean=occ_mean,
             occupancy_max={names[g]: v for g, v in enumerate(self.occ_max)},
-            counts=dict(self.counts), invariants=self.checker.results(),
+            counts=dict(self.counts), invariants=invariants,
             orphans=self.checker.orphan_stats(), aborted=self.aborted,
             rejected_ids=list(self.rejected_ids), start_ns=self.start_ns or 0, end_ns=end)

@@ -18,7 +18,7 @@ def register(cls):
 
 def _load_builtin() -> None:
     # Imported for their @register side effect.
-    from psgate.policies import lru  # noqa: F401
+    from psgate.policies import lru, prefixshield  # noqa: F401
 
 
 def policy_names() -> list[str]:
@@ -31,8 +31,8 @@ def policy_class(name: str):
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise InputError(f"unknown policy '{name}'; registered: {', '.join(sorted(_REGISTRY))}",
-                         path="policy") from None
+        raise InputError(f"unknown policy '{name}'; registered: "
+                         f"{', '.join(sorted(_REGISTRY))}") from None
 
 
 def make_policy(name: str, params: dict[str, Any] | None = None):
@@ -40,4 +40,4 @@ def make_policy(name: str, params: dict[str, Any] | None = None):
     try:
         return cls(**(params or {}))
     except (TypeError, ValueError) as exc:
-        raise InputError(str(exc), path=f"policy {name}") from None
+        raise InputError(f"policy '{name}': {exc}") from None

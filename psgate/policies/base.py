@@ -12,8 +12,8 @@ a rule may depend on, in the order vLLM's block pool would see it:
     on_touch(block)          a hit took block out of the candidates
     select_victim(req)       which candidate would you evict? (must not mutate)
     on_evict(block)          the engine evicted it (always the block just selected)
-    on_cached(block, req, pos, parent)   a newly computed full block now holds content
-    end_admit(req)           the batch is done
+    on_cached(block, req, pos, parent, key)   a newly computed full block now holds content
+    end_admit(req)           the batch is done (may return fields for the ledger row)
     on_free(blocks)          blocks (cached, now unpinned) became candidates, in
                              vLLM's append order: a request's last block first
 
@@ -118,11 +118,14 @@ class EvictionPolicy(ABC):
     def on_evict(self, block: int) -> None:
         """The engine evicted block (the one just selected)."""
 
-    def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int) -> None:
-        """block now holds req's prompt block pos; parent is the block before it or -1."""
+    def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
+                  key: int = -1) -> None:
+        """block now holds req's prompt block pos; parent is the block before it or -1;
+        key identifies the content (the block's chain hash in its namespace)."""
 
-    def end_admit(self, req: PolicyRequest, now_ns: int) -> None:
-        pass
+    def end_admit(self, req: PolicyRequest, now_ns: int) -> dict | None:
+        """The batch is done; may return fields for the admission's ledger row."""
+        return None
 
     @abstractmethod
     def on_free(self, blocks: list[int], now_ns: int) -> None:
@@ -141,6 +144,18 @@ class EvictionPolicy(ABC):
     def candidates(self) -> list[int]:
         """All candidates in eviction order; for explain and paranoid checks, not hot paths."""
         raise NotImplementedError
+
+    def claims(self) -> tuple[str, ...]:
+        """Family invariants the engine must check for this policy ("I1", "I2")."""
+        return ()
+
+    def contract_table(self) -> list[str] | None:
+        """Contract names this policy knows, or None when it ignores contracts."""
+        return None
+
+    def audit(self) -> dict | None:
+        """What the last admission charged and promoted, for the family checkers."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}

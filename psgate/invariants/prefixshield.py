@@ -1,0 +1,73 @@
+"""I1 and I2, the PrefixShield family's invariants, with bucket arithmetic of their own.
+
+I1: every materialized full block is charged exactly once, to the group (and
+    contract) that materialized it; hits charge nothing. Checked per admission
+    against the engine's count of newly cached blocks, and as running totals.
+I2: no promotion to Reuse while the group's raw debt exceeds eps. The checker
+    replays the charges into its own token buckets and reads the debt there,
+    so a policy with broken refill arithmetic cannot vouch for itself.
+"""
+
+from __future__ import annotations
+
+from psgate.invariants.checker import Verdict
+
+
+class BucketAudit:
+    def __init__(self, contracts: dict, eps: float, claims: tuple[str, ...]) -> None:
+        self.rho = {c: float(v[0]) for c, v in contracts.items()}
+        self.beta = {c: float(v[1]) for c, v in contracts.items()}
+        self.eps = eps
+        self.buckets: dict[tuple[str, str], tuple[float, float]] = {}   # -> (B, t0)
+        self.materialized: dict[str, int] = {}
+        self.charged: dict[str, int] = {}
+        self.verdicts = {name: Verdict(name, True) for name in claims}
+
+    def _bhat(self, g: str, c: str, t: float) -> float:
+        b, t0 = self.buckets.get((g, c), (self.beta[c], t))
+        return min(self.beta[c], b + self.rho[c] * (t - t0))
+
+    def raw_debt(self, g: str, t: float) -> float:
+        return sum(max(0.0, -self._bhat(gg, c, t)) for (gg, c) in self.buckets if gg == g)
+
+    def admitted(self, where: str, group: str, contract: str, t: float, num_materialized: int,
+                 audit: dict | None) -> None:
+        audit = audit or {}
+        if "I2" in self.verdicts:
+            promoted = audit.get("promoted", 0)
+            v = self.verdicts["I2"]
+            if promoted:
+                debt = self.raw_debt(group, t)
+                v.record(debt <= self.eps,
+                         lambda: f"{where}: {promoted} block(s) promoted to Reuse while group "
+                         f"'{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
+            else:
+                v.checks += 1
+        if "I1" in self.verdicts:
+            charged = audit.get("charged")
+            ok = (charged == num_materialized and audit.get("group") == group
+                  and audit.get("contract") == contract)
+            self.verdicts["I1"].record(
+                ok, lambda: f"{where}: materialized {num_materialized} block(s) for "
+                f"{group}/{contract}; the policy charged {charged} to "
+                f"{audit.get('group')}/{audit.get('contract')}")
+            self.materialized[group] = self.materialized.get(group, 0) + num_materialized
+            if charged:
+                g2 = audit.get("group", group)
+                self.charged[g2] = self.charged.get(g2, 0) + charged
+        if num_materialized:
+            b = self._bhat(group, contract, t) - num_materialized
+            self.buckets[(group, contract)] = (b, t)
+        elif (group, contract) not in self.buckets:
+            self.buckets[(group, contract)] = (self.beta[contract], t)
+
+    def finish(self) -> None:
+        if "I1" in self.verdicts:
+            groups = sorted(set(self.charged) | set(self.materialized))
+            bad = [g for g in groups if self.charged.get(g, 0) != self.materialized.get(g, 0)]
+            self.verdicts["I1"].record(not bad, lambda: f"end of run: group '{bad[0]}' was "
+                                       f"charged {self.charged.get(bad[0], 0)} blocks for "
+                                       f"{self.materialized.get(bad[0], 0)} materialized")
+
+    def results(self) -> dict[str, Verdict]:
+        return dict(self.verdicts)

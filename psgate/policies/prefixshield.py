@@ -1,0 +1,498 @@
+"""prefixshield: per-tenant creation debt picks the group, retention class picks the block.
+
+    on admission of r (group g, contract c) at time t:
+        hits of g's own blocks with r's contract and logical prefix are proven reuse:
+            promote to Reuse iff raw debt D_g(t) <= eps, else record a denied promotion (I2)
+        reclaim: truly free blocks first (the engine), then per victim:
+            g* = candidate-owning group with the largest projected debt P_g > eps
+                 (P_g = Dn_g(t) at admission, minus 1/W_g per victim taken from g)
+            victim = g*'s first block in Probationary, then Normal, then Reuse (native order)
+            nobody with P_g > eps: the same segment order over all groups
+        charge: B_gc = Bhat_gc(t) - n_r   (n_r = newly materialized full blocks)
+        class of the new blocks: Probationary if g never admitted the logical prefix
+            or B_gc < -eps after the charge, else Normal
+
+Buckets, per (group, contract), in blocks: refill rho_c per second up to beta_c,
+lazily: Bhat(t) = min(beta, B(t0) + rho (t - t0)); they start full. Raw debt
+D_g = sum_c max(0, -Bhat_gc), over all of g's contracts so relabelling cannot
+launder it; normalized Dn_g = sum_c max(0, -Bhat_gc) / w_c with w_c = rho_c / min rho.
+
+Choices where the paper is silent (each a parameter or stated here):
+- ``leaf_only`` (default true): only leaves are eligible (a parent becomes eligible,
+  at its own native position, when its last resident child leaves), so no orphans;
+  false gives the paper's behaviour. If no eligible leaf exists while candidates do
+  (not reachable with vLLM's prefix hits, kept as a guard), the oldest non-leaf goes
+  and the ledger row says ``ancestry_fallback``.
+- Logical prefix: the request's ``prefix`` label, else the block's own chain hash in
+  its namespace. Admission history: the last ``history_size`` logical prefixes each
+  group materialized (an LRU set per group; default 65,536).
+- Promotion is decided at the hit, before this admission's own charge; the debt is
+  read at the admission's time.
+- ``segments=false`` (prefixshield-noseg): native order inside the responsible group;
+  ``gate=false`` (prefixshield-nogate): promote on proven reuse whatever the debt.
+
+Finding g* costs O(log groups): indebted buckets' normalized debts all fall at the
+same rate (min rho), so Dn_g(t) = min_rho * (S_g - k_g t), with z the time a bucket
+clears, S_g the sum of z over g's k_g indebted buckets. Groups with equal k keep
+their order as time passes, so one heap per k (keyed by S_g) plus a heap of clearing
+times gives the maximum exactly; within a batch, groups already charged a victim
+move to a small heap of their own.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from heapq import heappop, heappush
+from typing import Any
+
+from psgate.policies import register
+from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policies.queues import LeafTracker, SeqQueues
+
+NS_PER_S = 1_000_000_000
+SEGMENTS = ("probationary", "normal", "reuse")
+PROBATIONARY, NORMAL, REUSE = 0, 1, 2
+DEFAULT_CONTRACTS = {"critical": [64.0, 256.0], "standard": [40.0, 192.0],
+                     "best-effort": [16.0, 128.0]}
+
+
+def _r(x: float) -> float:
+    return round(x, 9)
+
+
+@register
+class PrefixShield(EvictionPolicy):
+    name = "prefixshield"
+    summary = "PrefixShield (paper): creation debt picks the group, retention class the block"
+    defaults: dict[str, Any] = {"contracts": DEFAULT_CONTRACTS, "eps": 1e-9,
+                                "history_size": 65536, "leaf_only": True, "segments": True,
+                                "gate": True}
+    family = "prefixshield"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        table = self.params["contracts"]
+        if not isinstance(table, dict) or not table:
+            raise ValueError("'contracts' must map contract names to [rho, beta]")
+        for name, spec in table.items():
+            if (not isinstance(spec, (list, tuple)) or len(spec) != 2
+                    or not all(isinstance(x, (int, float)) and x > 0 for x in spec)):
+                raise ValueError(f"contract '{name}': expected [rho, beta] with rho, beta > 0, "
+                                 f"found {spec!r}")
+        for key in ("leaf_only", "segments", "gate"):
+            if not isinstance(self.params[key], bool):
+                raise ValueError(f"'{key}' must be true or false")
+        if not isinstance(self.params["history_size"], int) or self.params["history_size"] < 1:
+            raise ValueError("'history_size' must be a positive integer")
+        self.contract_names = sorted(table)
+        self.cidx = {c: i for i, c in enumerate(self.contract_names)}
+        self.rho = {c: float(table[c][0]) for c in table}
+        self.beta = {c: float(table[c][1]) for c in table}
+        self.min_rho = min(self.rho.values())
+        self.weight = {c: self.rho[c] / self.min_rho for c in table}
+        self.eps = float(self.params["eps"])
+
+    def claims(self) -> tuple[str, ...]:
+        return ("I1", "I2") if self.params["gate"] else ("I1",)
+
+    def contract_table(self) -> list[str]:
+        return list(self.contract_names)
+
+    # -- setup ------------------------------------------------------------------
+    def bind(self, pool: PoolInfo) -> None:
+        super().bind(pool)
+        n = pool.num_blocks
+        self.owner = array("i", [-1]) * n        # gid of the materializing group
+        self.cls = array("b", [0]) * n
+        self.contract = array("b", [0]) * n      # index into contract_names
+        self.lprefix: list = [None] * n          # the request's prefix label, or None
+        self.cand = bytearray(n)                 # 1 while unpinned and cached
+        self.freed_seq = array("q", [0]) * n
+        self.num_cand = 0
+        self.free_seq = 0
+        self.tree = LeafTracker(n) if self.params["leaf_only"] else None
+        self.gq = SeqQueues(n)                   # per (group, segment): q = 3*g + s
+        self.glob = SeqQueues(n, 3)              # all groups, per segment (fallback)
+        self.nonleaf = SeqQueues(n, 1)           # guard: candidates that are not leaves
+        # groups
+        self.gids: dict[str, int] = {}
+        self.gnames: list[str] = []
+        self.history: list[OrderedDict] = []
+        self.num_eligible: list[int] = []
+        # buckets: (gid, contract idx) -> index
+        self.bidx: dict[tuple[int, int], int] = {}
+        self.B: list[float] = []
+        self.t0: list[float] = []
+        self.zero_t: list[float] = []            # when the bucket's debt clears
+        self.bver: list[int] = []
+        self.bucket_group: list[int] = []
+        self.bucket_contract: list[int] = []
+        self.group_buckets: list[list[int]] = []
+        # kinetic index of groups by normalized debt
+        self.S: list[float] = []
+        self.k: list[int] = []
+        self.gver: list[int] = []
+        self.kheaps: dict[int, list] = {}
+        self.zheap: list = []
+        # per batch
+        self.now_s = 0.0
+        self.batch_mod: dict[int, float] = {}
+        self.batch_heap: list = []
+        self.pending: tuple | None = None
+        self.new_blocks: list[tuple[int, int]] = []
+        self.promoted = 0
+        self.denied = 0
+        self.promotion_debt = 0.0
+        self.last_audit: dict = {}
+
+    def _gid(self, group: str) -> int:
+        g = self.gids.get(group)
+        if g is None:
+            g = len(self.gnames)
+            self.gids[group] = g
+            self.gnames.append(group)
+            self.history.append(OrderedDict())
+            self.num_eligible.append(0)
+            self.group_buckets.append([])
+            self.S.append(0.0)
+            self.k.append(0)
+            self.gver.append(0)
+            for _ in range(3):
+                self.gq.add_queue()
+        return g
+
+    def _bucket(self, g: int, c: int) -> int:
+        i = self.bidx.get((g, c))
+        if i is None:
+            i = len(self.B)
+            self.bidx[(g, c)] = i
+            self.B.append(self.beta[self.contract_names[c]])   # buckets start full
+            self.t0.append(self.now_s)
+            self.zero_t.append(float("-inf"))
+            self.bver.append(0)
+            self.bucket_group.append(g)
+            self.bucket_contract.append(c)
+            self.group_buckets[g].append(i)
+        return i
+
+    # -- bucket arithmetic ----------------------------------------------------------
+    def bhat(self, i: int, t: float) -> float:
+        c = self.contract_names[self.bucket_contract[i]]
+        return min(self.beta[c], self.B[i] + self.rho[c] * (t - self.t0[i]))
+
+    def raw_debt(self, g: int, t: float) -> float:
+        return sum(max(0.0, -self.bhat(i, t)) for i in self.group_buckets[g])
+
+    def norm_debt(self, g: int, t: float) -> float:
+        return sum(max(0.0, -self.bhat(i, t)) / self.weight[self.contract_names[
+            self.bucket_contract[i]]] for i in self.group_buckets[g])
+
+    def _w(self, g: int, t: float) -> float:
+        ws = [self.weight[self.contract_names[self.bucket_contract[i]]]
+              for i in self.group_buckets[g] if self.zero_t[i] > t]
+        return max(ws) if ws else 1.0
+
+    def _charge(self, g: int, c: int, n: int, t: float) -> float:
+        i = self._bucket(g, c)
+        old_z = self.zero_t[i]
+        cname = self.contract_names[c]
+        b = self.bhat(i, t) - n
+        self.B[i] = b
+        self.t0[i] = t
+        z = t - b / self.rho[cname] if b < 0 else float("-inf")
+        self.zero_t[i] = z
+        self.bver[i] += 1
+        if old_z > t:                # was counted in S_g / k_g
+            self.S[g] -= old_z
+            self.k[g] -= 1
+        if z > t:
+            self.S[g] += z
+            self.k[g] += 1
+            heappush(self.zheap, (z, i, self.bver[i]))
+        if self.k[g] == 0:
+            self.S[g] = 0.0
+        self._relist(g)
+        return b
+
+    def _advance(self, t: float) -> None:
+        """Buckets whose debt cleared by t leave their group's S_g / k_g."""
+        zh = self.zheap
+        while zh and zh[0][0] <= t:
+            z, i, ver = heappop(zh)
+            if ver != self.bver[i]:
+                continue
+            g = self.bucket_group[i]
+            self.S[g] -= z
+            self.k[g] -= 1
+            if self.k[g] == 0:
+                self.S[g] = 0.0
+            self.bver[i] += 1
+            self._relist(g)
+        self.now_s = t
+
+    def _relist(self, g: int) -> None:
+        """g's ranking changed: invalidate its heap entries and push a fresh one."""
+        self.gver[g] += 1
+        if self.num_eligible[g] == 0:
+            return
+        if g in self.batch_mod:
+            heappush(self.batch_heap, (-self.batch_mod[g], g, self.gver[g]))
+        elif self.k[g] > 0:
+            heappush(self.kheaps.setdefault(self.k[g], []), (-self.S[g], g, self.gver[g]))
+
+    # -- group ranking -----------------------------------------------------------
+    def _p(self, g: int) -> float:
+        if g in self.batch_mod:
+            return self.batch_mod[g]
+        return self.min_rho * (self.S[g] - self.k[g] * self.now_s)
+
+    def _valid_k(self, entry) -> bool:
+        _, g, ver = entry
+        return ver == self.gver[g] and g not in self.batch_mod and self.num_eligible[g] > 0
+
+    def _valid_b(self, entry) -> bool:
+        _, g, ver = entry
+        return ver == self.gver[g] and g in self.batch_mod and self.num_eligible[g] > 0
+
+    def _ranked(self) -> tuple[list[int], float, int, float]:
+        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P).
+
+        Merges the heads of the per-k heaps and the batch heap; entries popped
+        while looking are pushed back, so this changes nothing.
+        """
+        sources = [(h, self._valid_k) for h in self.kheaps.values()]
+        sources.append((self.batch_heap, self._valid_b))
+        merge: list = []
+
+        def offer(si: int) -> None:
+            h, valid = sources[si]
+            while h and not valid(h[0]):
+                heappop(h)
+            if h:
+                g = h[0][1]
+                heappush(merge, (-self._p(g), g, si))
+
+        for si in range(len(sources)):
+            offer(si)
+        popped: list[tuple[list, tuple]] = []
+        top: list[int] = []
+        top_p = 0.0
+        runner, runner_p = -1, 0.0
+        while merge:
+            negp, g, si = heappop(merge)
+            if top and -negp != top_p:
+                runner, runner_p = g, -negp
+                break
+            top.append(g)
+            top_p = -negp
+            h = sources[si][0]
+            popped.append((h, heappop(h)))
+            offer(si)
+        for h, entry in popped:
+            heappush(h, entry)
+        return top, top_p, runner, runner_p
+
+    def _best_of(self, g: int) -> tuple[int, int, int]:
+        """(segment, native seq, block) of g's best eligible candidate."""
+        for s in range(3):
+            b = self.gq.head(3 * g + s)
+            if b >= 0:
+                return s, self.gq.seq[b], b
+        return 3, 0, -1
+
+    # -- events -----------------------------------------------------------------
+    def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
+        self._advance(now_ns / NS_PER_S)
+        self._gid(req.group)
+        self.batch_mod.clear()
+        self.batch_heap.clear()
+        self.new_blocks = []
+        self.promoted = self.denied = 0
+        self.promotion_debt = 0.0
+
+    def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:
+        g = self.gids[req.group]
+        if (self.owner[block] != g or self.contract[block] != self.cidx[req.contract]
+                or self.lprefix[block] != req.prefix or self.cls[block] == REUSE):
+            return
+        debt = self.raw_debt(g, self.now_s)
+        if not self.params["gate"] or debt <= self.eps:
+            self.cls[block] = REUSE
+            self.promoted += 1
+            self.promotion_debt = max(self.promotion_debt, debt)
+        else:
+            self.denied += 1
+
+    def on_touch(self, block: int) -> None:
+        self._uncandidate(block)
+
+    def _eligible_push(self, b: int) -> None:
+        g, s = self.owner[b], (self.cls[b] if self.params["segments"] else 0)
+        seq = self.freed_seq[b]
+        self.gq.push(3 * g + s, b, seq)
+        self.glob.push(s, b, seq)
+        self.num_eligible[g] += 1
+        if self.num_eligible[g] == 1:
+            self._relist(g)
+
+    def _uncandidate(self, b: int) -> None:
+        self.cand[b] = 0
+        self.num_cand -= 1
+        if b in self.gq:
+            g = self.owner[b]
+            self.gq.remove(b)
+            self.glob.remove(b)
+            self.num_eligible[g] -= 1
+            if self.num_eligible[g] == 0:
+                self.gver[g] += 1          # its heap entries are stale now
+        elif b in self.nonleaf:
+            self.nonleaf.remove(b)
+
+    def on_free(self, blocks: list[int], now_ns: int) -> None:
+        tree = self.tree
+        for b in blocks:
+            self.free_seq += 1
+            self.freed_seq[b] = self.free_seq
+            self.cand[b] = 1
+            self.num_cand += 1
+            if tree is None or tree.is_leaf(b):
+                self._eligible_push(b)
+            else:
+                self.nonleaf.push(0, b, self.free_seq)
+
+    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
+        top, top_p, runner, runner_p = self._ranked()
+        seg_name = SEGMENTS if self.params["segments"] else ("all", "all", "all")
+        ancestry_fallback = False
+        if top and top_p > self.eps:
+            if len(top) > 1:     # equal P_g: best candidate's segment, then native order
+                top.sort(key=lambda g: self._best_of(g)[:2])
+                runner, runner_p = top[1], top_p
+            g = top[0]
+            seg, _, b = self._best_of(g)
+            p_before = top_p
+            p_after = p_before - 1.0 / self._w(g, self.now_s)
+            queue = f"{self.gnames[g]}/{seg_name[seg]}"
+            counts = {SEGMENTS[s]: self.gq.live[3 * g + s] for s in range(3)}
+        else:
+            g, runner, p_before, p_after = -1, -1, None, None
+            b = -1
+            for seg in range(3):
+                b = self.glob.head(seg)
+                if b >= 0:
+                    break
+            if b < 0:     # no eligible leaf at all: guard, see the module docstring
+                b = self.nonleaf.head(0)
+                seg = self.cls[b] if self.params["segments"] else 0
+                ancestry_fallback = True
+            queue = "ancestry-fallback" if ancestry_fallback else f"global/{seg_name[seg]}"
+            counts = {SEGMENTS[s]: self.glob.live[s] for s in range(3)}
+        self.pending = (b, g, p_after)
+        owner = self.owner[b]
+        rank = {"segment": seg_name[seg], "class": SEGMENTS[self.cls[b]],
+                "freed_seq": self.freed_seq[b], "global_fallback": g < 0,
+                "owner_contract": self.contract_names[self.contract[b]],
+                "owner_raw_debt": _r(self.raw_debt(owner, self.now_s)),
+                "owner_norm_debt": _r(self.norm_debt(owner, self.now_s))}
+        if ancestry_fallback:
+            rank["ancestry_fallback"] = True
+        return Decision(
+            victim=b, num_candidates=self.num_cand, position=0, queue=queue,
+            responsible=self.gnames[g] if g >= 0 else None,
+            responsible_p_before=None if p_before is None else _r(p_before),
+            responsible_p_after=None if p_after is None else _r(p_after),
+            runner_up=self.gnames[runner] if runner >= 0 else None,
+            runner_up_p=_r(runner_p) if runner >= 0 else None, segments=counts, rank=rank)
+
+    def on_evict(self, block: int) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == block and pending[1] >= 0:
+            self.batch_mod[pending[1]] = pending[2]
+            self._relist(pending[1])
+        if self.tree is None and not self.cand[block]:
+            return
+        self._uncandidate(block)
+        if self.tree is not None:
+            parent = self.tree.evicted(block)
+            if parent >= 0 and self.cand[parent]:
+                self.nonleaf.remove(parent)
+                self._eligible_push(parent)
+        self.owner[block] = -1
+
+    def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
+                  key: int = -1) -> None:
+        self.new_blocks.append((block, key))
+        if self.tree is not None:
+            self.tree.cached(block, parent)
+
+    def end_admit(self, req: PolicyRequest, now_ns: int) -> dict:
+        g = self.gids[req.group]
+        c = self.cidx[req.contract]
+        mods = list(self.batch_mod)      # decremented groups go back to the kinetic heaps
+        self.batch_mod.clear()
+        self.batch_heap.clear()
+        for mg in mods:
+            self._relist(mg)
+        n = len(self.new_blocks)
+        t = self.now_s
+        balance = self._charge(g, c, n, t) if n else self.bhat(self._bucket(g, c), t)
+        self.last_audit = {"group": req.group, "contract": req.contract, "charged": n,
+                           "promoted": self.promoted, "promotion_debt": self.promotion_debt}
+        note: dict[str, Any] = {"charged": n, "balance": _r(balance),
+                                "raw_debt": _r(self.raw_debt(g, t)),
+                                "promoted": self.promoted, "promotion_denied": self.denied}
+        if self.denied:
+            note["denied_reason"] = "group in debt"
+        if not n:
+            return note
+        hist = self.history[g]
+        label = req.prefix
+        # "first admission" is judged against the history before this request
+        first = {key: (label if label is not None else key) not in hist
+                 for _, key in self.new_blocks}
+        classes = [0, 0, 0]
+        in_debt = balance < -self.eps
+        for b, key in self.new_blocks:
+            cls = PROBATIONARY if first[key] or in_debt else NORMAL
+            self.cls[b] = cls
+            self.owner[b] = g
+            self.contract[b] = c
+            self.lprefix[b] = label
+            classes[cls] += 1
+        bound = self.params["history_size"]
+        for hkey in ([label] if label is not None else [k for _, k in self.new_blocks]):
+            if hkey in hist:
+                hist.move_to_end(hkey)
+            else:
+                hist[hkey] = None
+                if len(hist) > bound:
+                    hist.popitem(last=False)
+        note["new_class"] = {SEGMENTS[s]: classes[s] for s in range(3) if classes[s]}
+        self.new_blocks = []
+        return note
+
+    def audit(self) -> dict:
+        """What the last admission did, for the I1/I2 checkers (which redo the arithmetic)."""
+        return self.last_audit
+
+    @property
+    def num_candidates(self) -> int:
+        return self.num_cand
+
+    def candidates(self) -> list[int]:
+        return [b for b in range(len(self.cand)) if self.cand[b]]
+
+
+@register
+class PrefixShieldNoSeg(PrefixShield):
+    name = "prefixshield-noseg"
+    summary = "PrefixShield ablation: no segments (native order inside the responsible group)"
+    defaults = {**PrefixShield.defaults, "segments": False}
+
+
+@register
+class PrefixShieldNoGate(PrefixShield):
+    name = "prefixshield-nogate"
+    summary = "PrefixShield ablation: promotion to Reuse regardless of debt"
+    defaults = {**PrefixShield.defaults, "gate": False}
