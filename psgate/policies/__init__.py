@@ -17,8 +17,13 @@ def register(cls):
 
 
 def _load_builtin() -> None:
-    # Imported for their @register side effect.
-    from psgate.policies import lru, prefixshield  # noqa: F401
+    """Import every policy module in this package for its @register side effect."""
+    import importlib
+    import pkgutil
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        if mod not in ("base", "queues"):
+            importlib.import_module(f"{__name__}.{mod}")
 
 
 def policy_names() -> list[str]:
