@@ -158,7 +158,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
                                    paranoid=cfg.paranoid, label=label, trace_path=src.display,
-                                   progress=tick)
+                                   progress=tick, groups=summary.groups)
                 with TraceReader(src, hashes) as reader:
                     result = engine.run(reader.events())
                     if reader.summary().sha256 != summary.sha256:

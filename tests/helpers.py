@@ -42,7 +42,7 @@ def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: 
     engine = SimEngine(header=header, hashes=hashes, capacity=capacity,
                        policy=make_policy(policy, params), contracts=CONTRACTS,
                        done_ids=summary.done_ids, recorder=log, paranoid=paranoid, cost=cost,
-                       trace_path=path)
+                       trace_path=path, groups=summary.groups)
     log.block_ids = {}
     admit = engine._try_admit
 

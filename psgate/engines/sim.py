@@ -93,7 +93,8 @@ class SimEngine:
     def __init__(self, *, header: TraceHeader, hashes: HashTable, capacity: int,
                  policy: EvictionPolicy, contracts: Iterable[str], done_ids: frozenset[str],
                  cost: CostModel | None = None, recorder=None, paranoid: bool = False,
-                 label: str = "run", trace_path: str = "trace", progress=None) -> None:
+                 label: str = "run", trace_path: str = "trace", progress=None,
+                 groups: tuple[str, ...] = ()) -> None:
         if capacity < 2:
             raise InputError(f"expected at least 2 configured blocks (one is vLLM's null "
                              f"block), found {capacity}", path="--capacity")
@@ -129,7 +130,8 @@ class SimEngine:
         self.evict_matrix: list[list[int]] = []
         self.lost: set[int] = set()
 
-        self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs))
+        self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
+                                  groups=tuple(groups)))
         parent = hashes.parent
 
         def parent_of(k: int) -> int:
@@ -272,7 +274,8 @@ class SimEngine:
                                  prompt_tokens=ev.prompt_tokens)
         num_total = -(-(ev.prompt_tokens + ev.out) // bs)
         r = _Req(ev, preq, g, num_total, outcome, ev.id in self.done_ids)
-        if num_total > self.num_usable:
+        cap = self.policy.capacity_for(preq)
+        if num_total > (self.num_usable if cap is None else min(cap, self.num_usable)):
             outcome.state = REJECTED
             self.counts["rejected"] += 1
             self.rejected_ids.append(ev.id)
@@ -334,12 +337,12 @@ class SimEngine:
         preq = r.preq
         num_full = len(ev.blocks)
         preq.num_new_full_blocks = num_full - num_hits
-        if not self.policy.admission_allowed(preq, num_new):
-            return "quota"
         evictable_hits = 0
         for b in hits:
             if ref[b] == 0:
                 evictable_hits += 1
+        if not self.policy.admission_allowed(preq, num_new, evictable_hits):
+            return "quota"
         if num_new > len(self.free) + self.policy.num_candidates - evictable_hits:
             return "nofit"
 
@@ -356,7 +359,7 @@ class SimEngine:
             policy.on_hit(b, preq, pos)
         new: list[int] = []
         free = self.free
-        take = min(num_new, len(free))
+        take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
         for _ in range(take):
             new.append(free.popleft())
         for _ in range(num_new - take):
@@ -367,6 +370,7 @@ class SimEngine:
         for b in new:
             ref[b] = 1
             owner[b] = g
+        policy.on_allocated(preq, new)
         self._occ_add(g, num_new)
         blocks = hits + new
         r.blocks = blocks
@@ -482,6 +486,7 @@ class SimEngine:
             if ref[b] == 0:
                 (uncached if key[b] == NO_KEY else freed).append(b)
         self.free.extendleft(reversed(uncached))
+        self.policy.on_released(uncached)
         for b in uncached:
             self._occ_add(owner[b], -1)
             owner[b] = -1

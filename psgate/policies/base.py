@@ -36,6 +36,7 @@ class PoolInfo:
     num_blocks: int          # configured, null block included (vLLM's num_gpu_blocks)
     num_usable: int          # num_blocks - 1
     block_size: int
+    groups: tuple[str, ...] = ()   # declared in the header, then as first named
 
 
 @dataclass(slots=True)
@@ -131,10 +132,29 @@ class EvictionPolicy(ABC):
     def on_free(self, blocks: list[int], now_ns: int) -> None:
         """Cached blocks whose last reference was dropped, in vLLM's append order."""
 
+    def on_allocated(self, req: PolicyRequest, blocks: list[int]) -> None:
+        """blocks (truly free or just evicted) now belong to req's group."""
+
+    def on_released(self, blocks: list[int]) -> None:
+        """blocks went back to the truly free pool (they held no cached content)."""
+
     # -- admission control ----------------------------------------------------
-    def admission_allowed(self, req: PolicyRequest, num_new_blocks: int) -> bool:
-        """False makes req wait in its group's own line (quota policies)."""
+    def admission_allowed(self, req: PolicyRequest, num_new_blocks: int,
+                          num_evictable_hits: int) -> bool:
+        """False makes req wait in its group's own line (quota policies).
+
+        ``num_evictable_hits`` of req's hits are candidates now and will be pinned."""
         return True
+
+    def capacity_for(self, req: PolicyRequest) -> int | None:
+        """Most blocks req's group may ever hold (None: the whole pool); a request
+        needing more is rejected rather than left waiting forever."""
+        return None
+
+    def reclaim_first(self, req: PolicyRequest, num_new_blocks: int) -> int:
+        """How many of the batch's blocks must come from evicting candidates even
+        while truly free blocks exist (a group at its quota reuses its own)."""
+        return 0
 
     @property
     @abstractmethod

@@ -77,3 +77,4 @@ class TraceSummary:
     num_distinct_blocks: int
     num_skipped_unknown: int
     done_ids: frozenset[str] = field(default_factory=frozenset)
+    groups: tuple[str, ...] = ()     # declared in the header, then in order of appearance

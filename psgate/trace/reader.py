@@ -225,6 +225,7 @@ class TraceReader:
         # id -> True when the request carries done_t (a done event would then conflict)
         requests: dict[str, bool] = {}
         done_ids: set[str] = set()
+        group_order: dict[str, None] = dict.fromkeys(groups or ())
         n_req = n_cancel = n_done = n_skipped = 0
         err = self._err
         intern = self.hashes.intern_chain
@@ -299,6 +300,7 @@ class TraceReader:
                 self._optional_fields(obj, ev, t, t_ns)
                 ev.blocks = intern(blocks, err)
                 requests[rid] = ev.done_ns is not None
+                group_order.setdefault(group)
                 n_req += 1
                 yield ev
             else:
@@ -327,7 +329,7 @@ class TraceReader:
             canonical_sha256=self._canon_sha.hexdigest(), num_lines=self._line,
             num_requests=n_req, num_cancels=n_cancel, num_dones=n_done,
             num_distinct_blocks=len(self.hashes), num_skipped_unknown=n_skipped,
-            done_ids=frozenset(done_ids))
+            done_ids=frozenset(done_ids), groups=tuple(group_order))
 
     def _optional_fields(self, obj: dict, ev: RequestEvent, t, t_ns: int) -> None:
         err = self._err

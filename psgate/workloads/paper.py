@@ -4,7 +4,9 @@ one-touch   victim group re-reads 4 hot 1,536-token prefixes (96 blocks each, 38
             all) with short unique suffixes; an attacker group sends previously unseen
             1,536-token prefixes during the pressure window.
 borrowing   one group idle after a short warm-up, one active group whose working set
-            exceeds the cache.
+            (31 prefixes x 16 cached blocks = 496) nearly fills the cache on its own: with
+            the idle group's 32 blocks it exceeds the 511 usable blocks, so the active
+            group reaches a full cache only by taking the idle group's blocks.
 
 Load model (one-touch): C_prefill = requests/s of 32 distinct-prefix requests served
 back to back by the cost model; victim arrivals at alpha * C_prefill (alpha = 0.6);
@@ -31,7 +33,7 @@ ONE_TOUCH_DEFAULTS = {
 }
 
 BORROWING_DEFAULTS = {
-    "seed": 0, "block_size": 16, "idle_prefixes": 2, "active_prefixes": 48,
+    "seed": 0, "block_size": 16, "idle_prefixes": 2, "active_prefixes": 31,
     "prefix_tokens": 256, "out": 16, "rate": 8.0, "warmup_s": 2.0, "duration_s": 60.0,
 }
 
