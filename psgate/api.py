@@ -32,6 +32,7 @@ from psgate.receipt.ledger import LedgerWriter, file_sha256, write_requests
 from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.metrics import paired_difference, run_metrics
+from psgate.trace.future import future_uses
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
@@ -154,6 +155,8 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
             for label, policy in policies.items():
                 ledger.start_run(label, policy.name)
                 tick = progress(f"{label} ({policy.name})", summary.num_lines) if progress else None
+                if policy.needs_future:
+                    policy.set_future(future_uses(src, hashes))
                 engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity,
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,

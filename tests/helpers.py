@@ -39,8 +39,12 @@ def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: 
     hashes = HashTable()
     header, summary = validate_trace(path, hashes)
     log = EventLog()
+    pol = make_policy(policy, params)
+    if pol.needs_future:
+        from psgate.trace.future import future_uses
+        pol.set_future(future_uses(TraceSource(path, Path(path)), hashes))
     engine = SimEngine(header=header, hashes=hashes, capacity=capacity,
-                       policy=make_policy(policy, params), contracts=CONTRACTS,
+                       policy=pol, contracts=CONTRACTS,
                        done_ids=summary.done_ids, recorder=log, paranoid=paranoid, cost=cost,
                        trace_path=path, groups=summary.groups)
     log.block_ids = {}

@@ -154,6 +154,7 @@ class SimEngine:
         self.seq = 0
         self.outcomes: list[RequestOutcome] = []
         self.num_evictions = 0
+        self.num_requests = 0
         self.counts = {"admitted": 0, "waits": 0, "rejected": 0, "dropped": 0, "cancelled": 0,
                        "late_cancels": 0, "late_dones": 0, "done_shifted": 0, "unfinished": 0,
                        "hit_blocks": 0, "new_blocks": 0}
@@ -268,7 +269,11 @@ class SimEngine:
                              namespace=ns, prefix=ev.prefix, t_ns=ev.t_ns,
                              prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
                              num_new_full_blocks=0, priority=ev.priority,
-                             priority_until_ns=ev.priority_until_ns)
+                             priority_until_ns=ev.priority_until_ns, index=self.num_requests)
+        self.num_requests += 1
+        if self.policy.wants_block_keys:
+            base = ns << _KEY_SHIFT
+            preq.block_keys = [base | h for h in ev.blocks]
         outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
                                  measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
                                  prompt_tokens=ev.prompt_tokens)

@@ -55,6 +55,9 @@ class PolicyRequest:
     num_new_full_blocks: int
     priority: int | None = None
     priority_until_ns: int | None = None
+    index: int = 0                     # position among the trace's requests
+    block_keys: list[int] | None = None   # content keys of all prompt blocks, when
+                                          # the policy sets wants_block_keys
 
 
 @dataclass(slots=True)
@@ -87,6 +90,11 @@ class EvictionPolicy(ABC):
     summary: ClassVar[str] = ""
     # Parameters and their defaults; a run's receipt records the values used.
     defaults: ClassVar[dict[str, Any]] = {}
+    # True for a clairvoyant reference that must be given the trace's future.
+    needs_future: ClassVar[bool] = False
+    # Work-conserving: never makes a request wait or evict while capacity is idle.
+    work_conserving: ClassVar[bool] = True
+    wants_block_keys: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.defaults))
@@ -164,6 +172,9 @@ class EvictionPolicy(ABC):
     def candidates(self) -> list[int]:
         """All candidates in eviction order; for explain and paranoid checks, not hot paths."""
         raise NotImplementedError
+
+    def set_future(self, uses: dict) -> None:
+        """For needs_future policies: content key -> trace-order request indices using it."""
 
     def claims(self) -> tuple[str, ...]:
         """Family invariants the engine must check for this policy ("I1", "I2")."""

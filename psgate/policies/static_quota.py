@@ -29,6 +29,7 @@ class StaticQuota(EvictionPolicy):
     name = "static-quota"
     summary = "hard isolation: equal fixed share per group, no borrowing (waits at its share)"
     defaults: dict[str, Any] = {"shares": None}
+    work_conserving = False
 
     def bind(self, pool: PoolInfo) -> None:
         super().bind(pool)
