@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 from typing import Any
 
 from psgate.policies import register
@@ -92,6 +92,7 @@ class PrefixShield(EvictionPolicy):
         self.min_rho = min(self.rho.values())
         self.weight = {c: self.rho[c] / self.min_rho for c in table}
         self.eps = float(self.params["eps"])
+        self.seg_names = SEGMENTS if self.params["segments"] else ("all", "all", "all")
 
     def claims(self) -> tuple[str, ...]:
         return ("I1", "I2") if self.params["gate"] else ("I1",)
@@ -145,6 +146,9 @@ class PrefixShield(EvictionPolicy):
         self.denied = 0
         self.promotion_debt = 0.0
         self.last_audit: dict = {}
+        # valid for one batch (time and stored balances do not move inside it)
+        self._rank_cache: tuple | None = None
+        self._debt_cache: dict[int, tuple[float, float, float]] = {}
 
     def _gid(self, group: str) -> int:
         g = self.gids.get(group)
@@ -231,9 +235,11 @@ class PrefixShield(EvictionPolicy):
             self._relist(g)
         self.now_s = t
 
-    def _relist(self, g: int) -> None:
+    def _relist(self, g: int, keep_rank: bool = False) -> None:
         """g's ranking changed: invalidate its heap entries and push a fresh one."""
         self.gver[g] += 1
+        if not keep_rank:
+            self._rank_cache = None
         if self.num_eligible[g] == 0:
             return
         if g in self.batch_mod:
@@ -255,43 +261,82 @@ class PrefixShield(EvictionPolicy):
         _, g, ver = entry
         return ver == self.gver[g] and g in self.batch_mod and self.num_eligible[g] > 0
 
-    def _ranked(self) -> tuple[list[int], float, int, float]:
-        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P).
-
-        Merges the heads of the per-k heaps and the batch heap; entries popped
-        while looking are pushed back, so this changes nothing.
-        """
-        sources = [(h, self._valid_k) for h in self.kheaps.values()]
-        sources.append((self.batch_heap, self._valid_b))
-        merge: list = []
-
-        def offer(si: int) -> None:
-            h, valid = sources[si]
+    def _frontier(self) -> tuple[float, int] | None:
+        """(P, k) of the best group still in the per-k heaps, or None."""
+        best = None
+        valid = self._valid_k
+        t = self.now_s
+        for k, h in self.kheaps.items():
             while h and not valid(h[0]):
                 heappop(h)
             if h:
-                g = h[0][1]
-                heappush(merge, (-self._p(g), g, si))
+                p = self.min_rho * (-h[0][0] - k * t)
+                if best is None or p > best[0]:
+                    best = (p, k)
+        return best
 
-        for si in range(len(sources)):
-            offer(si)
-        popped: list[tuple[list, tuple]] = []
-        top: list[int] = []
-        top_p = 0.0
-        runner, runner_p = -1, 0.0
-        while merge:
-            negp, g, si = heappop(merge)
-            if top and -negp != top_p:
-                runner, runner_p = g, -negp
+    def _pull(self, k: int) -> None:
+        """Move the head of heap k into this batch's own heap, at its unmodified P."""
+        g = heappop(self.kheaps[k])[1]
+        p = self._p(g)
+        self.batch_mod[g] = p
+        self.gver[g] += 1
+        heappush(self.batch_heap, (-p, g, self.gver[g]))
+
+    def _top_valid(self, n: int) -> list[tuple]:
+        """The n best valid entries of the batch heap (stale ones are dropped)."""
+        bh = self.batch_heap
+        out: list[tuple] = []
+        while bh and len(out) < n:
+            e = heappop(bh)
+            if self._valid_b(e):
+                out.append(e)
+        for e in out:
+            heappush(bh, e)
+        return out
+
+    def _ranked(self) -> tuple[list[int], float, int, float]:
+        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P).
+
+        Groups move from the per-k heaps into the batch heap as the ranking
+        reaches them (they go back when the batch ends), until the batch heap
+        holds the top groups and the runner-up and no group left outside can
+        match them; so one call costs O(log groups) amortized.
+        """
+        while True:
+            f = self._frontier()
+            if f is None:
                 break
-            top.append(g)
-            top_p = -negp
-            h = sources[si][0]
-            popped.append((h, heappop(h)))
-            offer(si)
-        for h, entry in popped:
-            heappush(h, entry)
-        return top, top_p, runner, runner_p
+            best = self._top_valid(2)
+            if len(best) == 2 and f[0] < -best[1][0]:
+                break
+            self._pull(f[1])
+        best = self._top_valid(2)
+        if not best:
+            return [], 0.0, -1, 0.0
+        top_p = -best[0][0]
+        if len(best) == 1:
+            return [best[0][1]], top_p, -1, 0.0
+        if -best[1][0] != top_p:
+            return [best[0][1]], top_p, best[1][1], -best[1][0]
+        # ties at the top: collect them all (rare), then the runner-up below them
+        bh = self.batch_heap
+        taken: list[tuple] = []
+        top: list[int] = []
+        runner, runner_p = -1, 0.0
+        while bh:
+            e = heappop(bh)
+            if not self._valid_b(e):
+                continue
+            taken.append(e)
+            if -e[0] == top_p:
+                top.append(e[1])
+            else:
+                runner, runner_p = e[1], -e[0]
+                break
+        for e in taken:
+            heappush(bh, e)
+        return sorted(top), top_p, runner, runner_p
 
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
@@ -310,6 +355,17 @@ class PrefixShield(EvictionPolicy):
         self.new_blocks = []
         self.promoted = self.denied = 0
         self.promotion_debt = 0.0
+        self._rank_cache = None
+        self._debt_cache.clear()
+
+    def _debts(self, g: int) -> tuple[float, float, float]:
+        """(raw debt, normalized debt, W_g) of g at the batch's time, computed once."""
+        d = self._debt_cache.get(g)
+        if d is None:
+            t = self.now_s
+            d = (self.raw_debt(g, t), self.norm_debt(g, t), self._w(g, t))
+            self._debt_cache[g] = d
+        return d
 
     def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:
         g = self.gids[req.group]
@@ -346,6 +402,7 @@ class PrefixShield(EvictionPolicy):
             self.num_eligible[g] -= 1
             if self.num_eligible[g] == 0:
                 self.gver[g] += 1          # its heap entries are stale now
+                self._rank_cache = None
         elif b in self.nonleaf:
             self.nonleaf.remove(b)
 
@@ -362,19 +419,22 @@ class PrefixShield(EvictionPolicy):
                 self.nonleaf.push(0, b, self.free_seq)
 
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        top, top_p, runner, runner_p = self._ranked()
-        seg_name = SEGMENTS if self.params["segments"] else ("all", "all", "all")
+        if self._rank_cache is None:
+            self._rank_cache = self._ranked()
+        top, top_p, runner, runner_p = self._rank_cache
+        seg_name = self.seg_names
         ancestry_fallback = False
         if top and top_p > self.eps:
             if len(top) > 1:     # equal P_g: best candidate's segment, then native order
-                top.sort(key=lambda g: self._best_of(g)[:2])
+                top = sorted(top, key=lambda g: self._best_of(g)[:2])
                 runner, runner_p = top[1], top_p
             g = top[0]
             seg, _, b = self._best_of(g)
             p_before = top_p
-            p_after = p_before - 1.0 / self._w(g, self.now_s)
+            p_after = p_before - 1.0 / self._debts(g)[2]
             queue = f"{self.gnames[g]}/{seg_name[seg]}"
-            counts = {SEGMENTS[s]: self.gq.live[3 * g + s] for s in range(3)}
+            live, q = self.gq.live, 3 * g
+            counts = {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}
         else:
             g, runner, p_before, p_after = -1, -1, None, None
             b = -1
@@ -387,29 +447,40 @@ class PrefixShield(EvictionPolicy):
                 seg = self.cls[b] if self.params["segments"] else 0
                 ancestry_fallback = True
             queue = "ancestry-fallback" if ancestry_fallback else f"global/{seg_name[seg]}"
-            counts = {SEGMENTS[s]: self.glob.live[s] for s in range(3)}
+            live = self.glob.live
+            counts = {"probationary": live[0], "normal": live[1], "reuse": live[2]}
         self.pending = (b, g, p_after)
-        owner = self.owner[b]
+        raw, norm, _ = self._debts(self.owner[b])
         rank = {"segment": seg_name[seg], "class": SEGMENTS[self.cls[b]],
                 "freed_seq": self.freed_seq[b], "global_fallback": g < 0,
                 "owner_contract": self.contract_names[self.contract[b]],
-                "owner_raw_debt": _r(self.raw_debt(owner, self.now_s)),
-                "owner_norm_debt": _r(self.norm_debt(owner, self.now_s))}
+                "owner_raw_debt": raw, "owner_norm_debt": norm}
         if ancestry_fallback:
             rank["ancestry_fallback"] = True
         return Decision(
             victim=b, num_candidates=self.num_cand, position=0, queue=queue,
-            responsible=self.gnames[g] if g >= 0 else None,
-            responsible_p_before=None if p_before is None else _r(p_before),
-            responsible_p_after=None if p_after is None else _r(p_after),
-            runner_up=self.gnames[runner] if runner >= 0 else None,
-            runner_up_p=_r(runner_p) if runner >= 0 else None, segments=counts, rank=rank)
+            responsible=self.gnames[g] if g >= 0 else None, responsible_p_before=p_before,
+            responsible_p_after=p_after, runner_up=self.gnames[runner] if runner >= 0 else None,
+            runner_up_p=runner_p if runner >= 0 else None, segments=counts, rank=rank)
 
     def on_evict(self, block: int) -> None:
         pending, self.pending = self.pending, None
         if pending is not None and pending[0] == block and pending[1] >= 0:
-            self.batch_mod[pending[1]] = pending[2]
-            self._relist(pending[1])
+            g, p_after = pending[1], pending[2]
+            self.batch_mod[g] = p_after
+            self.gver[g] += 1
+            entry = (-p_after, g, self.gver[g])
+            bh = self.batch_heap
+            if bh and bh[0][1] == g:
+                heapreplace(bh, entry)
+            else:
+                heappush(bh, entry)
+            cache = self._rank_cache
+            # g stays responsible while it is the only group above the runner-up
+            if cache is not None and cache[0] == [g] and p_after > cache[3]:
+                self._rank_cache = ([g], p_after, cache[2], cache[3])
+            else:
+                self._rank_cache = None
         if self.tree is None and not self.cand[block]:
             return
         self._uncandidate(block)

@@ -42,7 +42,12 @@ def fmt_f(x: float | None, nd: int = 6) -> str:
 
 
 def canonical(obj) -> str:
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode() if obj else ""
+    """Canonical JSON of a flat dict of ranking fields; floats rounded to 9 decimals
+    so a value reads the same whatever arithmetic path produced it."""
+    if not obj:
+        return ""
+    obj = {k: round(v, 9) if type(v) is float else v for k, v in obj.items()}
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
 
 class LedgerWriter:
