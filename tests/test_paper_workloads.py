@@ -43,7 +43,8 @@ def test_one_touch_prefixshield_beats_lru_for_the_victim(tmp_path, seed):
 
 
 @pytest.mark.parametrize("policy, low, high", [
-    ("lru", 509, 511), ("prefixshield", 509, 511), ("static-quota", 250, 255),
+    ("lru", 509, 511), ("prefixshield", 509, 511), ("s3fifo", 509, 511),
+    ("static-quota", 250, 255),
 ])
 def test_borrowing_active_group_fills_cache_unless_quota(tmp_path, policy, low, high):
     p = tmp_path / "b.jsonl"
