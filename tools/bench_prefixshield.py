@@ -46,11 +46,12 @@ WARMUP_ROUNDS = 10
 
 
 def write_debt_trace(path: Path, capacity: int, groups: int, turnovers: float,
-                     blocks: int = 64) -> int:
+                     blocks: int = 64, warmup_rounds: int | None = None) -> int:
     """Requests 0.1 ms apart, groups round-robin, contracts alternating per round:
     after WARMUP_ROUNDS rounds every group has materialized 5 x 64 blocks on each of
     two contracts, more than either bucket's burst, and refill is negligible."""
-    n = WARMUP_ROUNDS * groups + int(capacity * turnovers / (blocks + 1)) + 1
+    rounds = WARMUP_ROUNDS if warmup_rounds is None else warmup_rounds
+    n = rounds * groups + int(capacity * turnovers / (blocks + 1))
     with open(path, "wb") as fh:
         fh.write(orjson.dumps(header_line(16, source="bench debt")) + b"\n")
         for i in range(n):
@@ -136,6 +137,8 @@ def memory_child(policy_name: str, trace: str, capacity: int) -> None:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    import gc
+    gc.collect()
     before = rss()
     pol = make_policy(policy_name)
     engine = SimEngine(header=header, hashes=hashes, capacity=capacity, policy=pol,
@@ -184,7 +187,7 @@ def main() -> None:
     if not args.quick:
         cap = 1048576
         path = tmp / "fill.jsonl"
-        write_debt_trace(path, cap, 1024, turnovers=0.98)
+        write_debt_trace(path, cap, 1024, turnovers=0.999, warmup_rounds=0)
         print("memory: RSS difference with ~1,048,576 resident blocks (fresh process each)")
         for pol in ("lru", "prefixshield"):
             out = subprocess.run([sys.executable, __file__, "--memory-child", pol, str(path),

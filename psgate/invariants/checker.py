@@ -16,6 +16,8 @@ from array import array
 from dataclasses import dataclass
 
 NO_KEY = -1
+_COPIES = (1 << 32) - 1
+_CHILD = 1 << 32
 
 HARD = ("no_pinned_eviction", "hits_contiguous_in_namespace", "capacity_and_accounting")
 
@@ -55,8 +57,9 @@ class InvariantChecker:
         self.key = array("q", [NO_KEY]) * num_blocks
         self.num_resident = 0            # blocks pinned or holding cached content
         self.num_candidates = 0          # unpinned blocks holding cached content
-        self.copies: dict[int, int] = {}     # key -> resident blocks holding it
-        self.children: dict[int, int] = {}   # key -> resident blocks whose parent is key
+        # key -> resident copies | (resident children << 32): one dict, entries
+        # dropped when both are zero, so it grows with resident content only
+        self.res: dict[int, int] = {}
         self.num_orphans = 0
         self.max_orphans = 0
         self.orphans_created = 0
@@ -65,30 +68,41 @@ class InvariantChecker:
 
     # -- residency bookkeeping ------------------------------------------------
     def _add_copy(self, k: int) -> None:
+        res = self.res
         p = self._parent_of(k)
         if p != NO_KEY:
-            self.children[p] = self.children.get(p, 0) + 1
-            if self.copies.get(p, 0) == 0:
+            v = res.get(p, 0)
+            res[p] = v + _CHILD
+            if v & _COPIES == 0:
                 self.num_orphans += 1
-        c = self.copies.get(k, 0)
-        self.copies[k] = c + 1
-        if c == 0:
-            self.num_orphans -= self.children.get(k, 0)
+        v = res.get(k, 0)
+        res[k] = v + 1
+        if v & _COPIES == 0:
+            self.num_orphans -= v >> 32
 
     def _drop_copy(self, k: int) -> None:
+        res = self.res
         p = self._parent_of(k)
         if p != NO_KEY:
-            self.children[p] -= 1
-            if self.copies.get(p, 0) == 0:
+            v = res[p] - _CHILD
+            if v:
+                res[p] = v
+            else:
+                del res[p]
+            if v & _COPIES == 0:
                 self.num_orphans -= 1
-        c = self.copies[k] - 1
-        if c == 0:
-            del self.copies[k]
-            orphaned = self.children.get(k, 0)
+        v = res[k] - 1
+        if v & _COPIES == 0:
+            orphaned = v >> 32
             self.num_orphans += orphaned
             self.orphans_created += orphaned
+        if v:
+            res[k] = v
         else:
-            self.copies[k] = c
+            del res[k]
+
+    def copies(self, k: int) -> int:
+        return self.res.get(k, 0) & _COPIES
 
     # -- events ---------------------------------------------------------------
     def admitted(self, where: str, ns_keys: list[int], hits: list[int], max_hits: int,
@@ -189,7 +203,8 @@ class InvariantChecker:
                 p = self._parent_of(k)
                 if p != NO_KEY and p not in resident_keys:
                     orphans += 1
-        v.record(orphans == self.num_orphans and resident_keys == self.copies,
+        tracked = {k: v & _COPIES for k, v in self.res.items() if v & _COPIES}
+        v.record(orphans == self.num_orphans and resident_keys == tracked,
                  lambda: f"{where}: {orphans} orphans recounted, {self.num_orphans} tracked")
 
     # -- results --------------------------------------------------------------
