@@ -295,48 +295,51 @@ class PrefixShield(EvictionPolicy):
             heappush(bh, e)
         return out
 
-    def _ranked(self) -> tuple[list[int], float, int, float]:
-        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P).
-
-        Groups move from the per-k heaps into the batch heap as the ranking
-        reaches them (they go back when the batch ends), until the batch heap
-        holds the top groups and the runner-up and no group left outside can
-        match them; so one call costs O(log groups) amortized.
-        """
-        while True:
-            f = self._frontier()
-            if f is None:
-                break
-            best = self._top_valid(2)
-            if len(best) == 2 and f[0] < -best[1][0]:
-                break
-            self._pull(f[1])
-        best = self._top_valid(2)
-        if not best:
-            return [], 0.0, -1, 0.0
-        top_p = -best[0][0]
-        if len(best) == 1:
-            return [best[0][1]], top_p, -1, 0.0
-        if -best[1][0] != top_p:
-            return [best[0][1]], top_p, best[1][1], -best[1][0]
-        # ties at the top: collect them all (rare), then the runner-up below them
+    def _scan_batch(self) -> tuple[list[int], float, int, float]:
+        """Top groups (ties), their P, runner-up and its P among the batch heap only."""
         bh = self.batch_heap
         taken: list[tuple] = []
         top: list[int] = []
+        top_p = 0.0
         runner, runner_p = -1, 0.0
         while bh:
             e = heappop(bh)
             if not self._valid_b(e):
-                continue
+                continue            # stale: dropped for good
             taken.append(e)
-            if -e[0] == top_p:
+            if not top or -e[0] == top_p:
                 top.append(e[1])
+                top_p = -e[0]
             else:
                 runner, runner_p = e[1], -e[0]
                 break
         for e in taken:
             heappush(bh, e)
         return sorted(top), top_p, runner, runner_p
+
+    def _ranked(self) -> tuple[list[int], float, int, float]:
+        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P).
+
+        Groups move from the per-k heaps into the batch heap as the ranking
+        reaches them (they go back when the batch ends), until no group left
+        outside could tie the top or beat the runner-up; so one call costs
+        O(log groups) amortized.
+        """
+        while True:
+            ranked = self._scan_batch()
+            top, top_p, runner, runner_p = ranked
+            f = self._frontier()
+            if f is None or (top and f[0] < top_p and runner >= 0 and f[0] <= runner_p):
+                return ranked
+            self._pull(f[1])
+
+    def _end_batch(self) -> None:
+        """Groups decremented or looked at in this batch go back to the kinetic heaps."""
+        mods = list(self.batch_mod)
+        self.batch_mod.clear()
+        self.batch_heap.clear()
+        for mg in mods:
+            self._relist(mg)
 
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
@@ -348,10 +351,9 @@ class PrefixShield(EvictionPolicy):
 
     # -- events -----------------------------------------------------------------
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
+        self._end_batch()      # a select_victim outside a batch (a peek) may have left some
         self._advance(now_ns / NS_PER_S)
         self._gid(req.group)
-        self.batch_mod.clear()
-        self.batch_heap.clear()
         self.new_blocks = []
         self.promoted = self.denied = 0
         self.promotion_debt = 0.0
@@ -500,11 +502,7 @@ class PrefixShield(EvictionPolicy):
     def end_admit(self, req: PolicyRequest, now_ns: int) -> dict:
         g = self.gids[req.group]
         c = self.cidx[req.contract]
-        mods = list(self.batch_mod)      # decremented groups go back to the kinetic heaps
-        self.batch_mod.clear()
-        self.batch_heap.clear()
-        for mg in mods:
-            self._relist(mg)
+        self._end_batch()
         n = len(self.new_blocks)
         t = self.now_s
         balance = self._charge(g, c, n, t) if n else self.bhat(self._bucket(g, c), t)
