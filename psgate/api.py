@@ -60,6 +60,10 @@ class ReplayConfig:
     ledger_hits: bool = False
     cost: CostModel = field(default_factory=CostModel)
     contracts: tuple[str, ...] = DEFAULT_CONTRACTS
+    # How the trace and gate file are named in outputs when that differs from where
+    # they are read (verify re-runs a receipt with the names it recorded).
+    trace_label: str | None = None
+    gate_label: str | None = None
 
 
 @dataclass
@@ -137,12 +141,17 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     policies = {"baseline": make_policy(cfg.baseline, cfg.baseline_params),
                 "candidate": make_policy(cfg.candidate, cfg.candidate_params)}
     contracts = contract_table(cfg.contracts, policies.values())
+    gate_name = cfg.gate_label or cfg.gate_file
     spec: GateSpec | None = load_gate_file(cfg.gate_file) if cfg.gate_file else None
+    if spec is not None and cfg.gate_label:
+        spec = GateSpec(path=cfg.gate_label, checks=spec.checks)
     gate_sha = None
     if cfg.gate_file:
         gate_sha = hashlib.sha256(Path(cfg.gate_file).read_bytes()).hexdigest()
 
     src = TraceSource.resolve(cfg.trace)
+    if cfg.trace_label:
+        src = TraceSource(cfg.trace_label, src.path)
     hashes = HashTable()
     header, summary = validate_trace(cfg.trace, hashes)
 
@@ -205,7 +214,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                 "candidate": policies["candidate"].describe(),
                 "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
                 "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
-                "gate_file": {"path": cfg.gate_file, "sha256": gate_sha} if cfg.gate_file else None,
+                "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
                 "replay_model": "psgate replay model v1: blocks held from admission, "
                                 "ceil((prompt+out)/block_size) per request, prompt blocks cached",
             },

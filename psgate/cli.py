@@ -21,6 +21,11 @@ from psgate import __version__, api
 from psgate.engines.cost import CostModel
 from psgate.errors import EXIT_BAD_INPUT, InputError, PsgateError
 from psgate.policies import policy_class, policy_names
+from psgate.receipt.gate import load_gate_file
+from psgate.receipt.junit import write_junit
+from psgate.report.diff import diff as diff_receipts
+from psgate.report.explain import explain as explain_rows
+from psgate.report.verify import verify as verify_receipt
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Policy receipt and release gate for KV prefix-cache eviction.")
@@ -94,6 +99,9 @@ def replay(
     baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE")] = None,
     candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="also write the gate checks as JUnit XML")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the receipt's gate and metrics as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option(help="no summary table on stderr")] = False,
 ) -> None:
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
     cfg = api.ReplayConfig(
@@ -102,10 +110,18 @@ def replay(
         paranoid=paranoid, ledger_hits=ledger_hits,
         baseline_params=_params(baseline_param, "--baseline-param"),
         candidate_params=_params(candidate_param, "--candidate-param"), cost=_cost(cost_param))
-    result = api.replay(cfg, progress=_progress_factory())
-    _render_replay(result.receipt, out)
-    _emit({"gate": result.receipt["gate"]["result"], "receipt": str(out / "receipt.json"),
-           "trace_canonical_sha256": result.receipt["trace"]["canonical_sha256"]})
+    result = api.replay(cfg, progress=None if quiet else _progress_factory())
+    if junit:
+        write_junit(junit, "replay", result.receipt["gate"]["checks"])
+    if not quiet:
+        _render_replay(result.receipt, out)
+    summary = {"gate": result.receipt["gate"]["result"], "receipt": str(out / "receipt.json"),
+               "trace_canonical_sha256": result.receipt["trace"]["canonical_sha256"]}
+    if json_out:
+        r = result.receipt
+        summary.update(checks=r["gate"]["checks"], comparison=r["comparison"],
+                       metrics={k: v["metrics"] for k, v in r["runs"].items()})
+    _emit(summary)
     raise typer.Exit(result.exit_code)
 
 
@@ -148,6 +164,73 @@ def _render_replay(receipt: dict, out: Path) -> None:
     err.print(f"gate: [{colour}]{gate['result'].upper()}[/{colour}] "
               f"({gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} checks passed); "
               f"receipt in {out}/")
+
+
+@app.command()
+def verify(
+    receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay")],
+    trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
+    gate: Annotated[Optional[str], typer.Option(help="the gate file, if not where the receipt says")] = None,
+) -> None:
+    """Re-run a receipt's replay and confirm identical bytes (exit 1 names the first difference)."""
+    res = verify_receipt(receipt_dir, trace=trace, gate=gate)
+    if res.identical:
+        err.print(f"{receipt_dir}: verified: {', '.join(res.compared)} identical on replay")
+    else:
+        err.print(f"{receipt_dir}: NOT verified: {res.first_difference}", markup=False)
+    _emit({"verified": res.identical, "first_difference": res.first_difference,
+           "compared": res.compared})
+    raise typer.Exit(0 if res.identical else 1)
+
+
+@app.command()
+def explain(
+    receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay")],
+    decision: Annotated[Optional[int], typer.Option(help="ledger row (seq) of the run")] = None,
+    request: Annotated[Optional[str], typer.Option(help="every row of this request")] = None,
+    block: Annotated[Optional[int], typer.Option(help="every eviction of this block")] = None,
+    run: Annotated[str, typer.Option(help="baseline or candidate")] = "candidate",
+    candidates: Annotated[bool, typer.Option(help="replay to the decision and list every candidate")] = False,
+    trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
+) -> None:
+    """A ledger decision in words: candidates, who was responsible and why, which rule chose."""
+    for line in explain_rows(receipt_dir, run=run, decision=decision, request=request,
+                             block=block, candidates=candidates, trace=trace):
+        typer.echo(line)
+
+
+@app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(help="receipt directory A (e.g. the last release)")],
+    b: Annotated[Path, typer.Argument(help="receipt directory B (e.g. this change)")],
+    force: Annotated[bool, typer.Option(help="compare receipts of different traces")] = False,
+    gate: Annotated[Optional[str], typer.Option(help="gate file; 'baseline' in it means A")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="regressions as JUnit XML")] = None,
+) -> None:
+    """Two receipts side by side; exit 1 when B regresses beyond the gate's thresholds."""
+    spec = load_gate_file(gate) if gate else None
+    res = diff_receipts(str(a), str(b), force=force, spec=spec)
+    t = Table(title=f"psgate diff: A={a}  B={b}")
+    for col in ("run", "scope", "metric", "A", "B", "B - A"):
+        t.add_column(col, justify="right" if col in ("A", "B", "B - A") else "left")
+    for r in res.rows:
+        if r["a"] != r["b"]:
+            t.add_row(r["run"], r["select"], r["metric"], _fmt(r["a"]), _fmt(r["b"]),
+                      _fmt(r["delta"]))
+    err.print(t)
+    for line in res.config_changes:
+        err.print(f"config: {line}", markup=False)
+    for line in res.gate_changes:
+        err.print(f"gate: {line}", markup=False)
+    for line in res.regressions:
+        err.print(f"[red]REGRESSION[/red] {line}")
+    if junit:
+        write_junit(junit, "diff", [{"name": r, "verdict": "fail"} for r in res.regressions]
+                    or [{"name": "no regression", "verdict": "pass"}])
+    _emit({"regressed": res.regressed, "regressions": res.regressions,
+           "config_changes": res.config_changes, "gate_changes": res.gate_changes,
+           "rows": res.rows})
+    raise typer.Exit(1 if res.regressed else 0)
 
 
 @app.command()

@@ -1,0 +1,1 @@
+"""Reading receipts back: verify, explain, diff."""

@@ -1,0 +1,74 @@
+"""Loading a receipt directory and rebuilding the replay configuration it records."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import orjson
+
+from psgate.api import ReplayConfig
+from psgate.engines.cost import CostModel
+from psgate.errors import InputError
+from psgate.resources import BUNDLED_PREFIX
+
+
+def load_receipt(directory: str | Path) -> dict:
+    d = Path(directory)
+    p = d / "receipt.json"
+    if not d.is_dir():
+        raise InputError("not a receipt directory", path=str(d))
+    try:
+        return orjson.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise InputError("no receipt.json here (an interrupted or foreign directory?)",
+                         path=str(d)) from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"receipt.json is not valid JSON ({exc})", path=str(p)) from None
+
+
+def _resolve(given: str, abspath: str | None, override: str | None, what: str,
+             sha256: str | None) -> str:
+    """The file a receipt names: the override, else the path as recorded (relative to
+    here), else the absolute path recorded in the environment; its bytes must match."""
+    if override:
+        candidates = [override]
+    elif given.startswith(BUNDLED_PREFIX):
+        return given
+    else:
+        candidates = [given] + ([abspath] if abspath else [])
+    for c in candidates:
+        p = Path(c)
+        if p.is_file():
+            if sha256 is not None:
+                digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                if digest != sha256:
+                    raise InputError(f"{what} has SHA-256 {digest[:16]}..., the receipt was made "
+                                     f"from {sha256[:16]}...; pass the original with --{what}",
+                                     path=c)
+            return c
+    raise InputError(f"the receipt's {what} is not here (tried {', '.join(candidates)}); "
+                     f"pass it with --{what}", path=given)
+
+
+def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
+                        gate: str | None = None) -> ReplayConfig:
+    cfg = receipt["config"]
+    env = receipt.get("environment", {})
+    trace_path = _resolve(receipt["trace"]["path"], env.get("trace_abspath"), trace, "trace",
+                          receipt["trace"]["sha256"])
+    gate_path = None
+    if cfg.get("gate_file"):
+        gate_path = _resolve(cfg["gate_file"]["path"], env.get("gate_abspath"), gate, "gate",
+                             cfg["gate_file"]["sha256"])
+    cost_fields = {f.name for f in dataclasses.fields(CostModel)}
+    cost = CostModel(**{k: v for k, v in cfg["cost_model"].items() if k in cost_fields})
+    return ReplayConfig(
+        trace=trace_path, baseline=cfg["baseline"]["name"], candidate=cfg["candidate"]["name"],
+        baseline_params=cfg["baseline"]["params"], candidate_params=cfg["candidate"]["params"],
+        capacity=cfg["capacity"], engine=cfg["engine"], out=out, force=True, gate_file=gate_path,
+        allow_unexercised=cfg["allow_unexercised"], paranoid=cfg["paranoid"],
+        ledger_hits=cfg.get("ledger_hits", False), cost=cost,
+        trace_label=receipt["trace"]["path"],
+        gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)

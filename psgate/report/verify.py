@@ -1,0 +1,84 @@
+"""verify: replay a receipt's trace and configuration again and compare the bytes.
+
+Everything but the receipt's ``environment`` section must come out identical:
+``receipt.json`` (compared as canonical JSON), ``ledger.csv`` and ``requests.csv``.
+The first difference is named (file and line, or JSON path), so a receipt is
+checkable by anyone who has the trace.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from psgate import api
+from psgate.receipt.receipt import deterministic_part
+from psgate.report.receipts import config_from_receipt, load_receipt
+
+
+@dataclass
+class VerifyResult:
+    identical: bool
+    first_difference: str | None
+    compared: list[str]
+
+
+def first_json_difference(a, b, path: str = "") -> str | None:
+    if type(a) is not type(b):
+        return f"{path or '/'}: {a!r:.80} != {b!r:.80}"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}/{k}: only in the {'receipt' if k in a else 'replay'}"
+            d = first_json_difference(a[k], b[k], f"{path}/{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_json_difference(x, y, f"{path}/{i}")
+            if d:
+                return d
+        if len(a) != len(b):
+            return f"{path}: {len(a)} items != {len(b)} items"
+        return None
+    return None if a == b else f"{path or '/'}: {a!r:.80} != {b!r:.80}"
+
+
+def first_line_difference(a: Path, b: Path) -> str | None:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        for n, (x, y) in enumerate(zip(fa, fb), start=1):
+            if x != y:
+                return (f"{a.name}:{n}: receipt has {x.decode(errors='replace').rstrip()!r:.120}, "
+                        f"replay gives {y.decode(errors='replace').rstrip()!r:.120}")
+        rest_a, rest_b = fa.read(1), fb.read(1)
+    if rest_a or rest_b:
+        return f"{a.name}: {'the receipt' if rest_a else 'the replay'} has more lines"
+    return None
+
+
+def verify(directory: str | Path, trace: str | None = None, gate: str | None = None,
+           progress=None) -> VerifyResult:
+    directory = Path(directory)
+    receipt = load_receipt(directory)
+    work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
+    try:
+        cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate)
+        again = api.replay(cfg, progress=progress).receipt
+        compared = ["receipt.json (outside environment)"]
+        diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
+        if diff:
+            return VerifyResult(False, f"receipt.json{diff}", compared)
+        for name in ("ledger.csv", "requests.csv"):
+            compared.append(name)
+            mine = directory / name
+            if not mine.is_file():
+                return VerifyResult(False, f"{name}: missing from {directory}", compared)
+            diff = first_line_difference(mine, work / "out" / name)
+            if diff:
+                return VerifyResult(False, diff, compared)
+        return VerifyResult(True, None, compared)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
