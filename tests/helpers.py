@@ -1,8 +1,12 @@
-"""Shared test helpers: replay a trace in-process and collect what happened."""
+"""Shared test helpers: write traces, generate random ones, replay in-process and collect
+what happened."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from hypothesis import strategies as st
 
 from psgate.engines.sim import NullRecorder, SimEngine
 from psgate.policies import make_policy
@@ -32,13 +36,102 @@ class EventLog(NullRecorder):
         self.admissions.append((req.id, hits, allocated, new_blocks))
 
 
+class NoteLog(EventLog):
+    """EventLog that also keeps each admission's ledger note."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: dict[str, dict] = {}
+
+    def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
+        super().admission(now_ns, req, hits, allocated, new_blocks, note)
+        self.notes[req.id] = note
+
+
+def write_lines(tmp_path: Path, lines, name: str = "t.jsonl") -> Path:
+    """Write trace lines (header first) as JSONL under tmp_path."""
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p
+
+
+def write(tmp_path: Path, events, block_size: int = 4, name: str = "t.jsonl", **header) -> Path:
+    """Write a trace: a header (block_size and any extra header fields) and the events,
+    requests filled in with defaults (group g, contract standard, scope m, tail 0, out 0)."""
+    lines = [{"psgate_trace": 1, "block_size": block_size, **header}]
+    for e in events:
+        e = dict(e)
+        if e.get("op", "request") == "request":
+            e.setdefault("op", "request")
+            e.setdefault("group", "g")
+            e.setdefault("contract", "standard")
+            e.setdefault("scope", "m")
+            e.setdefault("tail", 0)
+            e.setdefault("out", 0)
+        lines.append(e)
+    return write_lines(tmp_path, lines, name)
+
+
+def random_traces(chains, *, groups=("g",), max_requests: int = 30,
+                  gaps=(0, 0.001, 0.01, 0.05, 0.3), cancel_one_in: int = 13,
+                  extra_name: str = "f{i:x}{j}", extras_on_partial: bool = True,
+                  max_out: int = 6, extra_fields=None, block_size: int = 4):
+    """A hypothesis strategy for random trace lines (header first).
+
+    Each of 1..max_requests steps advances t by one of ``gaps``, then is a cancel of an
+    earlier request (one in ``cancel_one_in``) or a request whose blocks are a prefix of
+    one of ``chains`` plus 0-2 unique blocks named by ``extra_name`` (with
+    ``extras_on_partial`` false, those are kept only after a whole chain). A single entry in
+    ``groups`` is used without a draw. ``extra_fields(draw, t, request)`` may add fields
+    after ``out`` is drawn; about half the requests get a ``done_t``.
+    """
+    @st.composite
+    def traces(draw):
+        n = draw(st.integers(1, max_requests))
+        t = 0.0
+        lines = [{"psgate_trace": 1, "block_size": block_size}]
+        ids = []
+        for i in range(n):
+            t = round(t + draw(st.sampled_from(gaps)), 3)
+            if ids and draw(st.integers(0, cancel_one_in - 1)) == 0:
+                lines.append({"t": t, "op": "cancel", "id": draw(st.sampled_from(ids))})
+                continue
+            chain = draw(st.sampled_from(chains))
+            k = draw(st.integers(0, len(chain)))
+            extra = [extra_name.format(i=i, j=j) for j in range(draw(st.integers(0, 2)))]
+            if extras_on_partial or k == len(chain) or not extra:
+                blocks = chain[:k] + extra
+            else:
+                blocks = chain[:k]
+            tail = draw(st.integers(0, block_size - 1))
+            if not blocks and tail == 0:
+                tail = 1
+            group = groups[0] if len(groups) == 1 else draw(st.sampled_from(groups))
+            r = {"t": t, "op": "request", "id": f"r{i}", "group": group,
+                 "contract": "standard", "scope": "m", "blocks": blocks, "tail": tail,
+                 "out": draw(st.integers(0, max_out))}
+            if extra_fields is not None:
+                extra_fields(draw, t, r)
+            if draw(st.booleans()):
+                r["done_t"] = round(t + draw(st.sampled_from([0, 0.001, 0.02, 0.1, 0.5])), 3)
+            lines.append(r)
+            ids.append(r["id"])
+        return lines
+
+    return traces()
+
+
 def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: bool = False,
-                params: dict | None = None, cost=None):
-    """Replay with sim; returns (RunResult, EventLog, engine)."""
+                params: dict | None = None, cost=None, recorder=None, setup=None):
+    """Replay with sim; returns (RunResult, EventLog, engine).
+
+    ``recorder`` replaces the fresh EventLog (it must keep EventLog's fields);
+    ``setup(engine, log)`` runs just before the replay, to instrument the engine.
+    """
     path = str(path)
     hashes = HashTable()
     header, summary = validate_trace(path, hashes)
-    log = EventLog()
+    log = EventLog() if recorder is None else recorder
     pol = make_policy(policy, params)
     if pol.needs_future:
         from psgate.trace.future import future_uses
@@ -57,6 +150,24 @@ def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: 
         return status
 
     engine._try_admit = spy
+    if setup is not None:
+        setup(engine, log)
     with TraceReader(TraceSource(path, Path(path)), hashes) as reader:
         result = engine.run(reader.events())
     return result, log, engine
+
+
+def replay_checked(path: Path | str, capacity: int, policy: str = "lru",
+                   params: dict | None = None):
+    """replay_file, paranoid, checking that the run completed with every invariant
+    holding; returns (RunResult, EventLog, engine)."""
+    result, log, engine = replay_file(path, capacity=capacity, policy=policy, paranoid=True,
+                                      params=params)
+    assert result.aborted is None
+    assert all(v.holds for v in result.invariants.values()), result.invariants
+    return result, log, engine
+
+
+def run_events(tmp_path: Path, events, cap: int, policy: str, **params):
+    """Write events (see write) and replay_checked them; params go to the policy."""
+    return replay_checked(write(tmp_path, events), cap, policy, params or None)

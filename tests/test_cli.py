@@ -13,6 +13,8 @@ import pytest
 
 from psgate.receipt.receipt import deterministic_part, dumps, validate_receipt
 
+from helpers import write_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = ROOT / "receipts" / "example"
 GOLDEN_ARGS = ["--baseline", "lru", "--candidate", "prefixshield"]
@@ -42,9 +44,7 @@ def small_trace(tmp_path, name="t.jsonl", n=40, gap=0.01):
                       "group": "g" if i % 3 else "h", "contract": "standard", "scope": "m",
                       "blocks": [f"{i % 5:x}a", f"{i % 5:x}b", f"{i:x}c"], "tail": 1, "out": 2,
                       "role": "victim" if i % 3 else "attacker"})
-    p = tmp_path / name
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return p
+    return write_lines(tmp_path, lines, name)
 
 
 def test_exit_0_default_replay_writes_valid_receipt(tmp_path):

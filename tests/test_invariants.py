@@ -8,8 +8,7 @@ from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policies import register, _REGISTRY
 from psgate.policies.lru import LRUPolicy
 
-from helpers import replay_file
-from test_sim_scenarios import write
+from helpers import replay_file, write
 
 
 def _no_parent(k):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import replay_file
-from test_sim_scenarios import write
+from helpers import replay_file, write
 
 
 def test_farthest_next_use_is_evicted(tmp_path):

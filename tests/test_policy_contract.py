@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from psgate.policies import policy_class, policy_names
 
-from helpers import replay_file
+from helpers import replay_file, write_lines
 from test_differential import traces
 
 POLICIES = [n for n in policy_names() if not n.startswith("test-")]
@@ -31,17 +31,11 @@ def test_registry_has_the_design_policies():
         assert name in POLICIES
 
 
-def _write(tmp_path, lines):
-    p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return p
-
-
 @pytest.mark.parametrize("policy", POLICIES)
 @SETTINGS
 @given(lines=traces(), capacity=st.integers(4, 16))
 def test_contract(tmp_path, policy, lines, capacity):
-    p = _write(tmp_path, lines)
+    p = write_lines(tmp_path, lines)
     r1, log1, eng = replay_file(p, capacity, policy=policy, paranoid=True)
     assert r1.aborted is None
     bad = {n: v.first_violation for n, v in r1.invariants.items() if not v.holds}
@@ -82,7 +76,7 @@ def test_work_conserving_policies_never_hold_back(tmp_path, policy, lines, capac
 
     cls.admission_allowed, cls.reclaim_first = allowed, reclaim
     try:
-        replay_file(_write(tmp_path, lines), capacity, policy=policy)
+        replay_file(write_lines(tmp_path, lines), capacity, policy=policy)
     finally:
         cls.admission_allowed, cls.reclaim_first = orig_allowed, orig_reclaim
     assert calls["refused"] == 0 and calls["forced"] == 0

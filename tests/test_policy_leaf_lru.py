@@ -5,39 +5,16 @@ Block size 4; ``cap`` configured blocks give cap-1 usable ones.
 
 from __future__ import annotations
 
-import json
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import replay_file
+from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.policies import make_policy
 from psgate.policies.base import PolicyRequest, PoolInfo
 
 
-def write(tmp_path, events, name="t.jsonl"):
-    lines = [{"psgate_trace": 1, "block_size": 4}]
-    for e in events:
-        e = dict(e)
-        if e.get("op", "request") == "request":
-            e.setdefault("op", "request")
-            e.setdefault("group", "g")
-            e.setdefault("contract", "standard")
-            e.setdefault("scope", "m")
-            e.setdefault("tail", 0)
-            e.setdefault("out", 0)
-        lines.append(e)
-    p = tmp_path / name
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return p
-
-
 def run(tmp_path, events, cap, policy="leaf-lru"):
-    result, log, engine = replay_file(write(tmp_path, events), capacity=cap, policy=policy,
-                                      paranoid=True)
-    assert result.aborted is None
-    assert all(v.holds for v in result.invariants.values()), result.invariants
-    return result, log, engine
+    return run_events(tmp_path, events, cap, policy)
 
 
 REQ = PolicyRequest(id="r", group="g", contract="standard", scope="m", namespace=0,
@@ -150,31 +127,8 @@ def test_bundled_example_gate_passes(tmp_path):
 CHAINS = [["a1", "a2", "a3", "a4"], ["a1", "a2", "b3"], ["a1", "c2"], ["d1", "d2"]]
 
 
-@st.composite
-def traces(draw):
-    n = draw(st.integers(1, 30))
-    t = 0.0
-    lines = [{"psgate_trace": 1, "block_size": 4}]
-    ids = []
-    for i in range(n):
-        t = round(t + draw(st.sampled_from([0, 0.001, 0.01, 0.05, 0.3])), 3)
-        if ids and draw(st.integers(0, 12)) == 0:
-            lines.append({"t": t, "op": "cancel", "id": draw(st.sampled_from(ids))})
-            continue
-        chain = draw(st.sampled_from(CHAINS))
-        k = draw(st.integers(0, len(chain)))
-        extra = [f"f{i:x}{j}" for j in range(draw(st.integers(0, 2)))]
-        blocks = chain[:k] + extra
-        tail = draw(st.integers(0, 3))
-        if not blocks and tail == 0:
-            tail = 1
-        r = {"t": t, "op": "request", "id": f"r{i}", "group": "g", "contract": "standard",
-             "scope": "m", "blocks": blocks, "tail": tail, "out": draw(st.integers(0, 6))}
-        if draw(st.booleans()):
-            r["done_t"] = round(t + draw(st.sampled_from([0, 0.001, 0.02, 0.1, 0.5])), 3)
-        lines.append(r)
-        ids.append(r["id"])
-    return lines
+def traces():
+    return random_traces(CHAINS)
 
 
 @settings(max_examples=300, deadline=None,
@@ -183,11 +137,8 @@ def traces(draw):
 def test_same_order_as_lru_in_sim_and_never_orphans(tmp_path, lines, capacity):
     # In sim the lru head is always a leaf (a request pins a block's whole prefix and
     # frees last block first), so leaf-lru must evict exactly as lru does.
-    p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    result, log, _ = replay_file(p, capacity=capacity, policy="leaf-lru", paranoid=True)
-    assert result.aborted is None
-    assert all(v.holds for v in result.invariants.values()), result.invariants
+    p = write_lines(tmp_path, lines)
+    result, log, _ = replay_checked(p, capacity, policy="leaf-lru")
     assert result.orphans["orphans_created"] == 0
     assert not any(d.rank.get("ancestry_fallback") for d in log.decisions)
     _, lru_log, _ = replay_file(p, capacity=capacity, policy="lru")

@@ -5,41 +5,18 @@ Block size 4; ``cap`` configured blocks give cap-1 usable ones. Default priority
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import replay_file
+from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.errors import InputError
 from psgate.policies import _REGISTRY, make_policy, register
 from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 
-def write(tmp_path, events, name="t.jsonl"):
-    lines = [{"psgate_trace": 1, "block_size": 4}]
-    for e in events:
-        e = dict(e)
-        if e.get("op", "request") == "request":
-            e.setdefault("op", "request")
-            e.setdefault("group", "g")
-            e.setdefault("contract", "standard")
-            e.setdefault("scope", "m")
-            e.setdefault("tail", 0)
-            e.setdefault("out", 0)
-        lines.append(e)
-    p = tmp_path / name
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return p
-
-
 def run(tmp_path, events, cap, policy="priority-lru", **params):
-    result, log, engine = replay_file(write(tmp_path, events), capacity=cap, policy=policy,
-                                      paranoid=True, params=params or None)
-    assert result.aborted is None
-    assert all(v.holds for v in result.invariants.values()), result.invariants
-    return result, log, engine
+    return run_events(tmp_path, events, cap, policy, **params)
 
 
 def rank(p, c, s, expired=False):
@@ -279,47 +256,23 @@ class _RefPriorityLRU(EvictionPolicy):
 CHAINS = [["a1", "a2", "a3", "a4"], ["a1", "a2", "b3"], ["c1", "c2", "c3"], ["d1"]]
 
 
-@st.composite
-def traces(draw):
-    n = draw(st.integers(1, 30))
-    t = 0.0
-    lines = [{"psgate_trace": 1, "block_size": 4}]
-    ids = []
-    for i in range(n):
-        t = round(t + draw(st.sampled_from([0, 0.001, 0.01, 0.05, 0.3])), 3)
-        if ids and draw(st.integers(0, 12)) == 0:
-            lines.append({"t": t, "op": "cancel", "id": draw(st.sampled_from(ids))})
-            continue
-        chain = draw(st.sampled_from(CHAINS))
-        k = draw(st.integers(0, len(chain)))
-        extra = [f"f{i:x}{j}" for j in range(draw(st.integers(0, 2)))]
-        blocks = chain[:k] + extra
-        tail = draw(st.integers(0, 3))
-        if not blocks and tail == 0:
-            tail = 1
-        r = {"t": t, "op": "request", "id": f"r{i}", "group": "g", "contract": "standard",
-             "scope": "m", "blocks": blocks, "tail": tail, "out": draw(st.integers(0, 6))}
+def _priority_hint(draw, t, r):
+    if draw(st.booleans()):
+        r["priority"] = draw(st.sampled_from([0, 10, 35, 35, 60, 100]))
         if draw(st.booleans()):
-            r["priority"] = draw(st.sampled_from([0, 10, 35, 35, 60, 100]))
-            if draw(st.booleans()):
-                r["priority_until"] = round(t + draw(st.sampled_from([0, 0.01, 0.05, 0.4])),
-                                            3)
-        if draw(st.booleans()):
-            r["done_t"] = round(t + draw(st.sampled_from([0, 0.001, 0.02, 0.1, 0.5])), 3)
-        lines.append(r)
-        ids.append(r["id"])
-    return lines
+            r["priority_until"] = round(t + draw(st.sampled_from([0, 0.01, 0.05, 0.4])), 3)
+
+
+def traces():
+    return random_traces(CHAINS, extra_fields=_priority_hint)
 
 
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(lines=traces(), capacity=st.integers(2, 14))
 def test_matches_reference_model(tmp_path, lines, capacity):
-    p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    result, log, _ = replay_file(p, capacity=capacity, policy="priority-lru", paranoid=True)
-    assert result.aborted is None
-    assert all(v.holds for v in result.invariants.values()), result.invariants
+    p = write_lines(tmp_path, lines)
+    result, log, _ = replay_checked(p, capacity, policy="priority-lru")
     register(_RefPriorityLRU)
     try:
         _, ref_log, _ = replay_file(p, capacity=capacity, policy="test-ref-priority-lru")

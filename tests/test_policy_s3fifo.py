@@ -7,41 +7,18 @@ request hit every full block (the hit cap is prompt_tokens - 1).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import replay_file
+from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.errors import InputError
 from psgate.policies import _REGISTRY, make_policy, register
 from psgate.policies.base import Decision, EvictionPolicy
 
 
-def write(tmp_path, events, name="t.jsonl"):
-    lines = [{"psgate_trace": 1, "block_size": 4}]
-    for e in events:
-        e = dict(e)
-        if e.get("op", "request") == "request":
-            e.setdefault("op", "request")
-            e.setdefault("group", "g")
-            e.setdefault("contract", "standard")
-            e.setdefault("scope", "m")
-            e.setdefault("tail", 0)
-            e.setdefault("out", 0)
-        lines.append(e)
-    p = tmp_path / name
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return p
-
-
 def run(tmp_path, events, cap, policy="s3fifo", **params):
-    result, log, engine = replay_file(write(tmp_path, events), capacity=cap, policy=policy,
-                                      paranoid=True, params=params or None)
-    assert result.aborted is None
-    assert all(v.holds for v in result.invariants.values()), result.invariants
-    return result, log, engine
+    return run_events(tmp_path, events, cap, policy, **params)
 
 
 # A fills S with a1 b1 c1, a1 is hit once (freq 1), D needs one eviction.
@@ -304,32 +281,8 @@ class _RefS3FIFO(EvictionPolicy):
 CHAINS = [["a1", "a2", "a3", "a4"], ["b1", "b2"], ["c1", "c2", "c3"], ["d1"], ["e1", "e2"]]
 
 
-@st.composite
-def traces(draw):
-    n = draw(st.integers(1, 30))
-    t = 0.0
-    lines = [{"psgate_trace": 1, "block_size": 4}]
-    ids = []
-    for i in range(n):
-        t = round(t + draw(st.sampled_from([0, 0.001, 0.01, 0.05, 0.3])), 3)
-        if ids and draw(st.integers(0, 12)) == 0:
-            lines.append({"t": t, "op": "cancel", "id": draw(st.sampled_from(ids))})
-            continue
-        chain = draw(st.sampled_from(CHAINS))
-        k = draw(st.integers(0, len(chain)))
-        extra = [f"f{i:x}{j}" for j in range(draw(st.integers(0, 2)))]
-        blocks = chain[:k] + extra
-        tail = draw(st.integers(0, 3))
-        if not blocks and tail == 0:
-            tail = 1
-        r = {"t": t, "op": "request", "id": f"r{i}", "group": draw(st.sampled_from("gh")),
-             "contract": "standard", "scope": "m", "blocks": blocks, "tail": tail,
-             "out": draw(st.integers(0, 6))}
-        if draw(st.booleans()):
-            r["done_t"] = round(t + draw(st.sampled_from([0, 0.001, 0.02, 0.1, 0.5])), 3)
-        lines.append(r)
-        ids.append(r["id"])
-    return lines
+def traces():
+    return random_traces(CHAINS, groups="gh")
 
 
 @settings(max_examples=300, deadline=None,
@@ -339,14 +292,10 @@ def traces(draw):
        ghost_ratio=st.sampled_from([0.0, 0.3, 0.9]))
 def test_matches_reference_model(tmp_path, lines, capacity, small_ratio, threshold,
                                  ghost_ratio):
-    p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    p = write_lines(tmp_path, lines)
     params = {"small_ratio": small_ratio, "move_threshold": threshold,
               "ghost_ratio": ghost_ratio}
-    result, log, _ = replay_file(p, capacity=capacity, policy="s3fifo", paranoid=True,
-                                 params=params)
-    assert result.aborted is None
-    assert all(v.holds for v in result.invariants.values()), result.invariants
+    result, log, _ = replay_checked(p, capacity, policy="s3fifo", params=params)
     register(_RefS3FIFO)
     try:
         _, ref_log, _ = replay_file(p, capacity=capacity, policy="test-ref-s3fifo",

@@ -14,61 +14,26 @@ short lowercase hex names. Times are binary fractions so bucket arithmetic is ex
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
-from psgate.engines.sim import SimEngine
 from psgate.invariants.checker import NO_KEY
 from psgate.policies import make_policy
 from psgate.policies.base import PolicyRequest, PoolInfo
 from psgate.policies.prefixshield import PROBATIONARY, NORMAL, REUSE
-from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 
-from helpers import CONTRACTS, EventLog
-from test_sim_scenarios import write
+from helpers import NoteLog, replay_file, write
 
 C = {"standard": [1.0, 4.0], "best-effort": [2.0, 4.0], "critical": [4.0, 8.0]}
 
 
 # -- harness ----------------------------------------------------------------------
 
-class NoteLog(EventLog):
-    """EventLog that also keeps each admission's ledger note."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.notes: dict[str, dict] = {}
-
-    def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
-        super().admission(now_ns, req, hits, allocated, new_blocks, note)
-        self.notes[req.id] = note
-
-
 def replay(path, capacity, policy="prefixshield", params=None, paranoid=True, setup=None):
-    """Like helpers.replay_file, with notes, and a hook to instrument the engine first."""
-    path = str(path)
-    hashes = HashTable()
-    header, summary = validate_trace(path, hashes)
-    log = NoteLog()
-    engine = SimEngine(header=header, hashes=hashes, capacity=capacity,
-                       policy=make_policy(policy, params), contracts=CONTRACTS,
-                       done_ids=summary.done_ids, recorder=log, paranoid=paranoid,
-                       trace_path=path, groups=summary.groups)
-    log.block_ids = {}
-    admit = engine._try_admit
-
-    def spy(r):
-        status = admit(r)
-        if status == "ok":
-            log.block_ids[r.ev.id] = list(r.blocks)
-        return status
-
-    engine._try_admit = spy
-    if setup is not None:
-        setup(engine, log)
-    with TraceReader(TraceSource(path, Path(path)), hashes) as reader:
-        result = engine.run(reader.events())
+    """helpers.replay_file with notes (NoteLog), a hook to instrument the engine first,
+    and a check that the run completed."""
+    result, log, engine = replay_file(path, capacity, policy=policy, paranoid=paranoid,
+                                      params=params, recorder=NoteLog(), setup=setup)
     assert result.aborted is None
     return result, log, engine
 

@@ -17,8 +17,7 @@ from psgate.invariants.prefixshield import BucketAudit
 from psgate.policies import _REGISTRY, register
 from psgate.policies.prefixshield import PrefixShield
 
-from helpers import replay_file
-from test_sim_scenarios import write
+from helpers import NoteLog, replay_file, write
 
 C = {"standard": [1.0, 4.0], "best-effort": [2.0, 4.0], "critical": [4.0, 8.0]}
 
@@ -201,22 +200,9 @@ def test_nogate_claims_no_i2_while_prefixshield_holds_it_with_a_denial(tmp_path)
 
 
 def _notes(path, policy):
-    import helpers
-
-    notes = {}
-
-    class Log(helpers.EventLog):
-        def admission(self, now_ns, req, hits, allocated, new_blocks, note):
-            super().admission(now_ns, req, hits, allocated, new_blocks, note)
-            notes[req.id] = note
-
-    saved = helpers.EventLog
-    helpers.EventLog = Log
-    try:
-        helpers.replay_file(path, 20, policy=policy, params={"contracts": C})
-    finally:
-        helpers.EventLog = saved
-    return notes
+    log = NoteLog()
+    replay_file(path, 20, policy=policy, params={"contracts": C}, recorder=log)
+    return log.notes
 
 
 def _gate_trace(tmp_path):

@@ -6,28 +6,9 @@ Block size 4 throughout; ``cap`` configured blocks give cap-1 usable ones
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import replay_file
-
-
-def write(tmp_path, events, block_size=4, name="t.jsonl", **header):
-    lines = [{"psgate_trace": 1, "block_size": block_size, **header}]
-    for e in events:
-        e = dict(e)
-        if e.get("op", "request") == "request":
-            e.setdefault("op", "request")
-            e.setdefault("group", "g")
-            e.setdefault("contract", "standard")
-            e.setdefault("scope", "m")
-            e.setdefault("tail", 0)
-            e.setdefault("out", 0)
-        lines.append(e)
-    p = tmp_path / name
-    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return p
+from helpers import replay_file, write
 
 
 def outcomes(result):
