@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import signal
+
 import orjson
 import typer
 from rich.console import Console
@@ -273,16 +275,24 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class Interrupted(PsgateError):
+    """Ctrl-C: raised from the signal handler so the framework cannot swallow it."""
+
+    exit_code = 130
+
+
+def _on_sigint(signum, frame) -> None:
+    raise Interrupted("interrupted; nothing was written")
+
+
 def main() -> None:
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
     except PsgateError as exc:
-        err.print(f"psgate: error: {_one_line(str(exc))}", markup=False, emoji=False,
-                  soft_wrap=True)
+        err.print(f"psgate: {'error: ' if exc.exit_code != 130 else ''}{_one_line(str(exc))}",
+                  markup=False, emoji=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("psgate: interrupted; nothing was written", markup=False)
-        sys.exit(130)
     except BrokenPipeError:
         sys.exit(EXIT_BAD_INPUT)
 

@@ -9,6 +9,7 @@ SIGKILL it may remain as ``.psgate-staging-*``, which nothing reads.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -17,13 +18,19 @@ from pathlib import Path
 from psgate.errors import InputError
 
 OUTPUT_FILES = ("receipt.json", "ledger.csv", "requests.csv")
+LOCK_NAME = ".psgate.lock"
+
+
+def _ours(name: str) -> bool:
+    """psgate's own bookkeeping in an output directory (ignored when checking emptiness)."""
+    return name.startswith(".psgate-staging-") or name == LOCK_NAME
 
 
 def prepare_out_dir(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", path=str(out))
     if out.exists() and not force:
-        visible = [p.name for p in out.iterdir() if not p.name.startswith(".psgate-staging-")]
+        visible = [p.name for p in out.iterdir() if not _ours(p.name)]
         if visible:
             raise InputError(f"output directory is not empty ({', '.join(sorted(visible)[:3])}"
                              f"{'...' if len(visible) > 3 else ''}); pass --force to overwrite",
@@ -40,6 +47,14 @@ class StagedOutput:
 
     def __init__(self, out: Path) -> None:
         self.out = out
+        # One writer per directory: a second replay into it refuses instead of racing.
+        self._lock = open(out / LOCK_NAME, "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise InputError("another psgate is writing to this output directory",
+                             path=str(out)) from None
         self.staging = Path(tempfile.mkdtemp(prefix=".psgate-staging-", dir=out))
         self._committed = False
 
@@ -65,3 +80,5 @@ class StagedOutput:
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        (self.out / LOCK_NAME).unlink(missing_ok=True)
+        self._lock.close()

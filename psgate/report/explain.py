@@ -180,8 +180,15 @@ def explain(directory: str | Path, run: str = "candidate", decision: int | None 
             cands = candidates_at(receipt, run, int(r["seq"]), trace)
             lines.append(f"All {len(cands)} candidates at that moment, as {policy} lists "
                          f"them (first {min(limit, len(cands))}):")
-            for i, (b, h, owner) in enumerate(cands[:limit]):
-                mark = "  <- victim" if str(b) == r["block"] else ""
+            shown = [i for i in range(min(limit, len(cands)))]
+            vi = next((i for i, c in enumerate(cands) if str(c[0]) == r["block"]), None)
+            if vi is not None and vi >= limit:
+                shown.append(vi)
+            for i in shown:
+                b, h, owner = cands[i]
+                if i == vi and i >= limit:
+                    lines.append("  ...")
+                mark = "  <- victim" if i == vi else ""
                 lines.append(f"  {i:>4}  block {b:>6}  {owner:<16} {h[:16]}{mark}")
         lines.append("")
     return lines
