@@ -27,6 +27,7 @@ from psgate.receipt.gate import load_gate_file
 from psgate.receipt.junit import write_junit
 from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows
+from psgate.report.html import write_report
 from psgate.report.verify import verify as verify_receipt
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -233,6 +234,18 @@ def diff(
            "config_changes": res.config_changes, "gate_changes": res.gate_changes,
            "rows": res.rows})
     raise typer.Exit(1 if res.regressed else 0)
+
+
+@app.command()
+def report(
+    receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="the HTML file to write")] = Path("report.html"),
+    trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
+) -> None:
+    """One self-contained HTML report (plots inline, no network) for a receipt."""
+    path = write_report(receipt_dir, output, trace=trace)
+    err.print(f"report written to {path}")
+    _emit({"report": str(path)})
 
 
 @app.command()
