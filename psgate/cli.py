@@ -142,8 +142,8 @@ def _render_replay(receipt: dict, out: Path) -> None:
                     f"({receipt['config']['usable_blocks']} usable blocks, times modeled)")
     t.add_column("scope")
     for label in ("baseline", "candidate"):
-        t.add_column(f"{label}: {runs[label]['policy']['name']}\nhit frac / p95 TTFT ms / evicted",
-                     justify="right")
+        t.add_column(f"{label}: {runs[label]['policy']['name']}\nhit frac / saved tokens / "
+                     f"p95 TTFT ms / evicted", justify="right")
     rows = [("all", "totals")]
     rows += [(f"role {r}", ("roles", r)) for r in runs["candidate"]["metrics"]["roles"]]
     rows += [(f"group {g}", ("groups", g)) for g in runs["candidate"]["metrics"]["groups"]]
@@ -153,8 +153,8 @@ def _render_replay(receipt: dict, out: Path) -> None:
             m = runs[label]["metrics"]
             mm = m["totals"] if sel == "totals" else m[sel[0]].get(sel[1], {})
             ev = mm.get("evictions", mm.get("evictions_suffered"))
-            cells.append(f"{_fmt(mm.get('hit_fraction'))} / {_fmt(mm.get('ttft_p95_ms'))} / "
-                         f"{_fmt(ev)}")
+            cells.append(f"{_fmt(mm.get('hit_fraction'))} / {_fmt(mm.get('saved_prefill_tokens'))}"
+                         f" / {_fmt(mm.get('ttft_p95_ms'))} / {_fmt(ev)}")
         t.add_row(name, *cells)
     err.print(t)
     gate = receipt["gate"]

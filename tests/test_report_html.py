@@ -82,3 +82,9 @@ def test_report_without_matplotlib_exits_3(report, tmp_path):
     proc = psgate("report", report.parent / "r", "-o", tmp_path / "y.html", env=env)
     assert_one_line_error(proc, 3, "matplotlib", "psgate[report]")
     assert not (tmp_path / "y.html").exists()
+
+
+def test_report_of_a_non_receipt_exits_2(tmp_path):
+    proc = psgate("report", tmp_path, "-o", tmp_path / "z.html")
+    assert_one_line_error(proc, 2, "no receipt.json here")
+    assert not (tmp_path / "z.html").exists()
