@@ -29,6 +29,9 @@ from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows
 from psgate.report.html import write_report
 from psgate.report.verify import verify as verify_receipt
+from psgate.trace.writer import write_trace
+from psgate.workloads import generate as generate_workload
+from psgate.workloads import generators as workload_generators
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Policy receipt and release gate for KV prefix-cache eviction.")
@@ -274,6 +277,45 @@ def policies(json: Annotated[bool, typer.Option("--json", help="machine-readable
     for r in rows:
         t.add_row(r["name"], r["summary"],
                   ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-")
+    Console().print(t)
+
+
+trace_app = typer.Typer(no_args_is_help=True, help="Generate, import and redact traces.")
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("gen")
+def trace_gen(
+    kind: Annotated[str, typer.Argument(help="workload kind (see: psgate trace kinds)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="trace file to write")],
+    seed: Annotated[Optional[int], typer.Option(help="random seed (default: the kind's)")] = None,
+    param: Annotated[Optional[list[str]], typer.Option(help="generator parameter KEY=VALUE")] = None,
+) -> None:
+    """Write a seeded, deterministic psgate-trace v1 of a registered workload."""
+    params = _params(param, "--param")
+    if seed is not None:
+        params["seed"] = seed
+    lines = generate_workload(kind, params)
+    write_trace(output, lines)
+    n = sum(1 for x in lines[1:] if x.get("op") == "request")
+    err.print(f"{output}: {kind}, {n} requests")
+    _emit({"trace": str(output), "kind": kind, "requests": n})
+
+
+@trace_app.command("kinds")
+def trace_kinds(json: Annotated[bool, typer.Option("--json", help="machine-readable list")] = False) -> None:
+    """List the workload generators and their default parameters."""
+    gens = workload_generators()
+    if json:
+        _emit({"kinds": [{"kind": g.kind, "summary": g.summary, "defaults": g.defaults}
+                         for g in gens.values()]})
+        return
+    t = Table(title="workload generators")
+    t.add_column("kind")
+    t.add_column("what")
+    t.add_column("defaults")
+    for g in gens.values():
+        t.add_row(g.kind, g.summary, ", ".join(f"{k}={v}" for k, v in g.defaults.items()))
     Console().print(t)
 
 

@@ -16,6 +16,7 @@ import sys
 
 from psgate.trace.hashing import HASHING_NAME, chain_hashes
 from psgate.trace.writer import dump_lines, header_line
+from psgate.workloads import register_generator
 
 PARAMS = {"seed": 7, "block_size": 16, "duration_s": 40.0, "victim_gap_s": 0.5,
           "benign_gap_s": 1.0, "attack_start_s": 10.0, "attack_end_s": 30.0,
@@ -30,6 +31,12 @@ def _tokens(label: str, n_blocks: int, bs: int) -> list[int]:
         rng = random.Random(f"{label}/{j}")
         out.extend(rng.randrange(1, 32000) for _ in range(bs))
     return out
+
+
+@register_generator("example", "the bundled example: one tenant floods past two others' hot "
+                    "prompts", PARAMS)
+def make(**params) -> list[dict]:
+    return generate(params)
 
 
 def generate(params: dict | None = None) -> list[dict]:

@@ -22,6 +22,7 @@ import random
 
 from psgate.engines.cost import CostModel
 from psgate.trace.writer import header_line
+from psgate.workloads import register_generator
 from psgate.workloads.common import SYNTHETIC_HASHING, chain, poisson, unique_prefill_rate
 
 ONE_TOUCH_DEFAULTS = {
@@ -47,6 +48,8 @@ def _request(t, rid, group, contract, blocks, tail, out, prefix, role, measure=T
     return r
 
 
+@register_generator("one-touch", "victim re-reads 4 hot 1,536-token prefixes while an attacker "
+                    "floods unseen prefixes (paper)", ONE_TOUCH_DEFAULTS)
 def one_touch(**overrides) -> list[dict]:
     p = {**ONE_TOUCH_DEFAULTS, **overrides}
     unknown = set(overrides) - set(ONE_TOUCH_DEFAULTS)
@@ -95,6 +98,8 @@ def one_touch(**overrides) -> list[dict]:
     return [header] + [e[2] for e in events]
 
 
+@register_generator("borrowing", "one group idle, one active group whose working set needs "
+                    "the idle group's blocks (paper)", BORROWING_DEFAULTS)
 def borrowing(**overrides) -> list[dict]:
     p = {**BORROWING_DEFAULTS, **overrides}
     unknown = set(overrides) - set(BORROWING_DEFAULTS)
