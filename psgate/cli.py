@@ -29,6 +29,7 @@ from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows
 from psgate.report.html import write_report
 from psgate.report.verify import verify as verify_receipt
+from psgate.trace.redact import key_fingerprint, load_key, redact_lines
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate as generate_workload
 from psgate.workloads import generators as workload_generators
@@ -300,6 +301,23 @@ def trace_gen(
     n = sum(1 for x in lines[1:] if x.get("op") == "request")
     err.print(f"{output}: {kind}, {n} requests")
     _emit({"trace": str(output), "kind": kind, "requests": n})
+
+
+@trace_app.command("redact")
+def trace_redact(
+    raw: Annotated[str, typer.Argument(help="raw request log (JSON Lines with prompt_token_ids)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="redacted trace to write")],
+    key_file: Annotated[Optional[str], typer.Option(help="file holding the hash key (>= 16 bytes)")] = None,
+    unkeyed: Annotated[bool, typer.Option(help="hash without a key (weaker: guesses can be tested)")] = False,
+    block_size: Annotated[int, typer.Option(help="tokens per block")] = 16,
+) -> None:
+    """Turn a raw request log into a psgate-trace v1: keyed chained hashes, nothing raw."""
+    if block_size < 1:
+        raise InputError(f"expected a positive integer, found {block_size}", path="--block-size")
+    key = load_key(key_file, unkeyed)
+    write_trace(output, redact_lines(raw, block_size, key))
+    err.print(f"{output}: redacted (key fingerprint {key_fingerprint(key)})")
+    _emit({"trace": str(output), "key_fingerprint": key_fingerprint(key)})
 
 
 @trace_app.command("kinds")

@@ -19,6 +19,14 @@ def dump_lines(lines: Iterable[dict]) -> bytes:
 
 
 def write_trace(path: Path, lines: Iterable[dict]) -> None:
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_bytes(dump_lines(lines))
-    tmp.replace(path)
+    """Stream lines into a temporary file beside ``path``, then rename it into place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            for line in lines:
+                fh.write(orjson.dumps(line) + b"\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,156 @@
+"""Redaction: raw request logs with token ids -> psgate-trace v1 with keyed hashes only.
+
+Raw input, JSON Lines, one request per line (``op`` absent or "request"), or a
+cancel ``{"op": "cancel", "id": ..., "t": ...}``:
+
+    {"t": 1.5, "id": "req-77", "group": "acme", "contract": "standard",
+     "model": "qwen2.5-1.5b", "tokenizer": "rev-3", "adapter": "", "cache_salt": "acme",
+     "prompt_token_ids": [151644, 8948, ...], "out": 128, "done_t": 2.9}
+
+Output: the block hashes are keyed BLAKE2b chains (psgate.trace.hashing) whose root
+binds the scope (model, tokenizer revision, adapter, cache salt), so equal tokens
+under another scope never match. Nothing raw survives: token ids are hashed away,
+request ids become r0, r1, ...; group names and scopes become keyed pseudonyms
+(g-..., s-...), stable for one key. Contract names are kept: they select the
+replay's contract table and are categories, not data. The header carries the key's
+fingerprint, never the key; keys come only from a file or the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from psgate.errors import InputError
+from psgate.trace.hashing import HASHING_NAME, chain_hashes
+from psgate.trace.writer import header_line
+
+KEY_ENV = "PSGATE_HASH_KEY"
+MIN_KEY_BYTES = 16
+_SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
+
+
+def load_key(key_file: str | None, unkeyed: bool) -> bytes | None:
+    """The hash key from a file, else from $PSGATE_HASH_KEY (hex); None only if unkeyed."""
+    if key_file:
+        try:
+            key = Path(key_file).read_bytes().strip()
+        except OSError as exc:
+            raise InputError(f"cannot read the key file: {exc.strerror}", path=key_file) from None
+    elif os.environ.get(KEY_ENV):
+        try:
+            key = bytes.fromhex(os.environ[KEY_ENV].strip())
+        except ValueError:
+            raise InputError(f"${KEY_ENV} must be hex") from None
+    elif unkeyed:
+        return None
+    else:
+        raise InputError("no hash key: pass --key-file FILE or set $PSGATE_HASH_KEY (hex); "
+                         "--unkeyed hashes without a key, which lets anyone test guesses "
+                         "of short prompts against the trace")
+    if len(key) < MIN_KEY_BYTES:
+        raise InputError(f"the hash key must be at least {MIN_KEY_BYTES} bytes, found "
+                         f"{len(key)}", path=key_file or f"${KEY_ENV}")
+    return key[:64]
+
+
+def key_fingerprint(key: bytes | None) -> str:
+    if key is None:
+        return "unkeyed"
+    return hashlib.blake2b(key, digest_size=8, person=b"psgate-keyfp").hexdigest()
+
+
+def _pseudonym(kind: str, value: str, key: bytes | None) -> str:
+    h = hashlib.blake2b(f"{kind}\x00{value}".encode(), key=key or b"", digest_size=6)
+    return f"{kind}-{h.hexdigest()}"
+
+
+def _scope_root(scope: tuple[str, ...], key: bytes | None) -> bytes:
+    data = b"psgate-scope-v1" + b"".join(s.encode() + b"\x00" for s in scope)
+    return hashlib.blake2b(data, key=key or b"", digest_size=16).digest()
+
+
+def redact_lines(src: str | Path, block_size: int, key: bytes | None) -> Iterator[dict]:
+    """Stream the redacted trace's lines (header first) from a raw request log."""
+    src = str(src)
+    hkey = key or b""
+    yield header_line(block_size, hashing=HASHING_NAME + ("" if key else " (unkeyed)"),
+                      source="psgate trace redact",
+                      redaction={"key_fingerprint": key_fingerprint(key),
+                                 "scope_binds": list(_SCOPE_FIELDS),
+                                 "pseudonymized": ["id", "group", "scope"]})
+    ids: dict[str, str] = {}
+    roots: dict[tuple, bytes] = {}
+    last_t = -1.0
+    try:
+        fh = open(src, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror}", path=src) from None
+    with fh:
+        for n, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+
+            def err(msg, field=None, n=n):
+                return InputError(msg, path=src, line=n, field=field)
+
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise err(f"invalid JSON ({exc})") from None
+            if type(obj) is not dict:
+                raise err("expected a JSON object")
+            t = obj.get("t")
+            if type(t) not in (int, float) or not math.isfinite(t) or t < 0:
+                raise err("expected a time >= 0 in seconds", "t")
+            if t < last_t:
+                raise err(f"time goes backwards ({t} after {last_t}): sort the log by t", "t")
+            last_t = t
+            rid = obj.get("id")
+            if rid is not None and type(rid) not in (str, int):
+                raise err("expected a string or integer", "id")
+            op = obj.get("op", "request")
+            if op == "cancel":
+                if str(rid) not in ids:
+                    raise err("cancel of an id with no earlier request", "id")
+                yield {"t": t, "op": "cancel", "id": ids[str(rid)]}
+                continue
+            if op != "request":
+                raise err(f"expected request or cancel, found {op!r}", "op")
+            toks = obj.get("prompt_token_ids")
+            if type(toks) is not list or not toks or not all(
+                    type(x) is int and 0 <= x < 2**63 for x in toks):
+                raise err("expected a non-empty array of token ids", "prompt_token_ids")
+            for f in ("group", "contract"):
+                if type(obj.get(f)) is not str or not obj[f]:
+                    raise err("expected a non-empty string", f)
+            scope = tuple(str(obj.get(f) or "") for f in _SCOPE_FIELDS)
+            root = roots.get(scope)
+            if root is None:
+                root = roots[scope] = _scope_root(scope, key)
+            out = obj.get("out", 0)
+            if type(out) is not int or out < 0:
+                raise err("expected an integer >= 0", "out")
+            new_id = f"r{len(ids)}"
+            if rid is not None:
+                if str(rid) in ids:
+                    raise err("duplicate request id", "id")
+                ids[str(rid)] = new_id
+            else:
+                ids[f"\x00{n}"] = new_id
+            line = {"t": t, "op": "request", "id": new_id,
+                    "group": _pseudonym("g", obj["group"], key), "contract": obj["contract"],
+                    "scope": _pseudonym("s", "\x00".join(scope), key),
+                    "blocks": chain_hashes(toks, block_size, hkey, parent=root),
+                    "tail": len(toks) % block_size, "out": out}
+            if "done_t" in obj:
+                d = obj["done_t"]
+                if type(d) not in (int, float) or not math.isfinite(d) or d < t:
+                    raise err("expected a time >= t", "done_t")
+                line["done_t"] = d
+            yield line

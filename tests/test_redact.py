@@ -1,0 +1,106 @@
+"""trace redact: keyed chained hashes bound to the scope, and nothing raw survives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from psgate.trace import validate_trace
+
+from test_cli import assert_one_line_error, psgate
+
+CANARY_TOKENS = [987654321, 123456789, 555000111, 424242424]
+SECRET_STRINGS = ["acme-secret-tenant", "model-canary-7b", "tok-rev-canary", "lora-canary",
+                  "salt-canary", "req-canary-id-1", "req-canary-id-2", "req-canary-id-3"]
+
+
+def raw_log(tmp_path):
+    prompt = (CANARY_TOKENS * 8)[:32] + [11, 12, 13, 14, 15]
+    lines = [
+        {"t": 0.0, "id": "req-canary-id-1", "group": "acme-secret-tenant", "contract": "standard",
+         "model": "model-canary-7b", "tokenizer": "tok-rev-canary", "adapter": "lora-canary",
+         "cache_salt": "salt-canary", "prompt_token_ids": prompt, "out": 5},
+        {"t": 0.5, "id": "req-canary-id-2", "group": "acme-secret-tenant", "contract": "standard",
+         "model": "model-canary-7b", "tokenizer": "tok-rev-canary", "adapter": "lora-canary",
+         "cache_salt": "salt-canary", "prompt_token_ids": prompt[:32], "out": 5, "done_t": 1.0},
+        {"t": 0.6, "id": "req-canary-id-3", "group": "acme-secret-tenant", "contract": "standard",
+         "model": "model-canary-7b", "tokenizer": "tok-rev-canary", "adapter": "other",
+         "cache_salt": "salt-canary", "prompt_token_ids": prompt, "out": 5},
+        {"t": 0.7, "op": "cancel", "id": "req-canary-id-3"},
+    ]
+    p = tmp_path / "raw.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p
+
+
+def test_refuses_without_a_key(tmp_path):
+    proc = psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t.jsonl")
+    assert_one_line_error(proc, 2, "no hash key", "--key-file", "--unkeyed")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_redacted_trace_is_valid_chained_and_scope_bound(tmp_path):
+    key = tmp_path / "k"
+    key.write_bytes(b"0123456789abcdef-redaction-key")
+    proc = psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t.jsonl",
+                  "--key-file", key)
+    assert proc.returncode == 0, proc.stderr
+    header, summary = validate_trace(str(tmp_path / "t.jsonl"))
+    assert header.raw["redaction"]["key_fingerprint"] == json.loads(proc.stdout)["key_fingerprint"]
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()[1:]]
+    r1, r2, r3, cancel = lines
+    assert len(r1["blocks"]) == 2 and r1["tail"] == 5
+    assert r2["blocks"] == r1["blocks"] and r2["tail"] == 0     # same tokens, same scope
+    assert not set(r3["blocks"]) & set(r1["blocks"])            # another adapter: no sharing
+    assert r1["scope"] != r3["scope"] and r1["group"] == r2["group"]
+    assert cancel == {"t": 0.7, "op": "cancel", "id": "r2"}
+    # another key gives other hashes and pseudonyms
+    key.write_bytes(b"fedcba9876543210-another-key")
+    psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t2.jsonl", "--key-file", key)
+    other = json.loads((tmp_path / "t2.jsonl").read_text().splitlines()[1])
+    assert other["blocks"] != r1["blocks"] and other["group"] != r1["group"]
+
+
+def test_canary_nothing_raw_in_any_output(tmp_path):
+    """No token id, raw string or key byte appears in the trace, nor in a receipt,
+    ledger, report or stdout/stderr produced from it."""
+    key_bytes = b"KEYCANARY-0123456789abcdef"
+    key = tmp_path / "k"
+    key.write_bytes(key_bytes)
+    outputs = []
+    proc = psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t.jsonl",
+                  "--key-file", key)
+    outputs += [proc.stdout, proc.stderr]
+    proc = psgate("replay", "--trace", tmp_path / "t.jsonl", "--capacity", 4, "--out",
+                  tmp_path / "o", "--allow-unexercised")
+    assert proc.returncode in (0, 1), proc.stderr
+    outputs += [proc.stdout, proc.stderr]
+    proc = psgate("report", tmp_path / "o", "-o", tmp_path / "o" / "report.html")
+    assert proc.returncode == 0, proc.stderr
+    proc = psgate("explain", tmp_path / "o", "--request", "r0")
+    outputs += [proc.stdout, proc.stderr]
+    blob = "\n".join(outputs).encode()
+    for f in [tmp_path / "t.jsonl", *sorted((tmp_path / "o").iterdir())]:
+        blob += f.read_bytes()
+    for s in SECRET_STRINGS:
+        assert s.encode() not in blob, s
+    for tok in CANARY_TOKENS:
+        assert str(tok).encode() not in blob, tok
+    assert key_bytes not in blob and key_bytes.hex().encode() not in blob
+
+
+@pytest.mark.parametrize("line, field", [
+    ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": []}, "prompt_token_ids"),
+    ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": ["x"]},
+     "prompt_token_ids"),
+    ({"t": -1, "group": "a", "contract": "standard", "prompt_token_ids": [1]}, "t"),
+    ({"t": 0, "contract": "standard", "prompt_token_ids": [1]}, "group"),
+    ({"t": 0, "op": "cancel", "id": "nope"}, "id"),
+])
+def test_bad_raw_input(tmp_path, line, field):
+    p = tmp_path / "raw.jsonl"
+    p.write_text(json.dumps(line) + "\n")
+    proc = psgate("trace", "redact", p, "-o", tmp_path / "t.jsonl", "--unkeyed")
+    assert_one_line_error(proc, 2, f"raw.jsonl:1: field '{field}'")
+    assert not (tmp_path / "t.jsonl").exists()
