@@ -33,7 +33,7 @@ from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.metrics import paired_difference, run_metrics
 from psgate.trace.future import future_uses
-from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, validate_trace
 
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
@@ -64,6 +64,7 @@ class ReplayConfig:
     # they are read (verify re-runs a receipt with the names it recorded).
     trace_label: str | None = None
     gate_label: str | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -153,9 +154,23 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     if cfg.trace_label:
         src = TraceSource(cfg.trace_label, src.path)
     hashes = HashTable()
-    header, summary = validate_trace(cfg.trace, hashes)
+    header, summary = validate_trace(cfg.trace, hashes, cfg.limits)
 
-    prepare_out_dir(cfg.out, cfg.force)
+    created = prepare_out_dir(cfg.out, cfg.force)
+    try:
+        return _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashes,
+                            header, summary, progress, started)
+    except BaseException:
+        if created:     # a failed replay leaves no trace of itself, not even the directory
+            try:
+                cfg.out.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashes, header,
+                 summary, progress, started) -> ReplayResult:
     runs: dict[str, dict] = {}
     results = []
     with StagedOutput(cfg.out) as staged:
@@ -170,8 +185,9 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
                                    paranoid=cfg.paranoid, label=label, trace_path=src.display,
-                                   progress=tick, groups=summary.groups)
-                with TraceReader(src, hashes) as reader:
+                                   progress=tick, groups=summary.groups,
+                                   max_in_flight=cfg.limits.max_in_flight)
+                with TraceReader(src, hashes, cfg.limits) as reader:
                     result = engine.run(reader.events())
                     if reader.summary().sha256 != summary.sha256:
                         raise InputError("the trace changed while it was being replayed",
@@ -214,6 +230,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                 "candidate": policies["candidate"].describe(),
                 "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
                 "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
+                "limits": cfg.limits.to_json(),
                 "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
                 "replay_model": "psgate replay model v1: blocks held from admission, "
                                 "ceil((prompt+out)/block_size) per request, prompt blocks cached",

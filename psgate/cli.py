@@ -29,6 +29,7 @@ from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows
 from psgate.report.html import write_report
 from psgate.report.verify import verify as verify_receipt
+from psgate.trace.reader import Limits
 from psgate.trace.redact import key_fingerprint, load_key, redact_lines
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate as generate_workload
@@ -67,6 +68,14 @@ def _cost(items: list[str] | None) -> CostModel:
         if type(v) not in (int, float) or v < 0:
             raise InputError(f"'{k}' must be a number >= 0, found {v!r}", path="--cost-param")
     return CostModel(**{k: float(v) for k, v in params.items()})
+
+
+def _limits(line_bytes: int, blocks: int, in_flight: int) -> Limits:
+    for name, v in (("--max-line-bytes", line_bytes), ("--max-blocks-per-request", blocks),
+                    ("--max-in-flight", in_flight)):
+        if v < 1:
+            raise InputError(f"expected a positive integer, found {v}", path=name)
+    return Limits(line_bytes, blocks, in_flight)
 
 
 def _progress_factory():
@@ -109,6 +118,9 @@ def replay(
     junit: Annotated[Optional[Path], typer.Option(help="also write the gate checks as JUnit XML")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the receipt's gate and metrics as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option(help="no summary table on stderr")] = False,
+    max_line_bytes: Annotated[int, typer.Option(help="cap on one trace line")] = Limits().max_line_bytes,
+    max_blocks_per_request: Annotated[int, typer.Option(help="cap on blocks in one request")] = Limits().max_blocks_per_request,
+    max_in_flight: Annotated[int, typer.Option(help="cap on requests admitted or waiting at once")] = Limits().max_in_flight,
 ) -> None:
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
     cfg = api.ReplayConfig(
@@ -116,7 +128,8 @@ def replay(
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
         paranoid=paranoid, ledger_hits=ledger_hits,
         baseline_params=_params(baseline_param, "--baseline-param"),
-        candidate_params=_params(candidate_param, "--candidate-param"), cost=_cost(cost_param))
+        candidate_params=_params(candidate_param, "--candidate-param"), cost=_cost(cost_param),
+        limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight))
     result = api.replay(cfg, progress=None if quiet else _progress_factory())
     if junit:
         write_junit(junit, "replay", result.receipt["gate"]["checks"])

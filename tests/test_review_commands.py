@@ -156,4 +156,4 @@ def test_sigint_exits_130_and_concurrent_writer_refused(tmp_path):
     _, err = first.communicate(timeout=60)
     assert first.returncode == 130
     assert "interrupted; nothing was written" in err and "Traceback" not in err
-    assert [p.name for p in out.iterdir()] == []
+    assert not out.exists()       # it created the directory, and removed it on the way out

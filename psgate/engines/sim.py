@@ -94,11 +94,13 @@ class SimEngine:
                  policy: EvictionPolicy, contracts: Iterable[str], done_ids: frozenset[str],
                  cost: CostModel | None = None, recorder=None, paranoid: bool = False,
                  label: str = "run", trace_path: str = "trace", progress=None,
-                 groups: tuple[str, ...] = ()) -> None:
+                 groups: tuple[str, ...] = (), max_in_flight: int = 1_000_000) -> None:
         if capacity < 2:
             raise InputError(f"expected at least 2 configured blocks (one is vLLM's null "
                              f"block), found {capacity}", path="--capacity")
         self.bs = header.block_size
+        self.max_in_flight = max_in_flight
+        self.num_in_flight = 0
         self.hashes = hashes
         self.num_blocks = capacity
         self.num_usable = capacity - 1
@@ -289,6 +291,11 @@ class SimEngine:
             return
         self.reqs[ev.id] = r
         r.state = _WAITING
+        self.num_in_flight += 1
+        if self.num_in_flight > self.max_in_flight:
+            raise InputError(f"more than {self.max_in_flight} requests admitted or waiting at "
+                             f"t={ev.t_ns / 1e9:g} s (the cap; raise it with --max-in-flight)",
+                             path=self.trace_path, line=ev.line)
         if self.line:
             self._wait(r, self.line)
             return
@@ -511,6 +518,8 @@ class SimEngine:
         self._finalize(r)
 
     def _finalize(self, r: _Req) -> None:
+        if r.outcome.state != REJECTED:
+            self.num_in_flight -= 1
         self.outcomes.append(r.outcome)
 
     def _cancel(self, ev: CancelEvent) -> None:

@@ -26,7 +26,8 @@ def _ours(name: str) -> bool:
     return name.startswith(".psgate-staging-") or name == LOCK_NAME
 
 
-def prepare_out_dir(out: Path, force: bool) -> None:
+def prepare_out_dir(out: Path, force: bool) -> bool:
+    """Check and create the output directory; True when this call created it."""
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", path=str(out))
     if out.exists() and not force:
@@ -35,8 +36,10 @@ def prepare_out_dir(out: Path, force: bool) -> None:
             raise InputError(f"output directory is not empty ({', '.join(sorted(visible)[:3])}"
                              f"{'...' if len(visible) > 3 else ''}); pass --force to overwrite",
                              path=str(out))
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
+        return created
     except OSError as exc:
         raise InputError(f"cannot create output directory: {exc.strerror}",
                          path=str(out)) from None

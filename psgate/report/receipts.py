@@ -12,6 +12,7 @@ from psgate.api import ReplayConfig
 from psgate.engines.cost import CostModel
 from psgate.errors import InputError
 from psgate.resources import BUNDLED_PREFIX
+from psgate.trace.reader import Limits
 
 
 def load_receipt(directory: str | Path) -> dict:
@@ -70,5 +71,5 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
         capacity=cfg["capacity"], engine=cfg["engine"], out=out, force=True, gate_file=gate_path,
         allow_unexercised=cfg["allow_unexercised"], paranoid=cfg["paranoid"],
         ledger_hits=cfg.get("ledger_hits", False), cost=cost,
-        trace_label=receipt["trace"]["path"],
+        trace_label=receipt["trace"]["path"], limits=Limits(**cfg.get("limits", {})),
         gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)

@@ -30,6 +30,21 @@ from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestE
                                 TraceHeader, TraceSummary, seconds_to_ns)
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
+MAX_BLOCKS_PER_REQUEST = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Caps that turn a hostile or broken trace into a clear error, not a memory blow-up."""
+
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_blocks_per_request: int = MAX_BLOCKS_PER_REQUEST
+    max_in_flight: int = 1_000_000          # requests admitted or waiting at once (replay)
+
+    def to_json(self) -> dict:
+        return {"max_line_bytes": self.max_line_bytes,
+                "max_blocks_per_request": self.max_blocks_per_request,
+                "max_in_flight": self.max_in_flight}
 MAX_BLOCK_SIZE = 1 << 16
 _HASH_RE = re.compile(r"[0-9a-f]{1,128}")
 _OPS = ("request", "cancel", "done")
@@ -117,8 +132,10 @@ class TraceReader:
     :class:`HashTable` to later passes so block ids agree between them.
     """
 
-    def __init__(self, source: TraceSource, hashes: HashTable | None = None):
+    def __init__(self, source: TraceSource, hashes: HashTable | None = None,
+                 limits: Limits | None = None):
         self.source = source
+        self.limits = limits or Limits()
         self.hashes = hashes if hashes is not None else HashTable()
         self.header: TraceHeader | None = None
         self._fh = None
@@ -147,12 +164,14 @@ class TraceReader:
 
     def _next_object(self):
         """The next line as a parsed JSON object, or None at end of file."""
-        raw = self._fh.readline(MAX_LINE_BYTES + 1)
+        cap = self.limits.max_line_bytes
+        raw = self._fh.readline(cap + 1)
         if not raw:
             return None
         self._line += 1
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise self._err(f"line longer than {MAX_LINE_BYTES} bytes")
+        if len(raw) > cap and not raw.endswith(b"\n"):
+            raise self._err(f"line longer than {cap} bytes (the cap; raise it with "
+                            f"--max-line-bytes)")
         self._file_sha.update(raw)
         if not raw.strip():
             raise self._err("empty line: expected one JSON object per line")
@@ -280,6 +299,10 @@ class TraceReader:
                 if type(blocks) is not list:
                     raise err(f"expected an array of block hashes, found {_type_name(blocks)}",
                               "blocks")
+                if len(blocks) > self.limits.max_blocks_per_request:
+                    raise err(f"{len(blocks)} blocks in one request, more than the cap of "
+                              f"{self.limits.max_blocks_per_request} (--max-blocks-per-request)",
+                              "blocks")
                 for i, h in enumerate(blocks):
                     if type(h) is not str or _HASH_RE.fullmatch(h) is None:
                         raise err(f"element {i}: expected a lowercase hex string of 1-128 "
@@ -370,11 +393,11 @@ class TraceReader:
         return self._summary
 
 
-def validate_trace(given: str, hashes: HashTable | None = None
+def validate_trace(given: str, hashes: HashTable | None = None, limits: Limits | None = None
                    ) -> tuple[TraceHeader, TraceSummary]:
     """Read a whole trace once, checking every line; the first problem raises InputError."""
     src = TraceSource.resolve(given)
-    with TraceReader(src, hashes) as reader:
+    with TraceReader(src, hashes, limits) as reader:
         for _ in reader.events():
             pass
         return reader.header, reader.summary()
