@@ -29,6 +29,7 @@ from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows
 from psgate.report.html import write_report
 from psgate.report.verify import verify as verify_receipt
+from psgate.trace.importers import import_trace
 from psgate.trace.reader import Limits
 from psgate.trace.redact import key_fingerprint, load_key, redact_lines
 from psgate.trace.writer import write_trace
@@ -314,6 +315,29 @@ def trace_gen(
     n = sum(1 for x in lines[1:] if x.get("op") == "request")
     err.print(f"{output}: {kind}, {n} requests")
     _emit({"trace": str(output), "kind": kind, "requests": n})
+
+
+@trace_app.command("import")
+def trace_import(
+    src: Annotated[str, typer.Argument(help="the source trace (file or directory)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="trace file to write")],
+    format: Annotated[str, typer.Option("--format", help="mooncake, weka or bailian")],
+    group_by: Annotated[Optional[str], typer.Option(help="tenant rule (see the format's options)")] = None,
+    block_size: Annotated[Optional[int], typer.Option(help="re-block to this many tokens")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(help="other importer option KEY=VALUE")] = None,
+) -> None:
+    """Import a public trace (Mooncake, WEKA sessions, Bailian) as psgate-trace v1."""
+    opts = _params(option, "--option")
+    if group_by is not None:
+        opts["group_by"] = group_by
+    if block_size is not None:
+        opts["block_size"] = block_size
+    lines = import_trace(format, src, **opts)
+    write_trace(output, lines)
+    n = len(lines) - 1
+    err.print(f"{output}: {n} requests imported from {src} ({format})")
+    _emit({"trace": str(output), "format": format, "requests": n,
+           "import": lines[0].get("import")})
 
 
 @trace_app.command("redact")
