@@ -1,0 +1,282 @@
+"""The paper's newer workload generators: low-and-slow, two-pass-replay, delayed-replay,
+sharegpt, sharegpt-bursty, and one-touch's ``capacity_target`` (Fig. 2 scaling).
+
+Structure only: every trace validates, is deterministic, records its parameters, labels
+roles, prefixes and warm-up; no-attack controls keep the other roles byte-identical; the
+documented formulas hold. The replays check only that the default gate passes (hard
+invariants hold, eviction exercised): no policy ranking is asserted here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+
+from psgate.api import ReplayConfig, replay
+from psgate.errors import InputError
+from psgate.policies.prefixshield import DEFAULT_CONTRACTS
+from psgate.trace.reader import validate_trace
+from psgate.trace.writer import dump_lines, write_trace
+from psgate.workloads import generate, generators
+from psgate.workloads.paper import (DELAYED_REPLAY_DEFAULTS, LOW_AND_SLOW_DEFAULTS,
+                                    ONE_TOUCH_DEFAULTS, SHAREGPT_BURSTY_DEFAULTS,
+                                    SHAREGPT_DEFAULTS, TWO_PASS_DEFAULTS, bucket_debt)
+
+NEW = {"low-and-slow": LOW_AND_SLOW_DEFAULTS, "two-pass-replay": TWO_PASS_DEFAULTS,
+       "delayed-replay": DELAYED_REPLAY_DEFAULTS, "sharegpt": SHAREGPT_DEFAULTS,
+       "sharegpt-bursty": SHAREGPT_BURSTY_DEFAULTS}
+ATTACK_KINDS = ("one-touch", "low-and-slow", "two-pass-replay", "delayed-replay")
+ROLES = {"victim", "attacker", "benign"}
+_CACHE: dict[tuple, list[dict]] = {}
+
+
+def gen(kind: str, **params) -> list[dict]:
+    key = (kind, orjson.dumps(params, option=orjson.OPT_SORT_KEYS))
+    if key not in _CACHE:
+        _CACHE[key] = generate(kind, params)
+    return _CACHE[key]
+
+
+def requests(lines):
+    return [x for x in lines[1:] if x["op"] == "request"]
+
+
+@pytest.mark.parametrize("kind", sorted(NEW))
+def test_registered_with_the_module_defaults(kind):
+    g = generators()[kind]
+    assert g.defaults == NEW[kind]
+    assert g.defaults["block_size"] == 16 and g.defaults["seed"] == 0
+
+
+@pytest.mark.parametrize("kind", sorted(NEW))
+def test_output_validates_and_records_params(tmp_path, kind):
+    lines = gen(kind)
+    path = tmp_path / "t.jsonl"
+    write_trace(path, lines)
+    header, summary = validate_trace(str(path))
+    assert header.block_size == 16
+    assert summary.num_requests == len(requests(lines)) > 0
+    h = lines[0]
+    assert h["generator"]["name"] == kind
+    assert h["generator"]["params"] == NEW[kind]
+    assert h["generator"]["derived"]
+    reqs = requests(lines)
+    assert set(h["groups"]) == {r["group"] for r in reqs}
+    for r in reqs:
+        assert r["role"] in ROLES and r["prefix"]
+        assert r["contract"] in h["groups"][r["group"]]["contracts"]
+        assert r.get("measure", True) in (True, False)
+    assert any(r.get("measure", True) for r in reqs)
+    if kind in ATTACK_KINDS:
+        assert {r["role"] for r in reqs} >= {"victim", "attacker"}
+        assert any(r.get("measure") is False for r in reqs)     # the warm-up
+        assert all(r.get("measure") is False for r in reqs if r["t"] < 1.0)
+    else:
+        assert {r["role"] for r in reqs} == {"benign"}
+
+
+@pytest.mark.parametrize("kind", sorted(NEW))
+def test_deterministic_from_the_seed(kind):
+    a = dump_lines(gen(kind))
+    assert dump_lines(generate(kind, {})) == a
+    assert dump_lines(gen(kind, seed=1)) != a
+    assert dump_lines(generate(kind, {"seed": 1})) == dump_lines(gen(kind, seed=1))
+
+
+@pytest.mark.parametrize("kind, bad", [
+    ("delayed-replay", {"delay_fraction": 1.5}), ("delayed-replay", {"attacker_rho": 0.0}),
+    ("low-and-slow", {"rate_fraction": 0.0}), ("two-pass-replay", {"replay_set": 0}),
+    ("sharegpt", {"min_turns": 9}), ("sharegpt", {"tenant_contracts": []}),
+    ("sharegpt-bursty", {"burst_s": 30.0}), ("one-touch", {"capacity_target": 1}),
+])
+def test_bad_parameters_are_input_errors(kind, bad):
+    with pytest.raises(InputError):
+        generate(kind, bad)
+
+
+@pytest.mark.parametrize("kind", ATTACK_KINDS)
+def test_attack_false_keeps_everyone_elses_requests_byte_identical(kind):
+    on, off = gen(kind), gen(kind, attack=False)
+    assert not any(r["role"] == "attacker" for r in requests(off))
+    assert any(r["role"] == "attacker" for r in requests(on))
+    others = [r for r in requests(on) if r["role"] != "attacker"]
+    assert dump_lines(others) == dump_lines(requests(off))
+    p = dict(on[0]["generator"]["params"], attack=False)
+    assert off[0]["generator"]["params"] == p
+
+
+def test_new_attack_kinds_share_one_touchs_victim_layout():
+    ls, tp = gen("low-and-slow"), gen("two-pass-replay")
+    victims = [r for r in requests(ls) if r["role"] == "victim"]
+    assert victims == [r for r in requests(tp) if r["role"] == "victim"]
+    hot = {r["prefix"] for r in victims}
+    assert hot == {f"victim-sys-{i}" for i in range(4)}
+    assert {len(r["blocks"]) for r in victims} == {96 + 2}
+    assert {(r["group"], r["contract"]) for r in victims} == {("victim", "critical")}
+
+
+def test_low_and_slow_is_one_touchs_volume_at_a_fraction_of_its_rate():
+    d = gen("low-and-slow")[0]["generator"]["derived"]
+    ot = gen("one-touch")[0]["generator"]["derived"]
+    assert d["one_touch_attack_rate_per_s"] == ot["attack_rate_per_s"]
+    assert d["attack_rate_per_s"] == pytest.approx(0.25 * ot["attack_rate_per_s"], rel=1e-6)
+    w, w_ot = d["attack_window_s"], ot["attack_window_s"]
+    assert w[1] - w[0] == pytest.approx(4 * (w_ot[1] - w_ot[0]), rel=1e-5)
+    attacks = [r for r in requests(gen("low-and-slow")) if r["role"] == "attacker"]
+    assert len({r["prefix"] for r in attacks}) == len(attacks)          # each unseen
+    assert 200 <= len(attacks) <= 280                                   # ~240 requests
+    assert all(w[0] <= r["t"] < w[1] for r in attacks)
+
+
+def test_two_pass_replays_each_admitted_set_while_in_debt():
+    attacks = [r for r in requests(gen("two-pass-replay", replay_set=3))
+               if r["role"] == "attacker"]
+    admitted: list[str] = []
+    for i, r in enumerate(attacks):
+        rnd, pos = divmod(i, 6)
+        assert r["pass"] == (1 if pos < 3 else 2)
+        if r["pass"] == 1:
+            assert r["prefix"] not in admitted
+            admitted.append(r["prefix"])
+        else:   # the same prompt, same order, as pass 1 of this round
+            first = attacks[rnd * 6 + pos - 3]
+            assert (r["prefix"], r["blocks"]) == (first["prefix"], first["blocks"])
+    d = gen("two-pass-replay")[0]["generator"]["derived"]
+    assert d["attack_creation_blocks_per_s"] > DEFAULT_CONTRACTS["best-effort"][0]
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_delayed_replay_timing_is_the_documented_formula(fraction):
+    assert [DELAYED_REPLAY_DEFAULTS["attacker_rho"],
+            DELAYED_REPLAY_DEFAULTS["attacker_beta"]] == DEFAULT_CONTRACTS["best-effort"]
+    lines = gen("delayed-replay", delay_fraction=fraction)
+    reqs = requests(lines)
+    first = [r for r in reqs if r["role"] == "attacker" and "pass" not in r]
+    second = [r for r in reqs if r.get("pass") == 2]
+    assert len(first) == len(second) == 2
+    assert [r["blocks"] for r in first] == [r["blocks"] for r in second]
+    assert [r["prefix"] for r in first] == [r["prefix"] for r in second]
+    # D: a full bucket of beta = 128 charged 96 blocks, refilled 16/s for the gap, charged 96.
+    t1, t2 = first[0]["t"], first[1]["t"]
+    debt = 96 + 96 - 128 - 16 * (t2 - t1)
+    assert bucket_debt([t1, t2], [96, 96], 16.0, 128.0) == pytest.approx(debt)
+    clearance = debt / 16
+    expect = math.ceil(round((t2 + fraction * clearance) * 1e6, 3)) / 1e6
+    assert second[0]["t"] == pytest.approx(expect, abs=1e-9)
+    assert second[0]["t"] >= t2 + fraction * clearance - 1e-12
+    d = lines[0]["generator"]["derived"]
+    assert d["debt_blocks"] == pytest.approx(debt, abs=1e-6)
+    assert d["clearance_s"] == pytest.approx(clearance, abs=1e-6)
+    assert d["replay_eligible_blocks"] == 192          # the replay hits every full block
+    assert all(r["tail"] > 0 for r in first)
+    # Pressure: after every replay and after the debt cleared, exactly standard's burst.
+    neutral = [r for r in reqs if r["role"] == "benign"]
+    assert [r["t"] for r in neutral] == pytest.approx([t2 + clearance + 1.0] * 2, abs=1e-6)
+    assert min(r["t"] for r in neutral) > max(r["t"] for r in second)
+    assert sum(len(r["blocks"]) for r in neutral) == DEFAULT_CONTRACTS["standard"][1]
+    after = [r for r in reqs if r["role"] == "victim" and r.get("measure", True)]
+    assert len(after) == 2 and min(r["t"] for r in after) > neutral[0]["t"]
+
+
+def test_one_touch_capacity_target_default_is_byte_identical():
+    assert ONE_TOUCH_DEFAULTS["capacity_target"] == 512
+    base = gen("one-touch")
+    assert dump_lines(gen("one-touch", capacity_target=512)) == dump_lines(base)
+    assert "capacity_target" not in base[0]["generator"]["params"]
+    assert "hot_prefixes" not in base[0]["generator"]["derived"]
+
+
+@pytest.mark.parametrize("capacity", [512, 1024, 2048, 4096])
+def test_one_touch_capacity_target_keeps_the_working_set_fraction(capacity):
+    lines = gen("one-touch", capacity_target=capacity)
+    victims = [r for r in requests(lines) if r["role"] == "victim"]
+    hot = {r["prefix"] for r in victims}
+    assert len(hot) == 4 * capacity // 512
+    per_prefix = {len(r["blocks"]) for r in victims}
+    assert per_prefix == {96 + 2}
+    fraction = len(hot) * 98 / (capacity - 1)
+    assert fraction == pytest.approx(0.766, abs=0.002)
+    d = lines[0]["generator"]["derived"]
+    w = d["attack_window_s"]
+    w512 = gen("one-touch")[0]["generator"]["derived"]["attack_window_s"]
+    assert w[1] - w[0] == pytest.approx(w512[1] - w512[0])          # fixed in requests
+    assert d["attack_rate_per_s"] * (w[1] - w[0]) == pytest.approx(240)
+    if capacity != 512:
+        assert lines[0]["generator"]["params"]["capacity_target"] == capacity
+        assert d["victim_working_set_fraction"] == pytest.approx(fraction, abs=1e-6)
+        # every hot prefix is read before the attack as often as at 512 blocks
+        warm = [r for r in victims if r["t"] < w[0]]
+        assert all(r.get("measure") is False for r in warm)
+        assert len(warm) / len(hot) > 10
+
+
+def _conversations(lines):
+    convs: dict[str, list[dict]] = {}
+    for r in requests(lines):
+        convs.setdefault(r["prefix"], []).append(r)
+    return convs
+
+
+@pytest.mark.parametrize("kind", ["sharegpt", "sharegpt-bursty"])
+def test_sharegpt_turns_share_the_previous_prompt_as_prefix(kind):
+    lines = gen(kind)
+    convs = _conversations(lines)
+    assert len(convs) == 200
+    turns = [len(c) for c in convs.values()]
+    assert max(turns) <= 8 and 2.5 <= sum(turns) / len(turns) <= 4.5
+    shared = 0
+    for c in convs.values():
+        assert len({(r["group"], r["contract"]) for r in c}) == 1
+        for prev, cur in zip(c, c[1:]):
+            assert cur["t"] > prev["t"]
+            assert cur["blocks"][:len(prev["blocks"])] == prev["blocks"]
+            prev_tokens = 16 * len(prev["blocks"]) + prev["tail"]
+            cur_tokens = 16 * len(cur["blocks"]) + cur["tail"]
+            # the previous answer and a new message follow the previous prompt
+            assert cur_tokens >= prev_tokens + prev["out"] + 1
+            # only the previous prompt's full blocks are shared: the next block is new
+            if len(cur["blocks"]) > len(prev["blocks"]):
+                assert cur["blocks"][len(prev["blocks"])] not in prev["blocks"]
+            shared += len(prev["blocks"])
+        assert 16 * len(c[-1]["blocks"]) + c[-1]["tail"] + c[-1]["out"] <= 4096
+    assert shared > 0
+    tenants = lines[0]["groups"]
+    assert {g: v["contracts"] for g, v in tenants.items()} == {
+        "tenant-0": ["critical"], "tenant-1": ["standard"], "tenant-2": ["standard"],
+        "tenant-3": ["best-effort"]}
+    d = lines[0]["generator"]["derived"]
+    assert d["request_rate_per_s"] * d["mean_blocks_x_hold_s"] == pytest.approx(0.6 * 511,
+                                                                                 rel=1e-5)
+
+
+def test_sharegpt_bursty_is_the_same_conversations_in_bursts():
+    plain, bursty = gen("sharegpt"), gen("sharegpt-bursty")
+    key = lambda r: r["id"]   # noqa: E731
+    strip = lambda r: {k: v for k, v in r.items() if k != "t"}   # noqa: E731
+    assert ([strip(r) for r in sorted(requests(plain), key=key)]
+            == [strip(r) for r in sorted(requests(bursty), key=key)])
+    starts = [c[0]["t"] for c in _conversations(bursty).values()]
+    assert all(t % 20.0 <= 2.0 + 1e-6 for t in starts)
+    plain_starts = [c[0]["t"] for c in _conversations(plain).values()]
+    assert sum(t % 20.0 > 2.0 for t in plain_starts) > 100
+    # later turns keep their offsets from the conversation's start
+    for a, b in zip(_conversations(plain).values(), _conversations(bursty).values()):
+        assert [r["t"] - a[0]["t"] for r in a] == pytest.approx(
+            [r["t"] - b[0]["t"] for r in b], abs=2e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(NEW))
+def test_replay_gate_passes(tmp_path, kind):
+    path = tmp_path / "t.jsonl"
+    write_trace(path, gen(kind))
+    result = replay(ReplayConfig(trace=str(path), baseline="lru", candidate="prefixshield",
+                                 capacity=512, out=tmp_path / "out"))
+    assert result.passed, result.receipt["gate"]
+    for run in result.receipt["runs"].values():
+        assert run["aborted"] is None
+        assert all(v["holds"] for v in run["invariants"].values())
+        assert run["metrics"]["totals"]["evictions"] > 0
+        assert run["metrics"]["totals"]["rejected"] == 0
+    assert {"I1", "I2"} <= set(result.receipt["runs"]["candidate"]["invariants"])
