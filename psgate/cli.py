@@ -31,6 +31,7 @@ from psgate.report.html import write_report
 from psgate.report.verify import verify as verify_receipt
 from psgate.trace.importers import import_trace
 from psgate.trace.reader import Limits
+from psgate.trace.stats import trace_stats
 from psgate.trace.redact import key_fingerprint, load_key, redact_lines
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate as generate_workload
@@ -355,6 +356,30 @@ def trace_redact(
     write_trace(output, redact_lines(raw, block_size, key))
     err.print(f"{output}: redacted (key fingerprint {key_fingerprint(key)})")
     _emit({"trace": str(output), "key_fingerprint": key_fingerprint(key)})
+
+
+@trace_app.command("stats")
+def trace_stats_cmd(
+    trace: Annotated[str, typer.Argument(help="psgate-trace v1 file, or bundled:NAME")],
+    json: Annotated[bool, typer.Option("--json", help="the statistics as JSON on stdout")] = False,
+) -> None:
+    """Requests, blocks, reuse distances, infinite-cache hit ratio, creation pressure."""
+    st = trace_stats(trace)
+    t = Table(title=f"{trace}: {st['requests']} requests, {st['groups']} groups, "
+                    f"{st['scopes']} scopes, block size {st['block_size']}")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    for k in ("block_references", "unique_blocks", "span_s", "infinite_cache_hit_ratio"):
+        t.add_row(k.replace("_", " "), _fmt(st[k]))
+    for r in st["reuse_distance_profile"]:
+        t.add_row(f"reuse distance [{r['distance_ge']}, {r['distance_lt']})", str(r["references"]))
+    for g, v in st["per_group"].items():
+        t.add_row(f"group {g} ({v['contract']}): created blocks/s vs refill",
+                  f"{v['creation_rate_blocks_per_s']} / {_fmt(v['refill_blocks_per_s'])} "
+                  f"= {_fmt(v['creation_pressure_ratio'])}")
+    err.print(t)
+    if json:
+        _emit(st)
 
 
 @trace_app.command("kinds")
