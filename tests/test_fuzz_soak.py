@@ -107,6 +107,21 @@ def test_fuzz_counts_reported():
     assert TRIED["trace"] >= min(EXAMPLES, 100) and TRIED["gate"] >= min(EXAMPLES, 100)
 
 
+def test_huge_times_are_input_errors(tmp_path):
+    """Found by the long fuzz run: 1.8e299 s overflowed the nanosecond conversion."""
+    for field in ("t", "done_t", "priority_until"):
+        lines = [dict(x) for x in VALID[:2]]
+        lines[1][field] = 1.797693134862316e+299
+        p = tmp_path / f"{field}.jsonl"
+        p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        try:
+            validate_trace(str(p))
+        except InputError as exc:
+            assert f"{field}.jsonl:2: field '{field}'" in str(exc)
+        else:
+            raise AssertionError(f"{field} accepted")
+
+
 def test_limits_are_clear_errors(tmp_path):
     for opt, val, needle in (("--max-blocks-per-request", 40, "more than the cap of 40"),
                              ("--max-in-flight", 2, "more than 2 requests admitted or waiting"),

@@ -31,6 +31,7 @@ from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestE
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS_PER_REQUEST = 1 << 20
+MAX_TIME_S = 1e12          # about 31,700 years: times become integer nanoseconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +259,8 @@ class TraceReader:
                 raise err("missing", "t")
             if not _is_number(t):
                 raise err(f"expected a finite number of seconds, found {_type_name(t)}", "t")
-            if t < 0:
-                raise err(f"expected a time >= 0, found {t}", "t")
+            if t < 0 or t > MAX_TIME_S:
+                raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {t}", "t")
             t_ns = seconds_to_ns(t)
             if t_ns < last_t:
                 raise err(f"time goes backwards: {t} is earlier than the previous event", "t")
@@ -373,12 +374,13 @@ class TraceReader:
             ev.priority = obj["priority"]
         if "priority_until" in obj:
             v = obj["priority_until"]
-            if not _is_number(v) or v < 0:
-                raise err(f"expected a time >= 0 in seconds, found {v!r:.40}", "priority_until")
+            if not _is_number(v) or v < 0 or v > MAX_TIME_S:
+                raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {v!r:.40}",
+                          "priority_until")
             ev.priority_until_ns = seconds_to_ns(v)
         if "done_t" in obj:
             v = obj["done_t"]
-            if not _is_number(v) or v < t:
+            if not _is_number(v) or v < t or v > MAX_TIME_S:
                 raise err(f"expected a time >= t ({t}), found {v!r:.40}", "done_t")
             ev.done_ns = seconds_to_ns(v)
         if "prefill_ms" in obj:
