@@ -262,15 +262,10 @@ def _blocks(tokens: int, bs: int) -> int:
 
 # -- steady ------------------------------------------------------------------------
 
-@register_generator("steady", "tenants re-read stable hot system prompts at steady Poisson "
-                    "rates, no attacker (a no-regression baseline)", STEADY_DEFAULTS)
-def steady(**overrides) -> list[dict]:
-    kind = "steady"
-    p = _params(kind, STEADY_DEFAULTS, overrides)
-    _positive(p, "block_size", "tenants", "prompts_per_tenant", "prefix_tokens",
-              "rate_per_tenant", "duration_s")
-    _nonneg(p, "suffix_min_tokens", "out", "warmup_s")
-    _ordered(p, "suffix_min_tokens", "suffix_max_tokens")
+def _hot_prompt_tenants(kind: str, p: dict, scope_of):
+    """Tenants re-reading their own hot prompts with short unique questions, Poisson
+    arrivals; the scope of each request is ``scope_of(t)``. Shared by steady and
+    revision-rollover."""
     bs = p["block_size"]
     ev = _Events()
     groups = {}
@@ -285,8 +280,22 @@ def steady(**overrides) -> list[dict]:
             rid = f"{group}-{i}"
             n = rng.randint(p["suffix_min_tokens"], p["suffix_max_tokens"])
             blocks, tail = _prompt(hot[k], p["prefix_tokens"], f"q/{rid}", n, bs)
-            ev.add(_request(t, rid, group, contract, "m", blocks, tail, p["out"],
+            ev.add(_request(t, rid, group, contract, scope_of(t), blocks, tail, p["out"],
                             f"{group}-sys-{k}", "benign", measure=t >= p["warmup_s"]))
+    return ev, groups
+
+
+@register_generator("steady", "tenants re-read stable hot system prompts at steady Poisson "
+                    "rates, no attacker (a no-regression baseline)", STEADY_DEFAULTS)
+def steady(**overrides) -> list[dict]:
+    kind = "steady"
+    p = _params(kind, STEADY_DEFAULTS, overrides)
+    _positive(p, "block_size", "tenants", "prompts_per_tenant", "prefix_tokens",
+              "rate_per_tenant", "duration_s")
+    _nonneg(p, "suffix_min_tokens", "out", "warmup_s")
+    _ordered(p, "suffix_min_tokens", "suffix_max_tokens")
+    bs = p["block_size"]
+    ev, groups = _hot_prompt_tenants(kind, p, lambda t: "m")
     derived = {"working_set_blocks": p["tenants"] * p["prompts_per_tenant"]
                * _blocks(p["prefix_tokens"], bs)}
     return ev.lines(_header(kind, p, groups, derived))
@@ -488,23 +497,9 @@ def revision_rollover(**overrides) -> list[dict]:
     _need(p["old_scope"] != p["new_scope"], "new_scope", "a scope other than old_scope",
           p["new_scope"])
     bs = p["block_size"]
-    ev = _Events()
-    groups = {}
-    for g in range(p["tenants"]):
-        group, contract = f"tenant-{g}", CONTRACT_CYCLE[g % 3]
-        groups[group] = contract
-        # The same text under both revisions: equal hashes, different scopes.
-        hot = [_hot(f"{group}-sys-{k}", p["prefix_tokens"], bs)
-               for k in range(p["prompts_per_tenant"])]
-        rng = _rng(kind, p["seed"], group)
-        for i, t in enumerate(poisson(rng, 0.0, p["duration_s"], p["rate_per_tenant"])):
-            k = rng.randrange(p["prompts_per_tenant"])
-            rid = f"{group}-{i}"
-            n = rng.randint(p["suffix_min_tokens"], p["suffix_max_tokens"])
-            blocks, tail = _prompt(hot[k], p["prefix_tokens"], f"q/{rid}", n, bs)
-            scope = p["new_scope"] if _t(t) >= p["rollover_s"] else p["old_scope"]
-            ev.add(_request(t, rid, group, contract, scope, blocks, tail, p["out"],
-                            f"{group}-sys-{k}", "benign", measure=t >= p["warmup_s"]))
+    # The same text under both revisions: equal hashes, different scopes.
+    ev, groups = _hot_prompt_tenants(
+        kind, p, lambda t: p["new_scope"] if _t(t) >= p["rollover_s"] else p["old_scope"])
     ws = p["tenants"] * p["prompts_per_tenant"] * _blocks(p["prefix_tokens"], bs)
     derived = {"working_set_blocks_per_scope": ws}
     return ev.lines(_header(kind, p, groups, derived))
