@@ -14,12 +14,9 @@ from pathlib import Path
 
 import orjson
 
-from psgate.engines.sim import NullRecorder, SimEngine
+from psgate.engines.sim import NullRecorder
 from psgate.errors import InputError
-from psgate.policies import make_policy
-from psgate.report.receipts import config_from_receipt, load_receipt
-from psgate.api import contract_table
-from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+from psgate.report.receipts import load_receipt, prepare_replay, replay_run
 
 SEGMENT_ORDER = "Probationary, then Normal, then Reuse"
 
@@ -95,10 +92,10 @@ class _Stop(Exception):
 class _StopAt(NullRecorder):
     """Counts ledger rows as the ledger writer would, and stops at the target one."""
 
-    def __init__(self, seq: int, engine_ref: list, hits: bool) -> None:
+    def __init__(self, seq: int, hits: bool) -> None:
         self.seq = 0
         self.target = seq
-        self.engine_ref = engine_ref
+        self.engine = None          # set by replay_run
         self.hits = hits
 
     def hit(self, *a) -> None:
@@ -113,7 +110,7 @@ class _StopAt(NullRecorder):
     def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
         self._tick()
         if self.seq == self.target:
-            eng = self.engine_ref[0]
+            eng = self.engine
             names = eng.hashes.names
             cands = [(b, names[eng.key[b] & 0xFFFFFFFF], eng.group_names[eng.owner[b]])
                      for b in eng.policy.candidates()]
@@ -123,25 +120,9 @@ class _StopAt(NullRecorder):
 def candidates_at(receipt: dict, run: str, seq: int, trace: str | None = None
                   ) -> list[tuple[int, str, str]]:
     """Replay ``run`` up to ledger row ``seq`` and return the policy's candidates then."""
-    cfg = config_from_receipt(receipt, Path("."), trace=trace)
-    name = cfg.baseline if run == "baseline" else cfg.candidate
-    params = cfg.baseline_params if run == "baseline" else cfg.candidate_params
-    policy = make_policy(name, params)
-    hashes = HashTable()
-    header, summary = validate_trace(cfg.trace, hashes)
-    ref: list = []
-    rec = _StopAt(seq, ref, cfg.ledger_hits)
-    engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity, policy=policy,
-                       contracts=contract_table(cfg.contracts, [policy]),
-                       done_ids=summary.done_ids, cost=cfg.cost, recorder=rec, label=run,
-                       trace_path=receipt["trace"]["path"], groups=summary.groups)
-    ref.append(engine)
-    if policy.needs_future:
-        from psgate.trace.future import future_uses
-        policy.set_future(future_uses(TraceSource.resolve(cfg.trace), hashes))
+    prepared = prepare_replay(receipt, trace)
     try:
-        with TraceReader(TraceSource.resolve(cfg.trace), hashes) as reader:
-            engine.run(reader.events())
+        replay_run(receipt, prepared, run, _StopAt(seq, prepared[0].ledger_hits))
     except _Stop as stop:
         return stop.candidates
     raise InputError(f"the replay never reached decision {seq} of the {run} run")

@@ -14,12 +14,9 @@ import html
 import io
 from pathlib import Path
 
-from psgate.api import contract_table
-from psgate.engines.sim import NullRecorder, SimEngine
+from psgate.engines.sim import NullRecorder
 from psgate.errors import EngineUnavailable, InputError, PsgateError
-from psgate.policies import make_policy
-from psgate.report.receipts import config_from_receipt, load_receipt
-from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+from psgate.report.receipts import load_receipt, prepare_replay, replay_run
 
 RUNS = ("baseline", "candidate")
 MAX_SAMPLES = 400
@@ -65,27 +62,12 @@ class _Sampler(NullRecorder):
 
 
 def sample_series(receipt: dict, trace: str | None) -> dict[str, _Sampler]:
-    cfg = config_from_receipt(receipt, Path("."), trace=trace)
-    hashes = HashTable()
-    header, summary = validate_trace(cfg.trace, hashes)
+    prepared = prepare_replay(receipt, trace)
     out = {}
     for run in RUNS:
-        name = cfg.baseline if run == "baseline" else cfg.candidate
-        params = cfg.baseline_params if run == "baseline" else cfg.candidate_params
-        policy = make_policy(name, params)
         admitted = receipt["runs"][run]["counts"].get("admitted", 1)
-        sampler = _Sampler(max(1, admitted // MAX_SAMPLES))
-        if policy.needs_future:
-            from psgate.trace.future import future_uses
-            policy.set_future(future_uses(TraceSource.resolve(cfg.trace), hashes))
-        engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity, policy=policy,
-                           contracts=contract_table(cfg.contracts, [policy]),
-                           done_ids=summary.done_ids, cost=cfg.cost, recorder=sampler,
-                           label=run, trace_path=receipt["trace"]["path"], groups=summary.groups)
-        sampler.engine = engine
-        with TraceReader(TraceSource.resolve(cfg.trace), hashes) as reader:
-            engine.run(reader.events())
-        out[run] = sampler
+        out[run] = sampler = _Sampler(max(1, admitted // MAX_SAMPLES))
+        replay_run(receipt, prepared, run, sampler)
     return out
 
 

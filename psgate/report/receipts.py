@@ -8,11 +8,14 @@ from pathlib import Path
 
 import orjson
 
-from psgate.api import ReplayConfig
+from psgate.api import ReplayConfig, contract_table
 from psgate.engines.cost import CostModel
+from psgate.engines.sim import SimEngine
 from psgate.errors import InputError
+from psgate.policies import make_policy
 from psgate.resources import BUNDLED_PREFIX
-from psgate.trace.reader import Limits
+from psgate.trace.future import future_uses
+from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, validate_trace
 
 
 def load_receipt(directory: str | Path) -> dict:
@@ -73,3 +76,32 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
         ledger_hits=cfg.get("ledger_hits", False), cost=cost,
         trace_label=receipt["trace"]["path"], limits=Limits(**cfg.get("limits", {})),
         gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)
+
+
+def prepare_replay(receipt: dict, trace: str | None = None):
+    """The receipt's configuration and its trace validated once: (cfg, header, summary,
+    hashes), for any number of ``replay_run`` calls."""
+    cfg = config_from_receipt(receipt, Path("."), trace=trace)
+    hashes = HashTable()
+    header, summary = validate_trace(cfg.trace, hashes, cfg.limits)
+    return cfg, header, summary, hashes
+
+
+def replay_run(receipt: dict, prepared, run: str, recorder):
+    """Replay one run of a receipt with ``recorder``; it gets ``recorder.engine`` before
+    the first event, so it can look at the pool while the replay goes on."""
+    cfg, header, summary, hashes = prepared
+    name = cfg.baseline if run == "baseline" else cfg.candidate
+    params = cfg.baseline_params if run == "baseline" else cfg.candidate_params
+    policy = make_policy(name, params)
+    src = TraceSource.resolve(cfg.trace)
+    if policy.needs_future:
+        policy.set_future(future_uses(src, hashes))
+    engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity, policy=policy,
+                       contracts=contract_table(cfg.contracts, [policy]),
+                       done_ids=summary.done_ids, cost=cfg.cost, recorder=recorder, label=run,
+                       trace_path=receipt["trace"]["path"], groups=summary.groups,
+                       max_in_flight=cfg.limits.max_in_flight)
+    recorder.engine = engine
+    with TraceReader(src, hashes, cfg.limits) as reader:
+        return engine.run(reader.events())
