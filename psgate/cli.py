@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from psgate import __version__, api
-from psgate.engines.cost import CostModel
+from psgate.engines.cost import CostModel, load_cost_model
 from psgate.errors import EXIT_BAD_INPUT, InputError, PsgateError
 from psgate.policies import policy_class, policy_names
 from psgate.receipt.gate import load_gate_file
@@ -60,7 +60,12 @@ def _params(items: list[str] | None, option: str) -> dict:
     return out
 
 
-def _cost(items: list[str] | None) -> CostModel:
+def _cost(items: list[str] | None, model_file: str | None = None) -> CostModel:
+    if model_file is not None:
+        if items:
+            raise InputError("--cost-param and --cost-model are exclusive: a calibrated file "
+                             "is used as measured", path="--cost-param")
+        return load_cost_model(model_file)
     params = _params(items, "--cost-param")
     known = {f.name for f in dataclasses.fields(CostModel)}
     for k, v in params.items():
@@ -117,6 +122,7 @@ def replay(
     baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE")] = None,
     candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
+    cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file (psgate calibrate)")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="also write the gate checks as JUnit XML")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the receipt's gate and metrics as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option(help="no summary table on stderr")] = False,
@@ -130,7 +136,8 @@ def replay(
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
         paranoid=paranoid, ledger_hits=ledger_hits,
         baseline_params=_params(baseline_param, "--baseline-param"),
-        candidate_params=_params(candidate_param, "--candidate-param"), cost=_cost(cost_param),
+        candidate_params=_params(candidate_param, "--candidate-param"),
+        cost=_cost(cost_param, cost_model),
         limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight))
     result = api.replay(cfg, progress=None if quiet else _progress_factory())
     if junit:
@@ -306,12 +313,14 @@ def trace_gen(
     output: Annotated[Path, typer.Option("-o", "--output", help="trace file to write")],
     seed: Annotated[Optional[int], typer.Option(help="random seed (default: the kind's)")] = None,
     param: Annotated[Optional[list[str]], typer.Option(help="generator parameter KEY=VALUE")] = None,
+    cost_model: Annotated[Optional[str], typer.Option(help="derive arrival rates (C_prefill) from this calibrated cost-model file")] = None,
 ) -> None:
     """Write a seeded, deterministic psgate-trace v1 of a registered workload."""
     params = _params(param, "--param")
     if seed is not None:
         params["seed"] = seed
-    lines = generate_workload(kind, params)
+    cost = load_cost_model(cost_model) if cost_model is not None else None
+    lines = generate_workload(kind, params, cost=cost)
     write_trace(output, lines)
     n = sum(1 for x in lines[1:] if x.get("op") == "request")
     err.print(f"{output}: {kind}, {n} requests")
@@ -397,6 +406,68 @@ def trace_kinds(json: Annotated[bool, typer.Option("--json", help="machine-reada
     for g in gens.values():
         t.add_row(g.kind, g.summary, ", ".join(f"{k}={v}" for k, v in g.defaults.items()))
     Console().print(t)
+
+
+def _int_list(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, found '{text}'",
+                         path=option) from None
+
+
+@app.command()
+def calibrate(
+    model_config: Annotated[str, typer.Option(help="Hugging Face style config.json (or its directory); weights are random, nothing is downloaded")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="cost-model file to write")],
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="float32 (cpu default), bfloat16 (cuda default) or float16")] = None,
+    form: Annotated[str, typer.Option(help="linear (DESIGN section 3) or attention (adds u^2 and u*c terms)")] = "attention",
+    cached: Annotated[Optional[str], typer.Option(help="cached-prefix sizes, e.g. 0,512,2048 (default: the device's grid)")] = None,
+    uncached: Annotated[Optional[str], typer.Option(help="new-token sizes, e.g. 64,256,1024")] = None,
+    decode_context: Annotated[Optional[str], typer.Option(help="context lengths for the per-output-token time")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="untimed passes per point")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="timed passes per point (the median is kept)")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: torch's)")] = None,
+    name: Annotated[Optional[str], typer.Option(help="model name in the file (default: the config's directory)")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
+    quiet: Annotated[bool, typer.Option(help="no summary on stderr")] = False,
+) -> None:
+    """Measure prefill and decode times on this machine and fit a cost-model file."""
+    from psgate.calibrate.run import CalibrateConfig, calibrate as run_calibration, summary
+
+    cfg = CalibrateConfig(model_config=model_config, device=device, dtype=dtype, out=output,
+                          form=form, cached=_int_list(cached, "--cached"),
+                          uncached=_int_list(uncached, "--uncached"),
+                          decode=_int_list(decode_context, "--decode-context"), warmup=warmup,
+                          repeats=repeats, threads=threads, name=name, force=force)
+    progress = None
+    if err.is_terminal and not quiet:
+        bar = Progress(TextColumn("timing"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                       console=err, transient=True)
+        bar.start()
+        task = bar.add_task("timing", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if done == total:
+                bar.stop()
+    doc = run_calibration(cfg, progress=progress)
+    info = summary(doc)
+    if not quiet:
+        fit = doc["fit"]
+        err.print(f"{output}: {doc['model']['name']} {doc['dtype']} on {doc['device']['name']}: "
+                  f"prefill = {fit['fixed_ms']:.3g} ms + {fit['per_uncached_token_ms']:.3g} ms/uncached "
+                  f"+ {fit['per_cached_token_ms']:.3g} ms/cached"
+                  + (f" + {fit['per_uncached_token_sq_ms']:.3g} u^2 + {fit['per_uncached_cached_token_ms']:.3g} u*c"
+                     if fit["form"] == "attention" else "")
+                  + f"; {fit['per_output_token_ms']:.3g} ms per output token")
+        err.print(f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
+                  f"(max {fit['holdout_max_rel_error']:.1%}, {fit['num_holdout_points']} points); "
+                  f"C_prefill at 1,536 tokens: {info['c_prefill_1536_per_s']:.3g} requests/s")
+    _emit({"cost_model": str(output), **info})
 
 
 @app.command()

@@ -14,10 +14,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
 
 from psgate.errors import InputError
-from psgate.resources import load_schema
+from psgate.resources import first_schema_error
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
        "==": operator.eq, "!=": operator.ne}
@@ -52,13 +51,9 @@ def load_gate_file(path: str) -> GateSpec:
     if not doc.get("check"):
         raise InputError("a gate file needs at least one [[check]] table; found none",
                          path=path)
-    validator = jsonschema.Draft202012Validator(load_schema("gate"))
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e.absolute_path)
-        loc = loc.lstrip(".") or "(top level)"
-        raise InputError(f"{e.message}", path=path, field=loc)
+    found = first_schema_error(doc, "gate")
+    if found:
+        raise InputError(found[1], path=path, field=found[0])
     checks = []
     for i, c in enumerate(doc["check"]):
         c = {"select": "run", "run": "candidate", "delta": 0, **c}

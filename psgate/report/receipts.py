@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -66,8 +65,7 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
     if cfg.get("gate_file"):
         gate_path = _resolve(cfg["gate_file"]["path"], env.get("gate_abspath"), gate, "gate",
                              cfg["gate_file"]["sha256"])
-    cost_fields = {f.name for f in dataclasses.fields(CostModel)}
-    cost = CostModel(**{k: v for k, v in cfg["cost_model"].items() if k in cost_fields})
+    cost = CostModel.from_json(cfg["cost_model"])
     return ReplayConfig(
         trace=trace_path, baseline=cfg["baseline"]["name"], candidate=cfg["candidate"]["name"],
         baseline_params=cfg["baseline"]["params"], candidate_params=cfg["candidate"]["params"],

@@ -37,6 +37,19 @@ def poisson(rng: random.Random, start: float, end: float, rate: float) -> Iterat
         yield t
 
 
+def cost_or_default(cost: CostModel | None) -> CostModel:
+    return cost if cost is not None else CostModel()
+
+
+def cost_provenance(cost: CostModel) -> dict:
+    """For a header's ``derived``: which calibrated file set the rates (nothing for the
+    defaults, so default traces stay byte-identical)."""
+    if cost.origin is None:
+        return {}
+    return {"cost_model": {k: cost.origin[k] for k in ("name", "sha256", "model", "dtype",
+                                                       "device")}}
+
+
 def unique_prefill_rate(cost: CostModel, prompt_tokens: int, n: int = 32) -> float:
     """C_prefill: requests/s when ``n`` distinct-prefix requests of ``prompt_tokens``
     (no hits) are served back to back by one FIFO prefill server under ``cost``."""

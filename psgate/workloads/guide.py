@@ -83,7 +83,8 @@ from psgate.engines.cost import CostModel
 from psgate.errors import InputError
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
-from psgate.workloads.common import SYNTHETIC_HASHING, chain, poisson, unique_prefill_rate
+from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
+                                     poisson, unique_prefill_rate)
 
 CONTRACT_CYCLE = ("critical", "standard", "best-effort")
 
@@ -643,8 +644,8 @@ def cancellation(**overrides) -> list[dict]:
 # -- cold ----------------------------------------------------------------------------
 
 @register_generator("cold", "no reuse at all: every prompt unique, nothing can hit",
-                    COLD_DEFAULTS)
-def cold(**overrides) -> list[dict]:
+                    COLD_DEFAULTS, uses_cost=True)
+def cold(cost: CostModel | None = None, **overrides) -> list[dict]:
     kind = "cold"
     p = _params(kind, COLD_DEFAULTS, overrides)
     _positive(p, "block_size", "tenants", "rate", "prompt_min_tokens", "duration_s")
@@ -661,7 +662,7 @@ def cold(**overrides) -> list[dict]:
         blocks, tail = _prompt([], 0, f"cold/{rid}", n, bs)
         ev.add(_request(t, rid, f"tenant-{g}", groups[f"tenant-{g}"], "m", blocks, tail,
                         p["out"], f"cold-{i}", "benign"))
-    c_prefill = unique_prefill_rate(CostModel(), (p["prompt_min_tokens"]
-                                                  + p["prompt_max_tokens"]) // 2)
-    derived = {"c_prefill_per_s": round(c_prefill, 6)}
+    cost = cost_or_default(cost)
+    c_prefill = unique_prefill_rate(cost, (p["prompt_min_tokens"] + p["prompt_max_tokens"]) // 2)
+    derived = {"c_prefill_per_s": round(c_prefill, 6), **cost_provenance(cost)}
     return ev.lines(_header(kind, p, groups, derived))

@@ -44,7 +44,8 @@ from psgate.engines.cost import CostModel
 from psgate.errors import InputError
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
-from psgate.workloads.common import SYNTHETIC_HASHING, chain, poisson, unique_prefill_rate
+from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
+                                     poisson, unique_prefill_rate)
 
 PAPER_CAPACITY = 512                 # configured blocks the load model assumes
 PAPER_USABLE = PAPER_CAPACITY - 1    # one is vLLM's null block
@@ -176,8 +177,8 @@ def _scaled_hot_prefixes(p: dict) -> int:
 
 
 @register_generator("one-touch", "victim re-reads 4 hot 1,536-token prefixes while an attacker "
-                    "floods unseen prefixes (paper)", ONE_TOUCH_DEFAULTS)
-def one_touch(**overrides) -> list[dict]:
+                    "floods unseen prefixes (paper)", ONE_TOUCH_DEFAULTS, uses_cost=True)
+def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
     """One-touch (the paper's headline trace).
 
     ``capacity_target`` (Fig. 2 scaling; default 512 leaves the output byte-identical): the
@@ -195,7 +196,7 @@ def one_touch(**overrides) -> list[dict]:
         f"'capacity_target' must be an integer >= 2, found {p['capacity_target']!r}")
     rng = random.Random(p["seed"])
     bs = p["block_size"]
-    cost = CostModel()
+    cost = cost_or_default(cost)
     c_prefill = unique_prefill_rate(cost, p["prefix_tokens"] + p["suffix_tokens"])
     victim_rate = p["alpha"] * c_prefill
     attack_rate = min(0.75 * c_prefill, 1.15 * p["alpha"] * c_prefill)
@@ -220,7 +221,8 @@ def one_touch(**overrides) -> list[dict]:
     derived = {"c_prefill_per_s": round(c_prefill, 6),
                "victim_rate_per_s": round(victim_rate, 6),
                "attack_rate_per_s": round(attack_rate, 6),
-               "attack_window_s": [round(attack_start, 6), round(attack_end, 6)]}
+               "attack_window_s": [round(attack_start, 6), round(attack_end, 6)],
+               **cost_provenance(cost)}
     if p["capacity_target"] != PAPER_CAPACITY:
         ws = n_hot * (prefix_blocks + p["suffix_tokens"] // bs)
         derived.update({"hot_prefixes": n_hot, "warmup_s": round(warmup_s, 6),
@@ -264,7 +266,8 @@ def borrowing(**overrides) -> list[dict]:
     return [header] + [e[1] for e in events]
 
 
-def _slow_attack(kind: str, p: dict, attacker_request) -> tuple[list[tuple], dict]:
+def _slow_attack(kind: str, p: dict, attacker_request,
+                 cost: CostModel | None) -> tuple[list[tuple], dict]:
     """Shared body of low-and-slow and two-pass-replay: one-touch's victim (own stream),
     an attacker at ``rate_fraction`` of one-touch's attack rate for ``attack_requests``
     requests (a window 1/rate_fraction times longer); ``attacker_request(i, t)`` makes
@@ -274,7 +277,8 @@ def _slow_attack(kind: str, p: dict, attacker_request) -> tuple[list[tuple], dic
            f"'rate_fraction' must be in (0, 1], found {p['rate_fraction']!r}")
     rng = _streams(p["seed"])
     bs = p["block_size"]
-    c_prefill = unique_prefill_rate(CostModel(), p["prefix_tokens"] + p["suffix_tokens"])
+    cost = cost_or_default(cost)
+    c_prefill = unique_prefill_rate(cost, p["prefix_tokens"] + p["suffix_tokens"])
     victim_rate = p["alpha"] * c_prefill
     one_touch_rate = min(0.75 * c_prefill, 1.15 * p["alpha"] * c_prefill)
     attack_rate = p["rate_fraction"] * one_touch_rate
@@ -291,13 +295,14 @@ def _slow_attack(kind: str, p: dict, attacker_request) -> tuple[list[tuple], dic
                "victim_rate_per_s": round(victim_rate, 6),
                "one_touch_attack_rate_per_s": round(one_touch_rate, 6),
                "attack_rate_per_s": round(attack_rate, 6),
-               "attack_window_s": [round(attack_start, 6), round(attack_end, 6)]}
+               "attack_window_s": [round(attack_start, 6), round(attack_end, 6)],
+               **cost_provenance(cost)}
     return events, derived
 
 
 @register_generator("low-and-slow", "one-touch's attack volume at a quarter of its rate over a "
-                    "four times longer window (paper)", LOW_AND_SLOW_DEFAULTS)
-def low_and_slow(**overrides) -> list[dict]:
+                    "four times longer window (paper)", LOW_AND_SLOW_DEFAULTS, uses_cost=True)
+def low_and_slow(cost: CostModel | None = None, **overrides) -> list[dict]:
     """Low-and-slow: the same total pressure as one-touch (``attack_requests`` = 240 unseen
     1,536-token prefixes, each seen once) at ``rate_fraction`` (0.25) of one-touch's attack
     rate, so the window is four times longer (about 138 s instead of 34 s); the victim is
@@ -312,7 +317,7 @@ def low_and_slow(**overrides) -> list[dict]:
                         chain(f"attack-{i}", n_attack), p["attack_tokens"] % bs,
                         p["attack_out"], f"attack-{i}", "attacker")
 
-    events, derived = _slow_attack("low-and-slow", p, attacker)
+    events, derived = _slow_attack("low-and-slow", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(derived["attack_rate_per_s"] * n_attack, 6)
     header = header_line(bs, hashing=SYNTHETIC_HASHING,
                          source="psgate workload low-and-slow (PrefixShield paper)",
@@ -322,8 +327,9 @@ def low_and_slow(**overrides) -> list[dict]:
 
 
 @register_generator("two-pass-replay", "attacker admits sets of unseen prefixes, then replays "
-                    "each set to fake reuse while in debt (paper)", TWO_PASS_DEFAULTS)
-def two_pass_replay(**overrides) -> list[dict]:
+                    "each set to fake reuse while in debt (paper)", TWO_PASS_DEFAULTS,
+                    uses_cost=True)
+def two_pass_replay(cost: CostModel | None = None, **overrides) -> list[dict]:
     """Two-pass replay: low-and-slow's schedule (``rate_fraction`` 0.25 of one-touch's rate,
     ``attack_requests`` = 240 requests), but the attacker works in rounds of
     2 x ``replay_set`` requests: pass 1 admits ``replay_set`` unseen prefixes, pass 2
@@ -351,7 +357,7 @@ def two_pass_replay(**overrides) -> list[dict]:
         r["pass"] = 1 if pos < s else 2
         return r
 
-    events, derived = _slow_attack("two-pass-replay", p, attacker)
+    events, derived = _slow_attack("two-pass-replay", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(
         derived["attack_rate_per_s"] * n_attack / 2, 6)
     header = header_line(bs, hashing=SYNTHETIC_HASHING,
@@ -498,7 +504,8 @@ def _lognormal_tokens(rng: random.Random, mean: float, sigma: float, cap: int) -
                                                     sigma))))
 
 
-def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None) -> list[dict]:
+def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
+              cost: CostModel | None) -> list[dict]:
     _check_positive(kind, p, "block_size", "conversations", "min_turns", "max_turns",
                     "mean_turns", "user_mean_tokens", "user_sigma", "user_max_tokens",
                     "answer_mean_tokens", "answer_sigma", "answer_max_tokens",
@@ -514,7 +521,7 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None) -> list[dic
            "'tenant_contracts' must be a non-empty list of contract names")
     bs = p["block_size"]
     rng = _streams(p["seed"])
-    cost = CostModel()
+    cost = cost_or_default(cost)
     shapes = rng["shapes"]
     stop = 1.0 / (p["mean_turns"] - p["min_turns"] + 1)   # geometric extra turns, capped
     convs = []
@@ -575,7 +582,7 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None) -> list[dic
                "mean_blocks_x_hold_s": round(occupancy, 6),
                "request_rate_per_s": round(request_rate, 6),
                "conversation_rate_per_s": round(conv_rate, 6),
-               "max_hit_fraction": round(max_hit, 6)}
+               "max_hit_fraction": round(max_hit, 6), **cost_provenance(cost)}
     header = header_line(bs, hashing=SYNTHETIC_HASHING,
                          source=f"psgate workload {kind} (PrefixShield paper; ShareGPT-like "
                                 "synthetic conversations)",
@@ -586,8 +593,9 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None) -> list[dic
 
 
 @register_generator("sharegpt", "benign multi-tenant multi-turn chat with ShareGPT-like "
-                    "lengths; each turn re-sends the previous prompt (paper)", SHAREGPT_DEFAULTS)
-def sharegpt(**overrides) -> list[dict]:
+                    "lengths; each turn re-sends the previous prompt (paper)", SHAREGPT_DEFAULTS,
+                    uses_cost=True)
+def sharegpt(cost: CostModel | None = None, **overrides) -> list[dict]:
     """ShareGPT-like multi-tenant conversations (all roles benign).
 
     Turn j's prompt = turn j-1's prompt + its answer + a new user message, so its first
@@ -612,12 +620,12 @@ def sharegpt(**overrides) -> list[dict]:
     over these conversations): running requests hold 60% of usable blocks on average.
     """
     p = _params("sharegpt", SHAREGPT_DEFAULTS, overrides)
-    return _sharegpt("sharegpt", p, None)
+    return _sharegpt("sharegpt", p, None, cost)
 
 
 @register_generator("sharegpt-bursty", "sharegpt with conversation starts squeezed into short "
-                    "bursts (paper)", SHAREGPT_BURSTY_DEFAULTS)
-def sharegpt_bursty(**overrides) -> list[dict]:
+                    "bursts (paper)", SHAREGPT_BURSTY_DEFAULTS, uses_cost=True)
+def sharegpt_bursty(cost: CostModel | None = None, **overrides) -> list[dict]:
     """sharegpt's conversations (same seed: same conversations, same tenants, same pauses),
     their Poisson start times squeezed into bursts: a start at t in period k =
     floor(t / burst_period_s) moves to k x period + (t - k x period) x burst_s / period.
@@ -627,4 +635,4 @@ def sharegpt_bursty(**overrides) -> list[dict]:
     _check_positive("sharegpt-bursty", p, "burst_period_s", "burst_s")
     _check("sharegpt-bursty", p["burst_s"] <= p["burst_period_s"],
            "'burst_s' must not exceed 'burst_period_s'")
-    return _sharegpt("sharegpt-bursty", p, (p["burst_period_s"], p["burst_s"]))
+    return _sharegpt("sharegpt-bursty", p, (p["burst_period_s"], p["burst_s"]), cost)
