@@ -18,8 +18,8 @@ from psgate.errors import InputError
 
 GRIDS = {
     # Small enough for CI on two CPU cores with the tiny config.
-    "cpu": {"cached": [0, 128, 512, 1024], "uncached": [32, 128, 256, 512],
-            "decode": [256, 1024], "warmup": 1, "repeats": 5},
+    "cpu": {"cached": [0, 256, 512, 768, 1024], "uncached": [32, 64, 128, 256, 512],
+            "decode": [256, 1024], "warmup": 1, "repeats": 7},
     # The paper's prompts (1,536-token prefixes) sit inside this range.
     "cuda": {"cached": [0, 512, 1024, 2048, 4096, 8192],
              "uncached": [16, 64, 128, 256, 512, 1024, 2048, 4096],
@@ -70,6 +70,12 @@ class CalibrateConfig:
         if len(g["cached"]) < 2 or len(g["uncached"]) < 3:
             raise InputError("the grid needs at least 2 cached and 3 uncached sizes so that "
                              "points can be held out", path="--cached/--uncached")
+        from psgate.calibrate.fit import holdout_mask
+        mask = holdout_mask(g["cached"], g["uncached"])
+        if len(mask) - sum(mask) < len(FORMS[self.form]):
+            raise InputError(f"a {len(g['cached'])} x {len(g['uncached'])} grid leaves "
+                             f"{len(mask) - sum(mask)} points to fit {len(FORMS[self.form])} "
+                             f"terms; give more sizes", path="--cached/--uncached")
         for key, opt, lo in (("warmup", "--warmup", 0), ("repeats", "--repeats", 1)):
             v = getattr(self, key)
             v = base[key] if v is None else v
@@ -153,9 +159,11 @@ def build_document(cfg: CalibrateConfig, model_cfg: dict, model_raw: bytes, mode
         "method": {
             "warmup": cfg.grid["warmup"], "repeats": cfg.grid["repeats"],
             "statistic": "median", "batch_size": 1,
-            "prefix_reuse": "the cached prefix's KV is computed once per point and cropped back "
-                            "to the prefix after each timed pass, as a prefix-cache hit reuses it; "
+            "prefix_reuse": "each cached prefix's KV is computed once and cropped back to the "
+                            "prefix after every timed pass, as a prefix-cache hit reuses it; "
                             "only the last position's logits are computed",
+            "order": "interleaved: every point (prefill and decode) once per round, "
+                     "warm-up rounds first, then the timed rounds",
             "timer": "wall clock around one synchronised eager forward pass (no CUDA graphs, "
                      "no paged-attention kernels: a serving engine's fixed overhead differs)",
             "holdout": "grid points (i, j) of cached x uncached with (i*n_uncached + j + i) mod 4 "
@@ -186,6 +194,17 @@ def write_document(doc: dict, out: Path, force: bool) -> None:
     os.replace(tmp, out)
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} CPUs)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def calibrate(cfg: CalibrateConfig, progress=None) -> dict:
     cfg.resolve()
     if Path(cfg.out).exists() and not cfg.force:
@@ -203,7 +222,7 @@ def calibrate(cfg: CalibrateConfig, progress=None) -> dict:
     timings = bench.measure(cfg.grid["cached"], cfg.grid["uncached"], cfg.grid["decode"],
                             cfg.grid["warmup"], cfg.grid["repeats"], progress)
     device_name = (torch.cuda.get_device_name(bench.device) if cfg.device == "cuda"
-                   else (platform.processor() or platform.machine() or "cpu"))
+                   else _cpu_name())
     software = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "psgate": __version__,
                 "attn_implementation": str(bench.attn_implementation),

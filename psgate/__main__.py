@@ -1,0 +1,5 @@
+"""``python -m psgate``: the same command line as the ``psgate`` script."""
+
+from psgate.cli import main
+
+main()
