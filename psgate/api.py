@@ -111,7 +111,11 @@ def validate(trace: str) -> dict:
             "skipped_unknown": summary.num_skipped_unknown}
 
 
-def _environment(src: TraceSource, out: Path, started: float, gate: str | None) -> dict:
+def _environment(src: TraceSource, out: Path, started: float, gate: str | None,
+                 trace_sha256: str) -> dict:
+    """Where and how this replay ran, including the trace file's own SHA-256: a trace
+    re-serialized with another key order or spacing is the same evidence (same canonical
+    digest), so the file's bytes belong here, not in the deterministic part."""
     pkgs = {}
     for name in ("typer", "rich", "orjson", "jsonschema", "rfc8785"):
         try:
@@ -125,6 +129,7 @@ def _environment(src: TraceSource, out: Path, started: float, gate: str | None) 
         "machine": platform.machine(),
         "packages": pkgs,
         "trace_abspath": str(src.path.resolve()),
+        "trace_sha256": trace_sha256,
         "gate_abspath": str(Path(gate).resolve()) if gate else None,
         "out_dir": str(out.resolve()),
         "cwd": os.getcwd(),
@@ -213,8 +218,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
             "psgate_receipt": RECEIPT_FORMAT,
             "tool": {"name": "psgate", "version": __version__},
             "trace": {
-                "path": src.display, "sha256": summary.sha256,
-                "canonical_sha256": summary.canonical_sha256,
+                "path": src.display, "canonical_sha256": summary.canonical_sha256,
                 "block_size": header.block_size, "hashing": header.hashing,
                 "source": header.source, "partial": header.partial,
                 "num_lines": summary.num_lines, "num_requests": summary.num_requests,
@@ -242,7 +246,8 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
             "outputs": {name: {"sha256": file_sha256(staged.path(name))}
                         for name in ("ledger.csv", "requests.csv")},
         }
-        receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file)
+        receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file,
+                                              summary.sha256)
         validate_receipt(receipt)
         staged.path("receipt.json").write_bytes(dumps(receipt))
         staged.commit()

@@ -193,6 +193,37 @@ def test_deterministic_across_runs_and_hash_seeds(tmp_path):
     assert dumps(deterministic_part(r0)) == dumps(deterministic_part(r1))
 
 
+def test_equivalent_trace_gives_identical_receipt_and_ledgers(tmp_path):
+    """The same trace re-serialized (keys in reverse order, other spacing) is the same
+    evidence: same canonical digest, byte-identical ledgers and receipt outside
+    `environment` (which alone records the file's own SHA-256), and verify accepts
+    either file for the other's receipt."""
+    src = ROOT / "examples" / "example.jsonl"
+    lines = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(src, tmp_path / "a" / "t.jsonl")
+    (tmp_path / "b" / "t.jsonl").write_text("".join(
+        json.dumps(dict(reversed(list(obj.items()))), indent=None, separators=(" , ", " : "))
+        + "\n" for obj in lines))
+    assert (tmp_path / "a" / "t.jsonl").read_bytes() != (tmp_path / "b" / "t.jsonl").read_bytes()
+    for d in ("a", "b"):
+        proc = psgate("replay", *GOLDEN_ARGS, "--trace", "t.jsonl", "--out", "o", cwd=tmp_path / d)
+        assert proc.returncode == 0, proc.stderr
+    oa, ob = tmp_path / "a" / "o", tmp_path / "b" / "o"
+    for name in ("ledger.csv", "requests.csv"):
+        assert (oa / name).read_bytes() == (ob / name).read_bytes()
+    ra, rb = (json.loads((o / "receipt.json").read_text()) for o in (oa, ob))
+    assert ra["environment"]["trace_sha256"] != rb["environment"]["trace_sha256"]
+    assert dumps(deterministic_part(ra)) == dumps(deterministic_part(rb))
+    ver = psgate("verify", oa, "--trace", tmp_path / "b" / "t.jsonl")
+    assert ver.returncode == 0, ver.stderr + ver.stdout
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(o) + "\n" for o in lines[:-1]))
+    ver = psgate("verify", oa, "--trace", other)
+    assert_one_line_error(ver, 2, "canonical digest")
+
+
 def test_golden_receipt(request, tmp_path):
     """receipts/example is the committed example receipt; regenerate with --update-golden."""
     out = tmp_path / "o"

@@ -1,6 +1,7 @@
 """Fuzzing the trace reader and the gate-file parser, resource limits, and a soak slice.
 
 Run at length:  PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz_soak.py -k fuzz -s
+                python tools/fuzz_atheris.py trace -max_total_time=600   (and gate)
 """
 
 from __future__ import annotations
@@ -105,6 +106,27 @@ def test_fuzz_counts_reported():
     """Printed with -s, for the record of how many inputs were tried."""
     print(f"\nfuzz inputs tried: trace reader {TRIED['trace']}, gate parser {TRIED['gate']}")
     assert TRIED["trace"] >= min(EXAMPLES, 100) and TRIED["gate"] >= min(EXAMPLES, 100)
+
+
+def test_atheris_targets_run(tmp_path):
+    """The coverage-guided targets (tools/fuzz_atheris.py) run briefly here; at length by
+    hand. atheris comes with the test extra on Linux."""
+    import importlib.util
+    import subprocess
+    if importlib.util.find_spec("atheris") is None:
+        if os.environ.get("CI"):
+            raise AssertionError("atheris is in the test extra but not installed")
+        import pytest
+        pytest.skip("atheris not installed (pip install atheris)")
+    runs = max(500, EXAMPLES * 5)
+    for kind in ("trace", "gate"):
+        proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" /
+                                                   "fuzz_atheris.py"), kind, f"-runs={runs}",
+                               "-seed=1"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"Done {runs} runs" in proc.stderr, proc.stderr[-500:]
+        assert not list(tmp_path.glob("crash-*"))
 
 
 def test_huge_times_are_input_errors(tmp_path):

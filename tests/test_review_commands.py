@@ -64,7 +64,7 @@ def test_verify_needs_the_same_trace(tmp_path):
     assert psgate("verify", tmp_path / "o").returncode == 0
     t.write_text(t.read_text().replace('"out":32', '"out":33', 1))
     proc = psgate("verify", tmp_path / "o")
-    assert_one_line_error(proc, 2, "SHA-256", "--trace")
+    assert_one_line_error(proc, 2, "canonical digest", "--trace")
     proc = psgate("verify", tmp_path / "nothing")
     assert_one_line_error(proc, 2, "not a receipt directory")
 

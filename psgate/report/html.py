@@ -241,7 +241,8 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
                for a, row in receipt["runs"][run]["metrics"]["evictions_by"].items()
                for b, n in row.items()]
     prov = [["trace", receipt["trace"]["path"]],
-            ["trace SHA-256", receipt["trace"]["sha256"]],
+            ["trace file SHA-256", receipt["trace"].get("sha256")
+             or receipt.get("environment", {}).get("trace_sha256")],
             ["canonical digest", receipt["trace"]["canonical_sha256"]],
             ["engine", receipt["config"]["engine"]],
             ["capacity (usable)", f"{receipt['config']['capacity']} "

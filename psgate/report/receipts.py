@@ -32,9 +32,10 @@ def load_receipt(directory: str | Path) -> dict:
 
 
 def _resolve(given: str, abspath: str | None, override: str | None, what: str,
-             sha256: str | None) -> str:
+             sha256: str | None, canonical_sha256: str | None = None) -> str:
     """The file a receipt names: the override, else the path as recorded (relative to
-    here), else the absolute path recorded in the environment; its bytes must match."""
+    here), else the absolute path recorded in the environment; its bytes must match, or,
+    for a trace, its canonical digest (the same content re-serialized is the same trace)."""
     if override:
         candidates = [override]
     elif given.startswith(BUNDLED_PREFIX):
@@ -46,6 +47,13 @@ def _resolve(given: str, abspath: str | None, override: str | None, what: str,
         if p.is_file():
             if sha256 is not None:
                 digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                if digest != sha256 and canonical_sha256 is not None:
+                    canonical = validate_trace(c)[1].canonical_sha256
+                    if canonical == canonical_sha256:
+                        return c
+                    raise InputError(f"{what} has canonical digest {canonical[:16]}..., the "
+                                     f"receipt was made from {canonical_sha256[:16]}...; pass "
+                                     f"the original with --{what}", path=c)
                 if digest != sha256:
                     raise InputError(f"{what} has SHA-256 {digest[:16]}..., the receipt was made "
                                      f"from {sha256[:16]}...; pass the original with --{what}",
@@ -60,7 +68,8 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
     cfg = receipt["config"]
     env = receipt.get("environment", {})
     trace_path = _resolve(receipt["trace"]["path"], env.get("trace_abspath"), trace, "trace",
-                          receipt["trace"]["sha256"])
+                          receipt["trace"].get("sha256") or env.get("trace_sha256"),
+                          receipt["trace"]["canonical_sha256"])
     gate_path = None
     if cfg.get("gate_file"):
         gate_path = _resolve(cfg["gate_file"]["path"], env.get("gate_abspath"), gate, "gate",
