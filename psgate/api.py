@@ -27,10 +27,11 @@ from psgate.engines.sim import SimEngine
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, EngineUnavailable, InputError
 from psgate.policies import make_policy
 from psgate.receipt.atomic import StagedOutput, prepare_out_dir
-from psgate.receipt.gate import GateSpec, evaluate, load_gate_file
+from psgate.receipt.gate import needs_paired, GateSpec, evaluate, load_gate_file
 from psgate.receipt.ledger import LedgerWriter, file_sha256, write_requests
 from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
+from psgate.stats.bootstrap import paired_summary
 from psgate.stats.metrics import paired_difference, run_metrics
 from psgate.trace.future import future_uses
 from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, validate_trace
@@ -213,7 +214,11 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
         write_requests(staged.path("requests.csv"),
                        [(r.label, r.policy["name"], r.requests) for r in results])
 
-        gate = evaluate(runs, spec, cfg.allow_unexercised)
+        paired = None
+        if needs_paired(spec):   # one run: a difference, never an interval
+            paired = paired_summary([runs["baseline"]["metrics"]],
+                                    [runs["candidate"]["metrics"]], resamples=100, seed=0)
+        gate = evaluate(runs, spec, cfg.allow_unexercised, paired)
         receipt = {
             "psgate_receipt": RECEIPT_FORMAT,
             "tool": {"name": "psgate", "version": __version__},

@@ -108,7 +108,12 @@ def _progress_factory():
 
 @app.command()
 def replay(
-    trace: Annotated[str, typer.Option(help="psgate-trace v1 file, or bundled:NAME")] = api.DEFAULT_TRACE,
+    trace: Annotated[str, typer.Option(help="psgate-trace v1 file, bundled:NAME, or a directory of traces (one run each, one gate)")] = api.DEFAULT_TRACE,
+    workload: Annotated[Optional[str], typer.Option(help="generate matched runs: KIND[:key=value,...] (see psgate trace kinds)")] = None,
+    runs: Annotated[int, typer.Option(help="matched runs of --workload, each with its own seed derived from --seed")] = 1,
+    seed: Annotated[int, typer.Option(help="base seed of the matched runs")] = 0,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the confidence intervals")] = 10_000,
+    bootstrap_seed: Annotated[int, typer.Option(help="seed of the bootstrap resampling")] = 0,
     baseline: Annotated[str, typer.Option(help="policy the serving engine runs today")] = "lru",
     candidate: Annotated[str, typer.Option(help="policy proposed to replace it")] = "lru",
     capacity: Annotated[int, typer.Option(help="configured KV blocks (one is the null block)")] = api.DEFAULT_CAPACITY,
@@ -139,6 +144,17 @@ def replay(
         candidate_params=_params(candidate_param, "--candidate-param"),
         cost=_cost(cost_param, cost_model),
         limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight))
+    corpus = trace if not trace.startswith("bundled:") and Path(trace).is_dir() else None
+    if workload is not None and trace != api.DEFAULT_TRACE:
+        raise InputError("give --workload or --trace, not both", path="--workload")
+    if workload is None and corpus is None and runs != 1:
+        raise InputError(f"--runs {runs} on one trace file would repeat one identical run "
+                         f"(a zero-width interval); use --workload KIND or --trace DIR",
+                         path="--runs")
+    if workload is not None or corpus is not None:
+        _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_seed, junit,
+                           json_out, quiet)
+        return
     result = api.replay(cfg, progress=None if quiet else _progress_factory())
     if junit:
         write_junit(junit, "replay", result.receipt["gate"]["checks"])
@@ -152,6 +168,64 @@ def replay(
                        metrics={k: v["metrics"] for k, v in r["runs"].items()})
     _emit(summary)
     raise typer.Exit(result.exit_code)
+
+
+def _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_seed, junit,
+                       json_out, quiet) -> None:
+    from psgate.experiment import ExperimentConfig, run_experiment
+
+    exp = ExperimentConfig(replay=cfg, workload=workload, corpus=corpus, runs=runs, seed=seed,
+                           resamples=resamples, bootstrap_seed=bootstrap_seed)
+
+    def progress(done: int, total: int, run_id: str) -> None:
+        if not quiet and err.is_terminal and done < total:
+            err.print(f"[{done + 1}/{total}] {run_id}", highlight=False)
+    result = run_experiment(exp, progress=progress)
+    r = result.receipt
+    if junit:
+        write_junit(junit, "replay", r["gate"]["checks"])
+    if not quiet:
+        _render_experiment(r, cfg.out)
+    summary = {"gate": r["gate"]["result"], "receipt": str(cfg.out / "receipt.json"),
+               "runs": len(r["runs"])}
+    if json_out:
+        summary.update(checks=r["gate"]["checks"], summary=r["summary"])
+    _emit(summary)
+    raise typer.Exit(result.exit_code)
+
+
+def _ci(entry: dict) -> str:
+    d = entry["diff_mean"]
+    if entry["diff_ci_low"] is None:
+        return f"{d:+.4f}"
+    return f"{d:+.4f} [{entry['diff_ci_low']:+.4f}, {entry['diff_ci_high']:+.4f}]"
+
+
+def _render_experiment(receipt: dict, out: Path) -> None:
+    s = receipt["summary"]
+    cfg = receipt["config"]
+    t = Table(title=f"psgate: {cfg['baseline']['name']} vs {cfg['candidate']['name']} over "
+                    f"{s['num_runs']} run(s), {cfg['usable_blocks']} usable blocks "
+                    f"(means; candidate - baseline with 95% bootstrap CI; times modeled)")
+    for col in ("scope", "metric", "baseline", "candidate", "difference [95% CI]"):
+        t.add_column(col, justify="left" if col in ("scope", "metric") else "right")
+    scopes = [("all", s["totals"])] + [(f"role {k}", v) for k, v in s["roles"].items()]
+    for name, scope in scopes:
+        for m in ("hit_fraction", "ttft_p95_ms"):
+            if m in scope:
+                e = scope[m]
+                t.add_row(name, m, _fmt(e["baseline_mean"]), _fmt(e["candidate_mean"]), _ci(e))
+    err.print(t)
+    gate = receipt["gate"]
+    for c in gate["checks"]:
+        if c["verdict"] == "fail":
+            err.print(f"[red]FAIL[/red] {c['name']}: observed {_fmt(c['observed'])}, "
+                      f"required {c['op']} {_fmt(c['threshold'])}"
+                      + (f" ({c['note']})" if c.get("note") else ""))
+    colour = "green" if gate["result"] == "pass" else "red"
+    err.print(f"gate: [{colour}]{gate['result'].upper()}[/{colour}] "
+              f"({gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} checks passed); "
+              f"receipt in {out}/ (one receipt per run in {out}/runs/)")
 
 
 def _fmt(x) -> str:
@@ -450,10 +524,11 @@ def calibrate(
         bar.start()
         task = bar.add_task("timing", total=None)
 
-        def progress(done: int, total: int) -> None:
+        def tick(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
             if done == total:
                 bar.stop()
+        progress = tick
     doc = run_calibration(cfg, progress=progress)
     info = summary(doc)
     if not quiet:

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_schema_copies_match():
     top = sorted(p.name for p in (ROOT / "schemas").glob("*.json"))
-    assert top == ["cost-model.schema.json", "gate.schema.json", "receipt.schema.json",
+    assert top == ["cost-model.schema.json", "experiment.schema.json", "gate.schema.json",
+                   "receipt.schema.json",
                    "trace.schema.json"]
     for name in top:
         shipped = ROOT / "psgate" / "data" / "schemas" / name
