@@ -482,6 +482,59 @@ def trace_kinds(json: Annotated[bool, typer.Option("--json", help="machine-reada
     Console().print(t)
 
 
+@app.command()
+def sweep(
+    workload: Annotated[str, typer.Option(help="KIND[:key=value,...]: the workload every cell generates")],
+    out: Annotated[Path, typer.Option(help="output directory (cells/, table.csv, table.json); rerun to resume")],
+    axis: Annotated[Optional[list[str]], typer.Option(help="KEY=V1,V2,...: capacity, candidate or a workload parameter (repeat for more axes)")] = None,
+    baseline: Annotated[str, typer.Option(help="policy every cell compares against")] = "lru",
+    candidate: Annotated[str, typer.Option(help="candidate when 'candidate' is not an axis")] = "prefixshield",
+    capacity: Annotated[int, typer.Option(help="configured blocks when 'capacity' is not an axis")] = api.DEFAULT_CAPACITY,
+    runs: Annotated[int, typer.Option(help="matched runs (seeds) per cell")] = 3,
+    seed: Annotated[int, typer.Option(help="base seed of every cell's runs")] = 0,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples per cell")] = 2000,
+    workers: Annotated[int, typer.Option(help="worker processes (local) or CPUs (ray)")] = 1,
+    executor: Annotated[str, typer.Option(help="local (process pool) or ray")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")] = None,
+    cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
+    cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
+) -> None:
+    """Run one matched-run experiment per cell of a grid; write one table."""
+    from psgate.sweep import SweepConfig, parse_axis, sweep as run_sweep
+
+    axes: dict[str, list] = {}
+    for a in axis or []:
+        key, values = parse_axis(a)
+        if key in axes:
+            raise InputError(f"axis '{key}' given twice", path="--axis")
+        axes[key] = values
+    cfg = SweepConfig(workload=workload, out=out, axes=axes, baseline=baseline,
+                      candidate=candidate, capacity=capacity, runs=runs, seed=seed,
+                      resamples=resamples, workers=workers, executor=executor, address=address,
+                      cost=_cost(cost_param, cost_model))
+    bar = None
+    if not quiet and err.is_terminal:
+        bar = Progress(TextColumn("cells"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                       TimeRemainingColumn(), console=err, transient=True)
+        bar.start()
+        task = bar.add_task("cells", total=None)
+
+    def progress(done: int, total: int, row: dict) -> None:
+        if bar is not None:
+            bar.update(task, completed=done, total=total)
+    try:
+        rows = run_sweep(cfg, progress=progress)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if not quiet:
+        err.print(f"{len(rows)} cells ({sum(r['resumed'] for r in rows)} already complete); "
+                  f"table in {out}/table.csv and {out}/table.json")
+    _emit({"cells": len(rows), "resumed": sum(r["resumed"] for r in rows),
+           "table": str(out / "table.csv"), "failed_gates": sum(r["gate"] != "pass" for r in rows)})
+
+
 def _int_list(text: str | None, option: str) -> list[int] | None:
     if text is None:
         return None

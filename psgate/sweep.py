@@ -1,0 +1,245 @@
+"""Sweeps: one matched-run experiment per cell of a grid, on a process pool or on Ray.
+
+    cells = product of the axes, in the order given:
+            capacity=..., candidate=... (policies), and any parameter of the workload
+            (alpha for the paper's nominal load, capacity_target, rate_fraction, ...)
+    for each cell not already complete in OUT/cells/<id>/:
+        run_experiment(workload with the cell's parameters, baseline vs the cell's
+                       candidate, --runs seeds derived from --seed)      (in a worker)
+    table = one row per cell (axes, means, paired differences with their 95% CIs, gate),
+            written as OUT/table.csv and OUT/table.json in cell order
+
+A cell is complete when its experiment receipt exists and its cell.json matches the
+cell's specification, so an interrupted sweep resumes where it stopped and a changed
+grid redoes only the cells it changed. Cell ids are the cell's index and a digest of
+its specification. Nothing in a cell depends on which worker ran it or when.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import itertools
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable
+
+import orjson
+
+from psgate import api
+from psgate.engines.cost import CostModel
+from psgate.errors import EngineUnavailable, InputError
+from psgate.experiment import ExperimentConfig, parse_workload, run_experiment
+from psgate.policies import policy_names
+from psgate.receipt.receipt import dumps
+from psgate.workloads import generators
+
+RAY_HINT = "pip install 'psgate[ray]' (or pip install ray)"
+TABLE_METRICS = ("hit_fraction", "token_hit_ratio", "ttft_p95_ms")
+
+
+@dataclass
+class SweepConfig:
+    workload: str
+    out: Path
+    axes: dict[str, list] = field(default_factory=dict)
+    baseline: str = "lru"
+    candidate: str = "prefixshield"
+    capacity: int = api.DEFAULT_CAPACITY
+    runs: int = 3
+    seed: int = 0
+    resamples: int = 2000
+    bootstrap_seed: int = 0
+    workers: int = 1
+    executor: str = "local"
+    address: str | None = None
+    cost: CostModel = field(default_factory=CostModel)
+    paranoid: bool = False
+    allow_unexercised: bool = False
+
+
+def parse_axis(text: str) -> tuple[str, list]:
+    """``KEY=V1,V2,...`` with JSON values where they parse."""
+    key, sep, values = text.partition("=")
+    if not sep or not key or not values:
+        raise InputError(f"expected KEY=V1,V2,..., found '{text}'", path="--axis")
+    out = []
+    for v in values.split(","):
+        try:
+            out.append(orjson.loads(v))
+        except orjson.JSONDecodeError:
+            out.append(v)
+    return key, out
+
+
+def cells(cfg: SweepConfig) -> list[dict]:
+    kind, params = parse_workload(cfg.workload)
+    gen = generators().get(kind)
+    if gen is None:
+        raise InputError(f"unknown workload '{kind}'", path="--workload")
+    if cfg.runs < 2:
+        raise InputError("a sweep cell needs at least 2 runs for a confidence interval",
+                         path="--runs")
+    for key, values in cfg.axes.items():
+        if not values:
+            raise InputError(f"axis '{key}' has no values", path="--axis")
+        if key == "capacity":
+            if any(type(v) is not int or v < 2 for v in values):
+                raise InputError(f"capacity values must be integers >= 2, found {values}",
+                                 path="--axis")
+        elif key == "candidate":
+            unknown = [v for v in values if v not in policy_names()]
+            if unknown:
+                raise InputError(f"unknown policy {unknown[0]!r}; known: "
+                                 f"{', '.join(policy_names())}", path="--axis")
+        elif key not in gen.defaults or key == "seed":
+            raise InputError(f"'{key}' is neither capacity, candidate nor a parameter of "
+                             f"'{kind}' (seeds come from --runs/--seed)", path="--axis")
+    keys = list(cfg.axes)
+    out = []
+    for index, combo in enumerate(itertools.product(*(cfg.axes[k] for k in keys))):
+        point = dict(zip(keys, combo))
+        wl = {**params, **{k: v for k, v in point.items() if k not in ("capacity", "candidate")}}
+        spec = {
+            "axes": point,
+            "workload": kind, "params": wl, "runs": cfg.runs, "seed": cfg.seed,
+            "baseline": cfg.baseline, "candidate": point.get("candidate", cfg.candidate),
+            "capacity": point.get("capacity", cfg.capacity), "resamples": cfg.resamples,
+            "bootstrap_seed": cfg.bootstrap_seed, "cost": cfg.cost.to_json(),
+            "paranoid": cfg.paranoid, "allow_unexercised": cfg.allow_unexercised,
+        }
+        digest = hashlib.sha256(dumps({k: v for k, v in spec.items() if k != "axes"}))
+        spec["id"] = f"c{index:04d}-{digest.hexdigest()[:10]}"
+        out.append(spec)
+    return out
+
+
+def _workload_text(kind: str, params: dict) -> str:
+    return kind + (":" + ",".join(f"{k}={orjson.dumps(v).decode()}" for k, v in params.items())
+                   if params else "")
+
+
+def run_cell(spec: dict, out: str) -> dict:
+    """One cell: its experiment (unless already complete), summarised as a table row.
+    Module level and plain data in, plain data out, so any executor can ship it."""
+    cell_dir = Path(out) / "cells" / spec["id"]
+    marker = cell_dir / "cell.json"
+    receipt_path = cell_dir / "receipt.json"
+    resumed = (receipt_path.exists() and marker.exists()
+               and orjson.loads(marker.read_bytes()) == spec)
+    if not resumed:
+        cost = CostModel.from_json(spec["cost"])
+        cfg = ExperimentConfig(
+            replay=api.ReplayConfig(baseline=spec["baseline"], candidate=spec["candidate"],
+                                    capacity=spec["capacity"], out=cell_dir, force=True,
+                                    cost=cost, paranoid=spec["paranoid"],
+                                    allow_unexercised=spec["allow_unexercised"]),
+            workload=_workload_text(spec["workload"], spec["params"]), runs=spec["runs"],
+            seed=spec["seed"], resamples=spec["resamples"],
+            bootstrap_seed=spec["bootstrap_seed"])
+        receipt = run_experiment(cfg).receipt
+        tmp = cell_dir / ".cell.json.tmp"
+        tmp.write_bytes(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS))
+        os.replace(tmp, marker)
+    else:
+        receipt = orjson.loads(receipt_path.read_bytes())
+    return _row(spec, receipt, resumed)
+
+
+def _row(spec: dict, receipt: dict, resumed: bool) -> dict:
+    s = receipt["summary"]
+    row = {"cell": spec["id"], **spec["axes"], "baseline": spec["baseline"],
+           "candidate": spec["candidate"], "capacity": spec["capacity"],
+           "runs": s["num_runs"], "gate": receipt["gate"]["result"], "resumed": resumed}
+    scopes = [("all", s["totals"])] + [(f"role:{r}", v) for r, v in s["roles"].items()]
+    for name, scope in scopes:
+        for m in TABLE_METRICS:
+            e = scope.get(m)
+            if e is None:
+                continue
+            for stat in ("baseline_mean", "candidate_mean", "diff_mean", "diff_ci_low",
+                         "diff_ci_high"):
+                row[f"{name}.{m}.{stat}"] = e[stat]
+    return row
+
+
+def _write_tables(out: Path, rows: list[dict]) -> None:
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols and k != "resumed"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for r in rows:
+        w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+    for name, data in (("table.csv", buf.getvalue().encode()),
+                       ("table.json", orjson.dumps([{k: v for k, v in r.items()
+                                                      if k != "resumed"} for r in rows],
+                                                     option=orjson.OPT_INDENT_2) + b"\n")):
+        tmp = out / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, out / name)
+
+
+def _ray_executor(cfg: SweepConfig, todo: list[dict], done: Callable[[dict, dict], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise EngineUnavailable(f"--executor ray needs Ray, which is not installed; "
+                                f"{RAY_HINT}") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        import logging
+        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, num_cpus=None if cfg.address else cfg.workers)
+    try:
+        remote = ray.remote(run_cell)
+        pending = {remote.remote(spec, str(cfg.out.resolve())): spec for spec in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                done(pending.pop(ref), ray.get(ref))
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = None
+          ) -> list[dict]:
+    if cfg.executor not in ("local", "ray"):
+        raise InputError(f"expected local or ray, found '{cfg.executor}'", path="--executor")
+    if cfg.workers < 1:
+        raise InputError(f"expected a positive integer, found {cfg.workers}", path="--workers")
+    specs = cells(cfg)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    manifest = {"psgate_sweep": 1, "workload": cfg.workload, "axes": cfg.axes,
+                "cells": [s["id"] for s in specs]}
+    tmp = cfg.out / ".sweep.json.tmp"
+    tmp.write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    os.replace(tmp, cfg.out / "sweep.json")
+    rows: dict[str, dict] = {}
+
+    def done(spec: dict, row: dict) -> None:
+        rows[spec["id"]] = row
+        if progress:
+            progress(len(rows), len(specs), row)
+
+    if cfg.executor == "ray":
+        _ray_executor(cfg, specs, done)
+    elif cfg.workers == 1:
+        for spec in specs:
+            done(spec, run_cell(spec, str(cfg.out)))
+    else:
+        with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=get_context("spawn")) as pool:
+            pending = {pool.submit(run_cell, spec, str(cfg.out)): spec for spec in specs}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in sorted(finished, key=lambda f: pending[f]["id"]):
+                    done(pending.pop(f), f.result())
+    ordered = [rows[s["id"]] for s in specs]
+    _write_tables(cfg.out, ordered)
+    return ordered
