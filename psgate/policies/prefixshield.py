@@ -349,6 +349,15 @@ class PrefixShield(EvictionPolicy):
                 return s, self.gq.seq[b], b
         return 3, 0, -1
 
+    def _global_best(self) -> tuple[int, int]:
+        """(segment, block) of the best eligible candidate over all groups; block -1
+        when no leaf is eligible."""
+        for s in range(3):
+            b = self.glob.head(s)
+            if b >= 0:
+                return s, b
+        return 2, -1
+
     # -- events -----------------------------------------------------------------
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
         self._end_batch()      # a select_victim outside a batch (a peek) may have left some
@@ -439,11 +448,7 @@ class PrefixShield(EvictionPolicy):
             counts = {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}
         else:
             g, runner, p_before, p_after = -1, -1, None, None
-            b = -1
-            for seg in range(3):
-                b = self.glob.head(seg)
-                if b >= 0:
-                    break
+            seg, b = self._global_best()
             if b < 0:     # no eligible leaf at all: guard, see the module docstring
                 b = self.nonleaf.head(0)
                 seg = self.cls[b] if self.params["segments"] else 0

@@ -1,0 +1,281 @@
+"""prefixshield-b (psgate's extension): the bounded Probationary segment and its
+adaptive bound, with exact victims; invariants on random traces.
+
+Block size 4; ``cap`` configured blocks give cap-1 usable ones. Contracts as in
+test_prefixshield where a test needs debt (standard rho 1 / beta 4, ...).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from psgate.errors import InputError
+from psgate.policies import make_policy, policy_names
+from psgate.policies.prefixshield import NORMAL, PROBATIONARY, REUSE
+from psgate.policies.prefixshield_b import NATIVE_CHOICE, SEGMENT_CHOICE
+
+from helpers import NoteLog, replay_file, write, write_lines
+from test_differential import traces
+from test_prefixshield import C, KC, Driver, _random_trace
+
+
+def _checked(path, cap, params=None, policy="prefixshield-b"):
+    result, log, engine = replay_file(path, cap, policy=policy, paranoid=True, params=params,
+                                      recorder=NoteLog())
+    assert result.aborted is None
+    bad = {n: v.first_violation for n, v in result.invariants.items() if not v.holds}
+    assert not bad, bad
+    return result, log, engine
+
+
+def test_registered_with_its_parameters_and_the_family_claims():
+    assert "prefixshield-b" in policy_names()
+    p = make_policy("prefixshield-b")
+    assert p.params["probationary_bound"] == "adaptive" and p.params["initial_bound"] == 0.0
+    assert p.claims() == ("I1", "I2") and p.params["leaf_only"] is True
+    assert make_policy("prefixshield-b", {"probationary_bound": 0.25}).adaptive is False
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"probationary_bound": "auto"}, "'probationary_bound' must be a number in [0, 1] or"),
+    ({"probationary_bound": 1.5}, "'probationary_bound' must be a number in [0, 1]"),
+    ({"probationary_bound": True}, "'probationary_bound' must be a number"),
+    ({"initial_bound": -0.1}, "'initial_bound' must be a number in [0, 1]"),
+    ({"bound": 0.1}, "unknown parameter(s) for policy 'prefixshield-b': bound"),
+])
+def test_bad_parameters_are_input_errors(params, needle):
+    with pytest.raises(InputError) as exc:
+        make_policy("prefixshield-b", params)
+    assert needle in str(exc.value)
+
+
+# -- the bound -----------------------------------------------------------------------------
+
+def _bound_trace(tmp_path, debt: bool):
+    """g's candidates: a1 <- a2 (Reuse, freed at 1.5) and c1 <- c2 (Probationary, freed at
+    2.5); then h needs 4 of them. With ``debt`` g also holds 12 pinned blocks charged
+    beyond its burst, so g is the responsible group for every victim; without, nobody
+    owes anything and the order is the global one."""
+    events = [
+        {"t": 0, "id": "A", "prefix": "p", "blocks": ["a1", "a2"], "tail": 1, "done_t": 0.5},
+        {"t": 1, "id": "B", "prefix": "p", "blocks": ["a1", "a2"], "tail": 1, "done_t": 1.5},
+        {"t": 2, "id": "C", "prefix": "q", "blocks": ["c1", "c2"], "tail": 1, "done_t": 2.5},
+    ]
+    if debt:
+        events.append({"t": 2, "id": "D", "prefix": "z", "done_t": 100,
+                       "blocks": [f"d{i:x}" for i in range(12)]})
+    n = 7 if debt else 19        # h needs every free block and 4 candidates
+    events.append({"t": 3, "id": "E", "group": "h", "blocks": [f"e{i:x}" for i in range(n)],
+                   "tail": 1, "done_t": 4})
+    return write(tmp_path, events, name=f"bound-{debt}.jsonl")
+
+
+@pytest.mark.parametrize("debt", [False, True])
+@pytest.mark.parametrize("bound,expect,orders", [
+    # T = 0: prefixshield's order (Probationary first), as long as candidates exist
+    (0.0, ["c2", "c1", "a2", "a1"], ["segments"] * 4),
+    # T = round(0.1 x 20) = 2: segments while 2 Probationary candidates remain, then native
+    (0.1, ["c2", "a2", "a1", "c1"], ["segments", "native", "native", "native"]),
+    # T = 4 > the 2 Probationary candidates: native free-queue order throughout
+    (0.2, ["a2", "a1", "c2", "c1"], ["native"] * 4),
+    (1.0, ["a2", "a1", "c2", "c1"], ["native"] * 4),
+])
+def test_segment_order_only_while_probationary_candidates_reach_the_bound(
+        tmp_path, debt, bound, expect, orders):
+    params = {"probationary_bound": bound}
+    if debt:
+        params["contracts"] = C
+    result, log, engine = _checked(_bound_trace(tmp_path, debt), 21, params)
+    assert log.evictions == [f"g:{x}" for x in expect]
+    assert [d.rank["order"] for d in log.decisions] == orders
+    assert [d.rank["probationary_bound"] for d in log.decisions] == [round(bound * 20)] * 4
+    cls = {"a": "reuse", "c": "probationary"}
+    assert [d.rank["class"] for d in log.decisions] == [cls[x[0]] for x in expect]
+    # the Probationary candidates before each victim
+    got = [d.rank["probationary_candidates"] for d in log.decisions]
+    left, want = 2, []
+    for x in expect:
+        want.append(left)
+        left -= x[0] == "c"
+    assert got == want
+    if debt:
+        assert {d.responsible for d in log.decisions} == {"g"}
+        assert [d.queue for d in log.decisions] == [f"g/{c}" for c in
+                                                     (d.rank["class"] for d in log.decisions)]
+    else:
+        assert all(d.responsible is None and d.rank["global_fallback"] for d in log.decisions)
+    # at the end: h's blocks and D's (19 in either case), all Probationary candidates
+    pol = engine.policy
+    assert pol.num_prob == sum(1 for b in pol.candidates() if pol.cls[b] == PROBATIONARY) == 19
+
+
+def test_bound_zero_matches_prefixshield_on_a_multi_group_trace(tmp_path):
+    path = _random_trace(tmp_path, 5, num_requests=300)
+    _, ps, _ = _checked(path, 40, {"contracts": KC}, policy="prefixshield")
+    _, b0, _ = _checked(path, 40, {"contracts": KC, "probationary_bound": 0.0})
+    assert ps.evictions == b0.evictions and len(ps.evictions) > 100
+    assert [(d.queue, d.responsible, d.responsible_p_after) for d in ps.decisions] == \
+        [(d.queue, d.responsible, d.responsible_p_after) for d in b0.decisions]
+    # a bound that matters changes some decisions, never the invariants
+    _, b3, _ = _checked(path, 40, {"contracts": KC, "probationary_bound": 0.3})
+    assert b3.evictions != ps.evictions
+    assert {d.rank["order"] for d in b3.decisions} == {"segments", "native"}
+
+
+# -- the adaptive bound ------------------------------------------------------------------------
+
+def _evict(d, n, t):
+    """Select and evict n victims inside an admission of a neutral group at time t."""
+    out = []
+
+    def during():
+        for _ in range(n):
+            v = d.p.select_victim(None, round(t * 1e9)).victim
+            d.p.on_evict(v)
+            out.append(v)
+
+    d.admit(t, "n", during=during)
+    return out
+
+
+def test_regrets_of_each_order_move_the_bound_and_debt_makes_them_ignored():
+    d = Driver("prefixshield-b", num_blocks=101, contracts=C)     # 100 usable; T starts at 0
+    p = d.p
+    assert p.adaptive and p.bound == 0
+    (a0,), _ = d.admit(0.0, "g", new=1, keys=[11])
+    d.free([a0], 0.0)
+    d.admit(0.25, "g", hits=[a0])                                # proven reuse: Reuse
+    d.free([a0], 0.25)
+    b, _ = d.admit(0.5, "g", new=2, keys=[12, 13])               # Probationary, freed later
+    d.free(b, 0.5)
+    assert p.num_prob == 2 and p.cls[a0] == REUSE
+    # segment order takes b's leaf where native order would take a0: tagged
+    assert _evict(d, 1, 0.75) == [b[1]]
+    assert list(p.ghost.items()) == [(13, SEGMENT_CHOICE)]
+    # g recomputes it: a regret of segment order, so T rises
+    (c,), note = d.admit(1.0, "g", new=1, hits=[b[0]], keys=[13])
+    assert note["ghost_hits"] == {"segment_choice": 1, "native_choice": 0, "ignored_in_debt": 0}
+    assert note["probationary_bound"] == 1 and p.bound == 1 and not p.ghost
+    assert (p.cls[b[0]], p.cls[c]) == (REUSE, NORMAL)            # c is a re-admission
+    d.free([b[0], c], 1.0)
+    # no Probationary candidate (0 < T = 1): native order takes a0, segment order would
+    # have taken the Normal leaf c
+    assert _evict(d, 1, 1.5) == [a0]
+    assert list(p.ghost.items()) == [(11, NATIVE_CHOICE)]
+    _, note = d.admit(2.0, "g", new=1, keys=[11])
+    assert note["ghost_hits"] == {"segment_choice": 0, "native_choice": 1, "ignored_in_debt": 0}
+    assert p.bound == 0
+    # an eviction where both orders agree leaves no ghost entry
+    (x,), _ = d.admit(3.0, "h", new=1, keys=[31])
+    d.free([x], 3.0)
+    d.admit(3.0, "h", hits=[x])
+    d.free([x], 3.0)
+    (y,), _ = d.admit(3.0, "h", new=1, keys=[32])
+    d.free([y], 3.0)
+    assert _evict(d, 1, 3.25) == [y] and list(p.ghost) == [32]
+    # a group in debt recomputing its evicted block moves nothing
+    _, note = d.admit(3.5, "h", new=6, keys=[41, 42, 43, 44, 45, 46])
+    assert note["raw_debt"] > 0
+    _, note = d.admit(3.75, "h", new=1, keys=[32])
+    assert note["ghost_hits"] == {"segment_choice": 0, "native_choice": 0, "ignored_in_debt": 1}
+    assert p.bound == 0 and p.ghost_totals == [1, 1, 1]
+
+
+def test_ghost_holds_at_most_usable_keys(tmp_path):
+    # 3 usable blocks; aa is proven reuse and the oldest candidate throughout; r_i caches
+    # c_i and, from r1 on, segment order evicts c_(i-1) where native order would take aa
+    events = [{"t": 0, "id": "a", "blocks": ["aa"], "tail": 1, "done_t": 0.5},
+              {"t": 1, "id": "b", "blocks": ["aa"], "tail": 1, "done_t": 1.5}]
+    events += [{"t": 2 + i, "id": f"r{i}", "blocks": [f"c{i}"], "tail": 1,
+                "done_t": 2.5 + i} for i in range(8)]
+    events += [{"t": 20 + n, "id": f"x{j}", "blocks": [f"c{j}"], "tail": 1,
+                "done_t": 20.5 + n} for n, j in enumerate((6, 5))]
+    seen = {"keys": [], "ghost": []}
+
+    def spy(engine, log):
+        pol = engine.policy
+        evict = pol.on_evict
+
+        def on_evict(b):
+            seen["keys"].append(pol.key[b])
+            evict(b)
+            seen["ghost"].append(list(pol.ghost))
+            assert len(pol.ghost) <= 3
+
+        pol.on_evict = on_evict
+
+    result, log, engine = replay_file(write(tmp_path, events), 4, policy="prefixshield-b",
+                                      paranoid=True, recorder=NoteLog(), setup=spy)
+    assert all(v.holds for v in result.invariants.values())
+    assert log.evictions[:7] == [f"g:c{i}" for i in range(7)]
+    assert not any(d.rank["orders_agree"] for d in log.decisions[:7])
+    keys = seen["keys"]
+    assert seen["ghost"][6] == keys[4:7]            # c0..c3 pushed out, oldest first
+    assert [log.notes[x]["ghost_hits"] for x in ("x6", "x5")] == \
+        [{"segment_choice": 1, "native_choice": 0, "ignored_in_debt": 0}] * 2
+    assert [log.notes[x]["probationary_bound"] for x in ("x6", "x5")] == [1, 2]
+
+
+def test_adaptive_bound_is_clamped_to_zero_and_the_usable_blocks():
+    for initial, tag, want in ((1.0, SEGMENT_CHOICE, 100), (0.0, NATIVE_CHOICE, 0)):
+        d = Driver("prefixshield-b", num_blocks=101, initial_bound=initial)
+        d.p.ghost[77] = tag
+        _, note = d.admit(0.0, "g", new=1, keys=[77])
+        assert sum(note["ghost_hits"].values()) == 1 and d.p.bound == want
+
+
+def test_fixed_bound_keeps_no_ghost():
+    d = Driver("prefixshield-b", num_blocks=11, probationary_bound=0.5)
+    a, _ = d.admit(0.0, "g", new=2, keys=[1, 2])
+    d.free(a, 0.0)
+    _evict(d, 2, 0.5)
+    _, note = d.admit(1.0, "g", new=2, keys=[1, 2])
+    assert not d.p.ghost and "ghost_hits" not in note and d.p.bound == 5
+
+
+# -- invariants ------------------------------------------------------------------------------
+
+def _counting(engine, log):
+    """Check the policy's Probationary candidate count against a recount at every decision."""
+    pol = engine.policy
+    select = pol.select_victim
+
+    def checked(req, now):
+        want = sum(1 for b in pol.candidates() if pol.cls[b] == PROBATIONARY)
+        assert pol.num_prob == want
+        return select(req, now)
+
+    pol.select_victim = checked
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize("params", [{}, {"initial_bound": 0.3}, {"probationary_bound": 0.1},
+                                    {"probationary_bound": 0.6},
+                                    {"probationary_bound": 0.2, "leaf_only": False}])
+def test_invariants_hold_on_random_multi_group_traces(tmp_path, seed, params):
+    path = _random_trace(tmp_path, seed, num_requests=250)
+    result, log, _ = replay_file(path, 30 + 7 * seed, policy="prefixshield-b", paranoid=True,
+                                 params={"contracts": KC, **params}, setup=_counting)
+    assert result.aborted is None
+    bad = {n: v.first_violation for n, v in result.invariants.items() if not v.holds}
+    assert not bad, bad
+    assert result.invariants["I1"].checks > 0 and result.invariants["I2"].checks > 0
+    assert len(log.evictions) > 50
+    if params.get("leaf_only", True):
+        assert result.orphans["orphans_created"] == 0
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(lines=traces(), capacity=st.integers(4, 16), bound=st.sampled_from([0.0, 0.2, 0.5]))
+def test_random_small_traces_paranoid_and_bound_zero_is_prefixshield(tmp_path, lines,
+                                                                     capacity, bound):
+    p = write_lines(tmp_path, lines)
+    r, log, _ = replay_file(p, capacity, policy="prefixshield-b", paranoid=True,
+                            params={"probationary_bound": bound}, setup=_counting)
+    assert r.aborted is None and all(v.holds for v in r.invariants.values())
+    if bound == 0.0:
+        _, ref, _ = replay_file(p, capacity, policy="prefixshield")
+        assert log.evictions == ref.evictions
