@@ -216,16 +216,7 @@ def _render_experiment(receipt: dict, out: Path) -> None:
                 e = scope[m]
                 t.add_row(name, m, _fmt(e["baseline_mean"]), _fmt(e["candidate_mean"]), _ci(e))
     err.print(t)
-    gate = receipt["gate"]
-    for c in gate["checks"]:
-        if c["verdict"] == "fail":
-            err.print(f"[red]FAIL[/red] {c['name']}: observed {_fmt(c['observed'])}, "
-                      f"required {c['op']} {_fmt(c['threshold'])}"
-                      + (f" ({c['note']})" if c.get("note") else ""))
-    colour = "green" if gate["result"] == "pass" else "red"
-    err.print(f"gate: [{colour}]{gate['result'].upper()}[/{colour}] "
-              f"({gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} checks passed); "
-              f"receipt in {out}/ (one receipt per run in {out}/runs/)")
+    _render_gate(receipt["gate"], f"receipt in {out}/ (one receipt per run in {out}/runs/)")
 
 
 def _fmt(x) -> str:
@@ -257,7 +248,10 @@ def _render_replay(receipt: dict, out: Path) -> None:
                          f" / {_fmt(mm.get('ttft_p95_ms'))} / {_fmt(ev)}")
         t.add_row(name, *cells)
     err.print(t)
-    gate = receipt["gate"]
+    _render_gate(receipt["gate"], f"receipt in {out}/")
+
+
+def _render_gate(gate: dict, where: str) -> None:
     for c in gate["checks"]:
         if c["verdict"] == "fail":
             err.print(f"[red]FAIL[/red] {c['name']}: observed {_fmt(c['observed'])}, "
@@ -266,7 +260,7 @@ def _render_replay(receipt: dict, out: Path) -> None:
     colour = "green" if gate["result"] == "pass" else "red"
     err.print(f"gate: [{colour}]{gate['result'].upper()}[/{colour}] "
               f"({gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} checks passed); "
-              f"receipt in {out}/")
+              f"{where}")
 
 
 @app.command()
@@ -498,9 +492,11 @@ def sweep(
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
     cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="also write each cell's gate as a JUnit test case")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
 ) -> None:
-    """Run one matched-run experiment per cell of a grid; write one table."""
+    """Run one matched-run experiment per cell of a grid; write one table. Exit 1 when a
+    cell's gate failed (an invariant broke, or a run exercised nothing)."""
     from psgate.sweep import SweepConfig, parse_axis, sweep as run_sweep
 
     axes: dict[str, list] = {}
@@ -531,8 +527,17 @@ def sweep(
     if not quiet:
         err.print(f"{len(rows)} cells ({sum(r['resumed'] for r in rows)} already complete); "
                   f"table in {out}/table.csv and {out}/table.json")
+    failed = sum(r["gate"] != "pass" for r in rows)
+    if junit:
+        write_junit(junit, "sweep", [
+            {"name": f"{r['cell']} " + " ".join(f"{k}={r[k]}" for k in axes),
+             "verdict": "pass" if r["gate"] == "pass" else "fail", "observed": r["gate"],
+             "op": "==", "threshold": "pass",
+             **({"note": f"see {out}/cells/{r['cell']}/receipt.json"}
+                if r["gate"] != "pass" else {})} for r in rows])
     _emit({"cells": len(rows), "resumed": sum(r["resumed"] for r in rows),
-           "table": str(out / "table.csv"), "failed_gates": sum(r["gate"] != "pass" for r in rows)})
+           "table": str(out / "table.csv"), "failed_gates": failed})
+    raise typer.Exit(1 if failed else 0)
 
 
 def _int_list(text: str | None, option: str) -> list[int] | None:

@@ -105,18 +105,8 @@ class ExperimentConfig:
     run_ids: list[str] = field(default_factory=list, init=False)
 
 
-@dataclass
-class ExperimentResult:
-    receipt: dict
-    out: Path
-
-    @property
-    def passed(self) -> bool:
-        return self.receipt["gate"]["result"] == "pass"
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.passed else 1
+# An experiment's result is read like a replay's: its receipt, where it is, and the gate.
+ExperimentResult = api.ReplayResult
 
 
 def _plan(cfg: ExperimentConfig) -> tuple[list[tuple[str, int | None, Path | None]], dict]:

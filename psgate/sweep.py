@@ -49,6 +49,7 @@ class SweepConfig:
     axes: dict[str, list] = field(default_factory=dict)
     baseline: str = "lru"
     candidate: str = "prefixshield"
+    candidate_params: dict = field(default_factory=dict)
     capacity: int = api.DEFAULT_CAPACITY
     runs: int = 3
     seed: int = 0
@@ -108,6 +109,7 @@ def cells(cfg: SweepConfig) -> list[dict]:
             "axes": point,
             "workload": kind, "params": wl, "runs": cfg.runs, "seed": cfg.seed,
             "baseline": cfg.baseline, "candidate": point.get("candidate", cfg.candidate),
+            "candidate_params": dict(cfg.candidate_params),
             "capacity": point.get("capacity", cfg.capacity), "resamples": cfg.resamples,
             "bootstrap_seed": cfg.bootstrap_seed, "cost": cfg.cost.to_json(),
             "paranoid": cfg.paranoid, "allow_unexercised": cfg.allow_unexercised,
@@ -135,6 +137,7 @@ def run_cell(spec: dict, out: str) -> dict:
         cost = CostModel.from_json(spec["cost"])
         cfg = ExperimentConfig(
             replay=api.ReplayConfig(baseline=spec["baseline"], candidate=spec["candidate"],
+                                    candidate_params=spec.get("candidate_params", {}),
                                     capacity=spec["capacity"], out=cell_dir, force=True,
                                     cost=cost, paranoid=spec["paranoid"],
                                     allow_unexercised=spec["allow_unexercised"]),

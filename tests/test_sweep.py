@@ -44,8 +44,11 @@ def test_cells_are_deterministic_and_checked(tmp_path):
 
 def test_local_sweep_table_and_resume(tmp_path):
     out = tmp_path / "s"
-    proc = psgate("sweep", *ARGS, "--workers", "2", "--out", out)
+    proc = psgate("sweep", *ARGS, "--workers", "2", "--out", out, "--junit", tmp_path / "j.xml")
     assert proc.returncode == 0, proc.stderr
+    junit = (tmp_path / "j.xml").read_text()
+    assert junit.count("<testcase") == 4 and 'failures="0"' in junit
+    assert "capacity=1024 candidate=s3fifo" in junit
     summary = json.loads(proc.stdout)
     assert summary == {"cells": 4, "resumed": 0, "table": str(out / "table.csv"),
                        "failed_gates": 0}
