@@ -26,9 +26,9 @@ def test_tiny_reproduction_end_to_end(tmp_path):
     assert report.startswith("# The PrefixShield paper's evaluation")
     assert "Pipeline check only (--tiny)" in report
     for heading in ("## Table I", "## Table II", "## Table III", "## Fig. 2", "## Fig. 3a",
-                    "## Fig. 3b"):
+                    "## Fig. 3b", "## Beyond the paper: prefixshield-b"):
         assert heading in report, heading
-    for png in ("fig2.png", "fig3.png"):
+    for png in ("fig2.png", "fig3.png", "fig4.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The one-touch PrefixShield row is the cell receipt's numbers, not a copy of the paper's.
     row = re.search(r"^\| one-touch \| prefixshield \| ([0-9.]+) \| ([+-][0-9.]+) ", report, re.M)

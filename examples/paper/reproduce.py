@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import os
 import sys
@@ -50,6 +49,9 @@ PAPER_GAIN_LOAD = {0.4: 20.06, 0.6: 9.39, 0.8: 8.47}
 PAPER_NOSEG = {"one-touch": 3.38, "low-and-slow": 1.84, "sharegpt": 2.31, "borrowing": 0.0}
 
 ATTACKS = ("one-touch", "low-and-slow", "two-pass-replay")
+TRADEOFF_TRACES = ("one-touch", "low-and-slow", "two-pass-replay", "delayed-replay", "sharegpt",
+                   "sharegpt-bursty")
+BOUNDS = (0.05, 0.1, 0.2, "adaptive")
 CANDIDATES = (("s3fifo", {}), ("static-quota", {}), ("prefixshield", {}),
               ("prefixshield", {"leaf_only": False}), ("belady", {}))
 
@@ -85,6 +87,15 @@ def plan(quick: bool) -> list[tuple[str, dict, str, dict, int]]:
         for cand in ("prefixshield", "prefixshield-nogate", "lru"):
             out.append(("fig3b", {"kind": "delayed-replay", "delay_fraction": frac}, cand, {},
                         512))
+    # Beyond the paper: psgate's prefixshield-b (bounded Probationary segment) against the
+    # paper's policies on every attack and benign trace, fixed bounds and adaptive.
+    for kind in TRADEOFF_TRACES:
+        for bound in BOUNDS:
+            out.append(("tradeoff", {"kind": kind}, "prefixshield-b",
+                        {"probationary_bound": bound}, 512))
+        if kind in ("delayed-replay",):
+            for cand in ("s3fifo", "prefixshield"):
+                out.append(("tradeoff", {"kind": kind}, cand, {}, 512))
     return out
 
 
@@ -357,8 +368,74 @@ def write_report(out: Path, todo, results, runs: int, quick: bool, wall: float,
     lines += ["", "Paper (Fig. 3b): full PrefixShield gates all 193 replay-eligible blocks and "
               "evicts 74 attacker and 0 victim blocks; without the gate 2 attacker and 72 victim "
               "blocks (35.16 pp); at the designed clearance time both promote all 193.", ""]
+    tradeoff = tradeoff_rows(out, cell)
+    lines += ["## Beyond the paper: prefixshield-b (psgate's extension)", "",
+              "PrefixShield with a bounded Probationary segment: Probationary-first order only "
+              "while Probationary candidates number at least a bound T (a fraction of usable "
+              "blocks, or adaptive from ghost regrets; `psgate/policies/prefixshield_b.py`). "
+              "Protection = victim hit % on the attack traces; benign = all requests' hit % on "
+              "the ShareGPT-like traces (the paper compares these only with S3-FIFO, not LRU).",
+              "", "| trace | scope | lru | s3fifo | prefixshield | " +
+              " | ".join(f"ps-b {b}" for b in BOUNDS) + " |",
+              "|---|---|---|---|---|" + "---|" * len(BOUNDS)]
+    for kind, scope, vals in tradeoff:
+        lines.append(f"| {kind} | {scope} | " + " | ".join(
+            "-" if vals.get(k) is None else f"{vals[k] * 100:.2f}"
+            for k in ["lru", "s3fifo", "prefixshield", *[f"b={b}" for b in BOUNDS]]) + " |")
+    lines += ["", "Differences against LRU with their intervals are in each cell's receipt "
+              "(`cells/tradeoff-*/receipt.json`); fig4.png plots protection against benign "
+              "hit rate.", ""]
     (out / "REPORT.md").write_text("\n".join(lines) + "\n")
     plots(out, cap_rows, load_rows, ab_rows, fig3b)
+    plot_tradeoff(out, tradeoff)
+
+
+def tradeoff_rows(out: Path, cell) -> list[tuple[str, str, dict]]:
+    rows = []
+    for kind in TRADEOFF_TRACES:
+        attack = kind not in ("sharegpt", "sharegpt-bursty")
+        scope = "victim" if attack else "all"
+        pick = ((lambda s: s["roles"]["victim"]["hit_fraction"]) if attack
+                else (lambda s: s["totals"]["hit_fraction"]))
+        vals: dict[str, float | None] = {}
+        for b in BOUNDS:
+            e = pick(_summary(out, cell("tradeoff", kind, "prefixshield-b",
+                                        {"probationary_bound": b})))
+            vals[f"b={b}"] = e["candidate_mean"]
+            vals["lru"] = e["baseline_mean"]
+        for cand in ("s3fifo", "prefixshield"):
+            section = ("table1" if kind in ATTACKS else "table2" if not attack else "tradeoff")
+            cid = cell(section, kind, cand)
+            vals[cand] = None if cid is None else pick(_summary(out, cid))["candidate_mean"]
+        rows.append((kind, scope, vals))
+    return rows
+
+
+def plot_tradeoff(out: Path, rows) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attack = [v for k, s, v in rows if s == "victim"]
+    benign = [v for k, s, v in rows if s == "all"]
+    keys = ["lru", "s3fifo", "prefixshield", *[f"b={b}" for b in BOUNDS]]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for i, k in enumerate(keys):
+        xs = [v[k] for v in benign if v.get(k) is not None]
+        ys = [v[k] for v in attack if v.get(k) is not None]
+        if not xs or not ys:
+            continue
+        x, y = 100 * sum(xs) / len(xs), 100 * sum(ys) / len(ys)
+        name = k if not k.startswith("b=") else f"prefixshield-b {k[2:]}"
+        ax.scatter([x], [y], s=60, marker="o" if not k.startswith("b=") else "^",
+                   color=f"C{i}", label=name)
+    ax.set_xlabel("benign hit % (mean over the ShareGPT-like traces)")
+    ax.set_ylabel("victim hit % (mean over the attack traces)")
+    ax.set_title("protection vs benign hit rate (512 blocks)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "fig4.png", dpi=110)
+    plt.close(fig)
 
 
 def plots(out: Path, cap_rows, load_rows, ab_rows, fig3b) -> None:
