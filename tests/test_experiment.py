@@ -182,3 +182,21 @@ def test_experiment_usage_errors(tmp_path):
     proc = psgate("replay", "--trace", bad, "--out", tmp_path / "o", "--candidate", "prefixshield")
     assert_one_line_error(proc, 2, "b.jsonl:1")
     assert not (tmp_path / "o").exists()
+
+
+def test_verify_and_review_commands_on_an_experiment(tmp_path):
+    proc, out = _experiment(tmp_path, "e")
+    assert proc.returncode == 0, proc.stderr
+    ver = psgate("verify", out)
+    assert ver.returncode == 0, ver.stderr + ver.stdout
+    assert json.loads(ver.stdout)["compared"][-1] == "receipt.json summary (recomputed from the runs)"
+    r = json.loads((out / "receipt.json").read_text())
+    r["summary"]["roles"]["victim"]["hit_fraction"]["diff_ci_low"] = 0.5
+    (out / "receipt.json").write_text(json.dumps(r))
+    ver = psgate("verify", out)
+    assert ver.returncode == 1
+    assert "summary/roles/victim/hit_fraction/diff_ci_low" in json.loads(ver.stdout)["first_difference"]
+    for args in (["explain", out, "--decision", "1"], ["report", out, "-o", tmp_path / "r.html"],
+                 ["diff", out, out]):
+        assert_one_line_error(psgate(*args), 2, "experiment receipt", "runs/run-000")
+    assert psgate("explain", out / "runs" / "run-000", "--decision", "1").returncode == 0

@@ -17,18 +17,25 @@ from psgate.trace.future import future_uses
 from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, validate_trace
 
 
-def load_receipt(directory: str | Path) -> dict:
+def load_receipt(directory: str | Path, experiment_ok: bool = False) -> dict:
+    """A replay's receipt; an experiment's (matched runs) only where ``experiment_ok``:
+    the commands that read one run's ledger are pointed at a run's own directory."""
     d = Path(directory)
     p = d / "receipt.json"
     if not d.is_dir():
         raise InputError("not a receipt directory", path=str(d))
     try:
-        return orjson.loads(p.read_bytes())
+        receipt = orjson.loads(p.read_bytes())
     except FileNotFoundError:
         raise InputError("no receipt.json here (an interrupted or foreign directory?)",
                          path=str(d)) from None
     except orjson.JSONDecodeError as exc:
         raise InputError(f"receipt.json is not valid JSON ({exc})", path=str(p)) from None
+    if isinstance(receipt, dict) and "psgate_experiment" in receipt and not experiment_ok:
+        first = (receipt.get("runs") or [{}])[0].get("receipt", "runs/<id>/receipt.json")
+        raise InputError(f"an experiment receipt (matched runs); name one run's directory, "
+                         f"e.g. {d / Path(first).parent}", path=str(d))
+    return receipt
 
 
 def _resolve(given: str, abspath: str | None, override: str | None, what: str,

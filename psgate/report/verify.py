@@ -59,10 +59,44 @@ def first_line_difference(a: Path, b: Path) -> str | None:
     return None
 
 
+def verify_experiment(directory: Path, receipt: dict, progress=None) -> VerifyResult:
+    """Every run re-replayed and compared as a single receipt is; then each run's digest
+    and the paired summary recomputed from the runs' receipts."""
+    from psgate.receipt.receipt import dumps
+    from psgate.stats.bootstrap import paired_summary
+    import hashlib
+    import orjson
+
+    compared: list[str] = []
+    base, cand = [], []
+    for run in receipt["runs"]:
+        run_dir = directory / Path(run["receipt"]).parent
+        one = verify(run_dir, progress=progress)
+        compared += [f"{run['id']}/{c}" for c in one.compared]
+        if not one.identical:
+            return VerifyResult(False, f"{run['id']}: {one.first_difference}", compared)
+        mine = orjson.loads((run_dir / "receipt.json").read_bytes())
+        if hashlib.sha256(dumps(deterministic_part(mine))).hexdigest() != run["receipt_sha256"]:
+            return VerifyResult(False, f"runs/{run['id']}: receipt_sha256 differs from the "
+                                f"run's receipt", compared)
+        base.append(mine["runs"]["baseline"]["metrics"])
+        cand.append(mine["runs"]["candidate"]["metrics"])
+    b = receipt["config"]["bootstrap"]
+    again = paired_summary(base, cand, b["resamples"], b["seed"])
+    again["method"] = receipt["summary"]["method"]     # wording only (runs or traces)
+    compared.append("receipt.json summary (recomputed from the runs)")
+    diff = first_json_difference(receipt["summary"], again, "/summary")
+    if diff:
+        return VerifyResult(False, f"receipt.json{diff}", compared)
+    return VerifyResult(True, None, compared)
+
+
 def verify(directory: str | Path, trace: str | None = None, gate: str | None = None,
            progress=None) -> VerifyResult:
     directory = Path(directory)
-    receipt = load_receipt(directory)
+    receipt = load_receipt(directory, experiment_ok=trace is None and gate is None)
+    if "psgate_experiment" in receipt:
+        return verify_experiment(directory, receipt, progress)
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
     try:
         cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate)
