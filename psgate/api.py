@@ -28,7 +28,8 @@ from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, EngineUnavailable, InputE
 from psgate.policies import make_policy
 from psgate.receipt.atomic import StagedOutput, prepare_out_dir
 from psgate.receipt.gate import needs_paired, GateSpec, evaluate, load_gate_file
-from psgate.receipt.ledger import LedgerWriter, file_sha256, write_requests
+from psgate.receipt.ledger import (COMPRESSIONS, LEDGER_ROWS, LedgerWriter, file_sha256,
+                                   ledger_name, write_requests)
 from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.bootstrap import paired_summary
@@ -59,6 +60,8 @@ class ReplayConfig:
     allow_unexercised: bool = False
     paranoid: bool = False
     ledger_hits: bool = False
+    ledger_rows: str = "all"            # or "evictions"
+    ledger_compression: str = "none"    # or "gzip"
     cost: CostModel = field(default_factory=CostModel)
     contracts: tuple[str, ...] = DEFAULT_CONTRACTS
     # How the trace and gate file are named in outputs when that differs from where
@@ -142,6 +145,12 @@ def _environment(src: TraceSource, out: Path, started: float, gate: str | None,
 def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> ReplayResult:
     started = time.time()
     check_engine(cfg.engine)
+    if cfg.ledger_rows not in LEDGER_ROWS:
+        raise InputError(f"expected one of {', '.join(LEDGER_ROWS)}, found '{cfg.ledger_rows}'",
+                         path="--ledger-rows")
+    if cfg.ledger_compression not in COMPRESSIONS:
+        raise InputError(f"expected one of {', '.join(COMPRESSIONS)}, found "
+                         f"'{cfg.ledger_compression}'", path="--ledger-compression")
     if cfg.capacity < 2:
         raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
                          f"found {cfg.capacity}", path="--capacity")
@@ -180,7 +189,9 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
     runs: dict[str, dict] = {}
     results = []
     with StagedOutput(cfg.out) as staged:
-        ledger = LedgerWriter(staged.path("ledger.csv"), hits=cfg.ledger_hits)
+        ledger = LedgerWriter(staged.path(ledger_name(cfg.ledger_compression)),
+                              hits=cfg.ledger_hits, rows=cfg.ledger_rows,
+                              compression=cfg.ledger_compression)
         try:
             for label, policy in policies.items():
                 ledger.start_run(label, policy.name)
@@ -239,6 +250,8 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                 "candidate": policies["candidate"].describe(),
                 "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
                 "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
+                "ledger": {"rows": cfg.ledger_rows, "compression": cfg.ledger_compression,
+                           "file": ledger_name(cfg.ledger_compression)},
                 "limits": cfg.limits.to_json(),
                 "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
                 "replay_model": "psgate replay model v1: blocks held from admission, "
@@ -249,7 +262,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                                             runs["candidate"]["metrics"]),
             "gate": gate,
             "outputs": {name: {"sha256": file_sha256(staged.path(name))}
-                        for name in ("ledger.csv", "requests.csv")},
+                        for name in (ledger_name(cfg.ledger_compression), "requests.csv")},
         }
         receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file,
                                               summary.sha256)

@@ -124,6 +124,8 @@ def replay(
     allow_unexercised: Annotated[bool, typer.Option(help="pass the gate even if nothing was evicted")] = False,
     paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)")] = False,
     ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block")] = False,
+    ledger_rows: Annotated[str, typer.Option(help="all (default) or evictions: only eviction rows, for long traces")] = "all",
+    ledger_compression: Annotated[str, typer.Option(help="none (default) or gzip: write ledger.csv.gz")] = "none",
     baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE")] = None,
     candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
@@ -139,7 +141,8 @@ def replay(
     cfg = api.ReplayConfig(
         trace=trace, baseline=baseline, candidate=candidate, capacity=capacity, engine=engine,
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
-        paranoid=paranoid, ledger_hits=ledger_hits,
+        paranoid=paranoid, ledger_hits=ledger_hits, ledger_rows=ledger_rows,
+        ledger_compression=ledger_compression,
         baseline_params=_params(baseline_param, "--baseline-param"),
         candidate_params=_params(candidate_param, "--candidate-param"),
         cost=_cost(cost_param, cost_model),

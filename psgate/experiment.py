@@ -207,6 +207,7 @@ def run_experiment(cfg: ExperimentConfig,
                     capacity=base.capacity, engine=base.engine, out=run_out, force=False,
                     gate_file=None, allow_unexercised=base.allow_unexercised,
                     paranoid=base.paranoid, ledger_hits=base.ledger_hits, cost=base.cost,
+                    ledger_rows=base.ledger_rows, ledger_compression=base.ledger_compression,
                     contracts=base.contracts, limits=base.limits,
                     # Generated traces are named relative to OUT, so the receipts do not
                     # depend on where OUT is.

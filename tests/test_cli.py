@@ -239,3 +239,39 @@ def test_golden_receipt(request, tmp_path):
     assert dumps(deterministic_part(got)) == dumps(deterministic_part(want))
     for name in ("ledger.csv", "requests.csv"):
         assert (out / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
+
+
+def test_ledger_volume_options(tmp_path):
+    """--ledger-rows evictions keeps the eviction rows with their numbers; gzip output is
+    deterministic and verify reads it; the receipt says which ledger it has."""
+    import gzip
+    full, small, gz = tmp_path / "full", tmp_path / "small", tmp_path / "gz"
+    assert psgate("replay", *GOLDEN_ARGS, "--out", full, "--quiet").returncode == 0
+    assert psgate("replay", *GOLDEN_ARGS, "--out", small, "--quiet", "--ledger-rows",
+                  "evictions").returncode == 0
+    assert psgate("replay", *GOLDEN_ARGS, "--out", gz, "--quiet", "--ledger-compression",
+                  "gzip").returncode == 0
+    rows = (full / "ledger.csv").read_text().splitlines()
+    evictions = [rows[0]] + [r for r in rows[1:] if r.split(",")[4] == "evict"]
+    assert (small / "ledger.csv").read_text().splitlines() == evictions
+    assert len(evictions) < len(rows)
+    assert gzip.decompress((gz / "ledger.csv.gz").read_bytes()) == (full / "ledger.csv").read_bytes()
+    assert not (gz / "ledger.csv").exists()
+    r = json.loads((gz / "receipt.json").read_text())
+    assert r["config"]["ledger"] == {"rows": "all", "compression": "gzip", "file": "ledger.csv.gz"}
+    assert "ledger.csv.gz" in r["outputs"]
+    for d in (small, gz):
+        ver = psgate("verify", d)
+        assert ver.returncode == 0, ver.stdout + ver.stderr
+    assert psgate("explain", gz, "--decision", "5").returncode == 0
+    assert_one_line_error(psgate("explain", small, "--request", "r1"), 2, "evictions only")
+    again = tmp_path / "gz2"
+    assert psgate("replay", *GOLDEN_ARGS, "--out", again, "--quiet", "--ledger-compression",
+                  "gzip").returncode == 0
+    assert (again / "ledger.csv.gz").read_bytes() == (gz / "ledger.csv.gz").read_bytes()
+    # --force into a directory with the other format leaves no stale ledger behind.
+    assert psgate("replay", *GOLDEN_ARGS, "--out", full, "--quiet", "--force",
+                  "--ledger-compression", "gzip").returncode == 0
+    assert not (full / "ledger.csv").exists()
+    assert_one_line_error(psgate("replay", "--out", tmp_path / "x", "--ledger-rows", "some"),
+                          2, "--ledger-rows")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from psgate.errors import InputError
 
-OUTPUT_FILES = ("receipt.json", "ledger.csv", "requests.csv")
+OUTPUT_FILES = ("receipt.json", "ledger.csv", "ledger.csv.gz", "requests.csv")
 LOCK_NAME = ".psgate.lock"
 
 
@@ -74,6 +74,9 @@ class StagedOutput:
         stale = self.out / "receipt.json"
         if stale.exists():
             stale.unlink()      # never leave an old receipt beside new ledgers
+        for name in OUTPUT_FILES:   # nor an old ledger in the other format (--force)
+            if name not in names:
+                (self.out / name).unlink(missing_ok=True)
         for name in names:
             os.replace(self.staging / name, self.out / name)
         self._committed = True

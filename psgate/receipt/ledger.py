@@ -10,7 +10,9 @@ anything but the inputs.
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
+import io
 from pathlib import Path
 
 import orjson
@@ -50,14 +52,41 @@ def canonical(obj) -> str:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
 
-class LedgerWriter:
-    """The engine's recorder: one CSV row per decision, streamed to disk."""
+LEDGER_ROWS = ("all", "evictions")
+COMPRESSIONS = ("none", "gzip")
 
-    def __init__(self, path: Path, hits: bool = False) -> None:
-        self._fh = open(path, "w", newline="", encoding="utf-8")
+
+def ledger_name(compression: str) -> str:
+    return "ledger.csv.gz" if compression == "gzip" else "ledger.csv"
+
+
+def open_text(path: Path):
+    """A ledger or any CSV output for reading, gzip or plain by its name."""
+    if path.name.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, newline="", encoding="utf-8")
+
+
+class LedgerWriter:
+    """The engine's recorder: one CSV row per decision, streamed to disk.
+
+    ``rows="evictions"`` keeps only eviction rows (admissions still advance ``seq``, so
+    a decision has the same number in every mode); ``compression="gzip"`` writes a gzip
+    stream with no name and no timestamp, so its bytes too depend only on the inputs."""
+
+    def __init__(self, path: Path, hits: bool = False, rows: str = "all",
+                 compression: str = "none") -> None:
+        if compression == "gzip":
+            self._raw = open(path, "wb")
+            self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
+            self._fh = io.TextIOWrapper(self._gz, encoding="utf-8", newline="")
+        else:
+            self._raw = self._gz = None
+            self._fh = open(path, "w", newline="", encoding="utf-8")
         self._w = csv.writer(self._fh, lineterminator="\n")
         self._w.writerow(LEDGER_COLUMNS)
-        self.hits = hits
+        self.hits = hits and rows == "all"
+        self.evictions_only = rows == "evictions"
         self.run = ""
         self.policy = ""
         self.seq = 0
@@ -86,6 +115,9 @@ class LedgerWriter:
         self._row(now_ns, "evict", req, block, hash_name, owner, decision=decision)
 
     def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
+        if self.evictions_only:
+            self.seq += 1
+            return
         self._row(now_ns, "admit", req, hits=hits, allocated=allocated, new_blocks=new_blocks,
                   note=note)
 
@@ -93,7 +125,9 @@ class LedgerWriter:
         self._row(now_ns, "hit", req, block, hash_name, owner, note={"pos": pos})
 
     def close(self) -> None:
-        self._fh.close()
+        self._fh.close()      # closes the gzip stream, which closes nothing beneath it
+        if self._raw is not None:
+            self._raw.close()
 
 
 def write_requests(path: Path, runs: list[tuple[str, str, list[RequestOutcome]]]) -> None:

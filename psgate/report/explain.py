@@ -16,18 +16,19 @@ import orjson
 
 from psgate.engines.sim import NullRecorder
 from psgate.errors import InputError
+from psgate.receipt.ledger import open_text
 from psgate.report.receipts import load_receipt, prepare_replay, replay_run
 
 SEGMENT_ORDER = "Probationary, then Normal, then Reuse"
 
 
-def read_rows(directory: Path, run: str) -> list[dict]:
-    p = directory / "ledger.csv"
+def read_rows(directory: Path, run: str, name: str = "ledger.csv") -> list[dict]:
+    p = directory / name
     try:
-        with open(p, newline="", encoding="utf-8") as fh:
+        with open_text(p) as fh:
             return [r for r in csv.DictReader(fh) if r["run"] == run]
     except FileNotFoundError:
-        raise InputError("no ledger.csv here", path=str(directory)) from None
+        raise InputError(f"no {name} here", path=str(directory)) from None
 
 
 def _rank(row: dict) -> dict:
@@ -136,7 +137,11 @@ def explain(directory: str | Path, run: str = "candidate", decision: int | None 
     if run not in ("baseline", "candidate"):
         raise InputError(f"expected baseline or candidate, found '{run}'", path="--run")
     policy = receipt["config"][run]["name"]
-    rows = read_rows(directory, run)
+    ledger = receipt["config"].get("ledger", {"rows": "all", "file": "ledger.csv"})
+    rows = read_rows(directory, run, ledger["file"])
+    if request is not None and ledger["rows"] == "evictions":
+        raise InputError("this ledger holds evictions only (--ledger-rows evictions): "
+                         "replay with the full ledger to explain a request", path="--request")
     if decision is not None:
         sel = [r for r in rows if int(r["seq"]) == decision]
         if not sel:

@@ -88,6 +88,8 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
         capacity=cfg["capacity"], engine=cfg["engine"], out=out, force=True, gate_file=gate_path,
         allow_unexercised=cfg["allow_unexercised"], paranoid=cfg["paranoid"],
         ledger_hits=cfg.get("ledger_hits", False), cost=cost,
+        ledger_rows=cfg.get("ledger", {}).get("rows", "all"),
+        ledger_compression=cfg.get("ledger", {}).get("compression", "none"),
         trace_label=receipt["trace"]["path"], limits=Limits(**cfg.get("limits", {})),
         gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgate import api
+from psgate.receipt.ledger import open_text
 from psgate.receipt.receipt import deterministic_part
 from psgate.report.receipts import config_from_receipt, load_receipt
 
@@ -48,11 +49,11 @@ def first_json_difference(a, b, path: str = "") -> str | None:
 
 
 def first_line_difference(a: Path, b: Path) -> str | None:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+    with open_text(a) as fa, open_text(b) as fb:
         for n, (x, y) in enumerate(zip(fa, fb), start=1):
             if x != y:
-                return (f"{a.name}:{n}: receipt has {x.decode(errors='replace').rstrip()!r:.120}, "
-                        f"replay gives {y.decode(errors='replace').rstrip()!r:.120}")
+                return (f"{a.name}:{n}: receipt has {x.rstrip()!r:.120}, "
+                        f"replay gives {y.rstrip()!r:.120}")
         rest_a, rest_b = fa.read(1), fb.read(1)
     if rest_a or rest_b:
         return f"{a.name}: {'the receipt' if rest_a else 'the replay'} has more lines"
@@ -105,7 +106,8 @@ def verify(directory: str | Path, trace: str | None = None, gate: str | None = N
         diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
         if diff:
             return VerifyResult(False, f"receipt.json{diff}", compared)
-        for name in ("ledger.csv", "requests.csv"):
+        for name in (receipt["config"].get("ledger", {}).get("file", "ledger.csv"),
+                     "requests.csv"):
             compared.append(name)
             mine = directory / name
             if not mine.is_file():
