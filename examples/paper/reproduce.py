@@ -220,6 +220,8 @@ def write_report(out: Path, todo, results, runs: int, quick: bool, wall: float,
         return by.get((section, kind, cand, json.dumps(cp or {}, sort_keys=True),
                        json.dumps(params or {}, sort_keys=True), cap))
 
+    compute = sum(json.loads((out / "cells" / spec["id"] / "receipt.json").read_text())
+                  ["environment"]["wall_s"] for _, spec in todo)
     lines = [
         "# The PrefixShield paper's evaluation, reproduced with psgate's sim engine", "",
         *(["**Pipeline check only (--tiny): shrunken workloads, not the paper's experiment.**",
@@ -228,7 +230,9 @@ def write_report(out: Path, todo, results, runs: int, quick: bool, wall: float,
         f"{' --tiny' if tiny else ''}`: "
         f"{runs} matched runs per cell (seeds derived from 0), 512 configured blocks (511 "
         f"usable), 16-token blocks, the default cost model (modeled times), {len(todo)} cells "
-        f"in {wall / 60:.1f} min on this machine. Each value is psgate's mean over runs; "
+        f"in {compute / 60:.1f} min of replay time (summed over cells, from their receipts; "
+        f"the cells run on parallel worker processes) on a 2-core machine. Each value is "
+        f"psgate's mean over runs; "
         "differences are candidate minus LRU on the same traces with a 95% percentile-bootstrap "
         "interval over runs. Paper values are from its tables and figures (hit %).", "",
         "psgate's PrefixShield evicts leaves only (no orphans); `prefixshield(leaf_only=false)` is "
