@@ -185,9 +185,11 @@ def run_experiment(cfg: ExperimentConfig,
     created = prepare_out_dir(out, base.force)
     try:
         with StagedOutput(out) as staged:
-            for sub in ("runs", "traces"):
-                if base.force and (out / sub).exists():
-                    shutil.rmtree(out / sub)
+            if base.force:      # an old receipt never stands beside new runs
+                (out / "receipt.json").unlink(missing_ok=True)
+                for sub in ("runs", "traces"):
+                    if (out / sub).exists():
+                        shutil.rmtree(out / sub)
             rows, run_gates, base_metrics, cand_metrics = [], [], [], []
             for n, (run_id, seed, trace) in enumerate(plan):
                 if progress:
