@@ -263,6 +263,21 @@ def _blocks(tokens: int, bs: int) -> int:
 
 # -- steady ------------------------------------------------------------------------
 
+def _hot_reads(ev: "_Events", rng: random.Random, group: str, contract: str,
+               hot: list[list[str]], label: str, prefix_tokens: int, suffix_tokens: int,
+               out: int, rate: float, duration_s: float, role: str, measure_from: float,
+               bs: int) -> None:
+    """One tenant's Poisson stream over [0, duration_s) of re-reads of its hot prompts
+    (uniform choice), each with a request-unique suffix; measured from ``measure_from``.
+    Shared by fanout's background tenants and tenant-flood's victims."""
+    for i, t in enumerate(poisson(rng, 0.0, duration_s, rate)):
+        k = rng.randrange(len(hot))
+        rid = f"{group}-{i}"
+        blocks, tail = _prompt(hot[k], prefix_tokens, f"q/{rid}", suffix_tokens, bs)
+        ev.add(_request(t, rid, group, contract, "m", blocks, tail, out,
+                        f"{group}-{label}-{k}", role, measure=t >= measure_from))
+
+
 def _hot_prompt_tenants(kind: str, p: dict, scope_of):
     """Tenants re-reading their own hot prompts with short unique questions, Poisson
     arrivals; the scope of each request is ``scope_of(t)``. Shared by steady and
@@ -340,13 +355,9 @@ def fanout(**overrides) -> list[dict]:
         rate = p["background_rate"] / p["background_tenants"]
         if rate <= 0:
             continue
-        for i, t in enumerate(poisson(rng, 0.0, p["duration_s"], rate)):
-            k = rng.randrange(p["background_prompts"])
-            rid = f"{group}-{i}"
-            blocks, tail = _prompt(hot[k], p["background_prefix_tokens"], f"q/{rid}",
-                                   p["background_suffix_tokens"], bs)
-            ev.add(_request(t, rid, group, contract, "m", blocks, tail, p["background_out"],
-                            f"{group}-doc-{k}", "benign", measure=t >= p["warmup_s"]))
+        _hot_reads(ev, rng, group, contract, hot, "doc", p["background_prefix_tokens"],
+                   p["background_suffix_tokens"], p["background_out"], rate, p["duration_s"],
+                   "benign", p["warmup_s"], bs)
     derived = {"bursts": bursts,
                "system_blocks": _blocks(p["system_tokens"], bs),
                "background_working_set_blocks": p["background_tenants"]
@@ -375,13 +386,9 @@ def tenant_flood(**overrides) -> list[dict]:
         hot = [_hot(f"{group}-sys-{k}", p["victim_prefix_tokens"], bs)
                for k in range(p["prompts_per_victim"])]
         rng = _rng(kind, p["seed"], group)
-        for i, t in enumerate(poisson(rng, 0.0, p["duration_s"], p["victim_rate"])):
-            k = rng.randrange(p["prompts_per_victim"])
-            rid = f"{group}-{i}"
-            blocks, tail = _prompt(hot[k], p["victim_prefix_tokens"], f"q/{rid}",
-                                   p["victim_suffix_tokens"], bs)
-            ev.add(_request(t, rid, group, contract, "m", blocks, tail, p["victim_out"],
-                            f"{group}-sys-{k}", "victim", measure=t >= p["flood_start_s"]))
+        _hot_reads(ev, rng, group, contract, hot, "sys", p["victim_prefix_tokens"],
+                   p["victim_suffix_tokens"], p["victim_out"], p["victim_rate"],
+                   p["duration_s"], "victim", p["flood_start_s"], bs)
     groups["flooder"] = "best-effort"
     rng = _rng(kind, p["seed"], "flooder")
     n_flood = 0

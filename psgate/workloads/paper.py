@@ -157,6 +157,14 @@ def _attack_groups(p: dict) -> dict:
             p["attacker_group"]: {"contracts": [p["attacker_contract"]]}}
 
 
+def _attack_header(kind: str, p: dict, params: dict, derived: dict) -> dict:
+    """The header of a victim/attacker trace (one-touch and the two slow attacks)."""
+    return header_line(p["block_size"], hashing=SYNTHETIC_HASHING,
+                       source=f"psgate workload {kind} (PrefixShield paper)",
+                       generator={"name": kind, "params": params, "derived": derived},
+                       groups=_attack_groups(p))
+
+
 def _check_attack_base(kind: str, p: dict) -> None:
     _check_positive(kind, p, "block_size", "alpha", "hot_prefixes", "prefix_tokens",
                     "attack_tokens", "attack_requests")
@@ -231,12 +239,7 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
                                                              6)})
     params = {k: v for k, v in p.items()
               if k not in _ONE_TOUCH_ADDED or v != ONE_TOUCH_DEFAULTS[k]}
-    header = header_line(bs, hashing=SYNTHETIC_HASHING,
-                         source="psgate workload one-touch (PrefixShield paper)",
-                         generator={"name": "one-touch", "params": params,
-                                    "derived": derived},
-                         groups=_attack_groups(p))
-    return [header] + [e[2] for e in events]
+    return [_attack_header("one-touch", p, params, derived)] + [e[2] for e in events]
 
 
 @register_generator("borrowing", "one group idle, one active group whose working set needs "
@@ -319,11 +322,7 @@ def low_and_slow(cost: CostModel | None = None, **overrides) -> list[dict]:
 
     events, derived = _slow_attack("low-and-slow", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(derived["attack_rate_per_s"] * n_attack, 6)
-    header = header_line(bs, hashing=SYNTHETIC_HASHING,
-                         source="psgate workload low-and-slow (PrefixShield paper)",
-                         generator={"name": "low-and-slow", "params": p, "derived": derived},
-                         groups=_attack_groups(p))
-    return [header] + [e[2] for e in events]
+    return [_attack_header("low-and-slow", p, p, derived)] + [e[2] for e in events]
 
 
 @register_generator("two-pass-replay", "attacker admits sets of unseen prefixes, then replays "
@@ -360,12 +359,7 @@ def two_pass_replay(cost: CostModel | None = None, **overrides) -> list[dict]:
     events, derived = _slow_attack("two-pass-replay", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(
         derived["attack_rate_per_s"] * n_attack / 2, 6)
-    header = header_line(bs, hashing=SYNTHETIC_HASHING,
-                         source="psgate workload two-pass-replay (PrefixShield paper)",
-                         generator={"name": "two-pass-replay", "params": p,
-                                    "derived": derived},
-                         groups=_attack_groups(p))
-    return [header] + [e[2] for e in events]
+    return [_attack_header("two-pass-replay", p, p, derived)] + [e[2] for e in events]
 
 
 def bucket_debt(times: list[float], blocks: list[int], rho: float, beta: float) -> float:
