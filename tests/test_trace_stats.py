@@ -97,13 +97,20 @@ def test_mooncake_import_matches_direct_count(tmp_path, name):
     rows = sorted(enumerate(rows), key=lambda r: (r[1]["timestamp"], r[0]))
     direct = _direct_ratio([("all", r["input_length"], r["hash_ids"][:r["input_length"] // 512])
                             for _, r in rows], 512)
-    out = tmp_path / "t.jsonl"
-    write_trace(out, import_trace("mooncake", src))
+    _imported_matches(tmp_path, "mooncake", src, direct, 2048, name)
+
+
+def _imported_matches(tmp_path, fmt: str, src, direct: float, capacity: int,
+                      name: str) -> None:
+    """The imported trace's infinite-cache hit ratio equals the one counted straight from
+    the source, and the imported trace replays."""
+    out = tmp_path / "imported.jsonl"
+    write_trace(out, import_trace(fmt, src))
     got = trace_stats(str(out))["infinite_cache_hit_ratio"]
     print(f"\n{name}: infinite-cache hit ratio imported {got}, direct {direct}")
     assert got == direct
     proc = psgate("replay", "--trace", out, "--baseline", "lru", "--candidate", "lru",
-                  "--capacity", 2048, "--out", tmp_path / "o", "--quiet")
+                  "--capacity", capacity, "--out", tmp_path / "o", "--quiet")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -140,14 +147,7 @@ def test_weka_import_matches_direct_count(tmp_path):
         per_file += [(t, i, f.stem, m, n, ids) for i, (t, m, n, ids) in enumerate(reqs)]
     per_file.sort(key=lambda r: (r[0], r[2], r[1]))
     direct = _direct_ratio([((stem, m), n, ids) for _, _, stem, m, n, ids in per_file], 64)
-    out = tmp_path / "w.jsonl"
-    write_trace(out, import_trace("weka", src))
-    got = trace_stats(str(out))["infinite_cache_hit_ratio"]
-    print(f"\nweka: infinite-cache hit ratio imported {got}, direct {direct}")
-    assert got == direct
-    proc = psgate("replay", "--trace", out, "--baseline", "lru", "--candidate", "lru",
-                  "--capacity", 4096, "--out", tmp_path / "o", "--quiet")
-    assert proc.returncode == 0, proc.stderr
+    _imported_matches(tmp_path, "weka", src, direct, 4096, "weka")
 
 
 def test_stats_cli_json(tmp_path):
