@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from psgate.engines.cost import CostModel  # noqa: E402
+from psgate.receipt.ledger import open_text  # noqa: E402
 from psgate.sweep import SweepConfig, cells, run_cell  # noqa: E402
 
 PAPER = {  # DESIGN section 7 (hit % unless noted)
@@ -144,9 +145,11 @@ def ledger_promotions(out: Path, cell_id: str, group: str) -> tuple[float, float
     exp = json.loads((out / "cells" / cell_id / "receipt.json").read_text())
     promoted, denied = [], []
     for r in exp["runs"]:
-        path = out / "cells" / cell_id / Path(r["receipt"]).parent / "ledger.csv"
+        run_dir = out / "cells" / cell_id / Path(r["receipt"]).parent
+        ledger = json.loads((run_dir / "receipt.json").read_text())["config"].get(
+            "ledger", {}).get("file", "ledger.csv")
         p = d = 0
-        with open(path, newline="") as fh:
+        with open_text(run_dir / ledger) as fh:
             for row in csv.DictReader(fh):
                 if row["run"] == "candidate" and row["kind"] == "admit" and row["group"] == group \
                         and row["rank"]:
