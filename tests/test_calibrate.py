@@ -21,7 +21,8 @@ import numpy as np
 import orjson
 import pytest
 
-from psgate.calibrate.fit import FORMS, fit_prefill, holdout_mask
+from psgate.calibrate.fit import FORMS, fit_prefill
+from psgate.calibrate.grid import holdout_mask
 from psgate.calibrate.measure import Timings
 from psgate.calibrate.run import GRIDS, CalibrateConfig, build_document, write_document
 from psgate.engines.cost import COEFFICIENTS, CostModel, load_cost_model
@@ -255,6 +256,7 @@ def test_calibrate_bad_options(tmp_path):
 def test_calibrate_without_torch_exits_3_with_the_install_command(tmp_path):
     # torch is made unimportable in the child, whatever this environment has.
     code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
+            "sys.modules['numpy'] = None; "
             "from psgate.cli import main; sys.argv[0] = 'psgate'; main()")
     proc = subprocess.run([sys.executable, "-c", code, "calibrate", "--model-config",
                            str(MODELS / "tiny-qwen2"), "-o", str(tmp_path / "c.json")],

@@ -8,6 +8,7 @@
     fit prefill_ms(u, c) to the medians (relative least squares, coefficients >= 0)
     report the error on held-out grid points the fit never saw
 
-``fit`` needs only numpy; ``measure`` needs torch and transformers (``psgate[calibrate]``)
-and is imported only by ``psgate calibrate``, never by replay or the ``sim`` engine.
+``grid`` (the forms and the held-out rule) needs nothing, so options are checked before
+anything heavy loads; ``fit`` needs numpy; ``measure`` needs torch and transformers
+(``psgate[calibrate]``). Only ``psgate calibrate`` imports them, never replay or ``sim``.
 """

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from psgate.calibrate.grid import FORMS
+
 # Term name -> (coefficient field in CostModel, feature of (u, c)).
 TERMS = {
     "fixed": ("fixed_ms", lambda u, c: np.ones_like(u)),
@@ -21,10 +23,6 @@ TERMS = {
     "cached": ("per_cached_token_ms", lambda u, c: c),
     "uncached^2": ("per_uncached_token_sq_ms", lambda u, c: u * u),
     "uncached*cached": ("per_uncached_cached_token_ms", lambda u, c: u * c),
-}
-FORMS = {
-    "linear": ("fixed", "uncached", "cached"),
-    "attention": ("fixed", "uncached", "cached", "uncached^2", "uncached*cached"),
 }
 
 
@@ -40,25 +38,6 @@ class Fit:
         for term, (name, feature) in TERMS.items():
             total = total + self.coefficients[name] * feature(u, c)
         return total
-
-
-def holdout_mask(cached: list[int], uncached: list[int]) -> list[bool]:
-    """Which points of a cached x uncached grid (row-major) are held out: (i, j) with
-    (i * n_u + j + i) % 4 == 2, a diagonal pattern that holds out about one point in four
-    and a different column in each row, skipping the grid's four corners so the fit spans
-    the whole range (on a grid too small for the pattern, the inner point nearest the
-    middle). Deterministic, and independent of the timings."""
-    n_c, n_u = len(cached), len(uncached)
-    corners = {(0, 0), (0, n_u - 1), (n_c - 1, 0), (n_c - 1, n_u - 1)}
-    cells = list(itertools.product(range(n_c), range(n_u)))
-    mask = [(i * n_u + j + i) % 4 == 2 and (i, j) not in corners for i, j in cells]
-    if not any(mask):   # a small grid: hold out the inner point nearest the middle
-        inner = [k for k, cell in enumerate(cells) if cell not in corners]
-        if inner:
-            mid = ((n_c - 1) / 2, (n_u - 1) / 2)
-            k = min(inner, key=lambda k: (abs(cells[k][0] - mid[0]) + abs(cells[k][1] - mid[1]), k))
-            mask[k] = True
-    return mask
 
 
 def fit_prefill(uncached, cached, median_ms, form: str = "attention") -> Fit:

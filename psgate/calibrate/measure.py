@@ -1,6 +1,6 @@
 """Timing prefill and decode passes of a randomly initialised Hugging Face model.
 
-Only ``psgate calibrate`` imports this module (it needs torch and transformers).
+Only ``psgate calibrate`` imports this module (it needs torch, transformers and numpy).
 Times are wall-clock seconds around a synchronised forward pass: this is a
 measurement, and nothing here feeds a replay decision except through the fitted
 file it produces.
@@ -22,11 +22,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def import_torch():
     try:
+        import numpy  # noqa: F401 (the fit needs it)
         import torch
         import transformers
     except ImportError as exc:
-        raise EngineUnavailable(f"psgate calibrate needs torch and transformers ({exc.name} is "
-                                f"not installed); install them with: {INSTALL_HINT}") from None
+        raise EngineUnavailable(f"psgate calibrate needs torch, transformers and numpy "
+                                f"({exc.name} is not installed); install them with: "
+                                f"{INSTALL_HINT}") from None
     return torch, transformers
 
 

@@ -55,7 +55,7 @@ class CalibrateConfig:
         if self.dtype not in DTYPES:
             raise InputError(f"expected one of {', '.join(DTYPES)}, found '{self.dtype}'",
                              path="--dtype")
-        from psgate.calibrate.fit import FORMS
+        from psgate.calibrate.grid import FORMS
         if self.form not in FORMS:
             raise InputError(f"expected one of {', '.join(FORMS)}, found '{self.form}'",
                              path="--form")
@@ -70,7 +70,7 @@ class CalibrateConfig:
         if len(g["cached"]) < 2 or len(g["uncached"]) < 3:
             raise InputError("the grid needs at least 2 cached and 3 uncached sizes so that "
                              "points can be held out", path="--cached/--uncached")
-        from psgate.calibrate.fit import holdout_mask
+        from psgate.calibrate.grid import holdout_mask
         mask = holdout_mask(g["cached"], g["uncached"])
         if len(mask) - sum(mask) < len(FORMS[self.form]):
             raise InputError(f"a {len(g['cached'])} x {len(g['uncached'])} grid leaves "
@@ -119,7 +119,8 @@ def build_document(cfg: CalibrateConfig, model_cfg: dict, model_raw: bytes, mode
                    timings, *, num_parameters: int, device_name: str, software: dict) -> dict:
     """The cost-model document for measured ``timings``: fit on the kept points, errors on
     the held-out ones. Pure (no torch), so tests can feed it synthetic timings."""
-    from psgate.calibrate.fit import FORMS, fit_prefill, holdout_mask, relative_errors
+    from psgate.calibrate.fit import FORMS, fit_prefill, relative_errors
+    from psgate.calibrate.grid import holdout_mask
 
     mask = holdout_mask(cfg.grid["cached"], cfg.grid["uncached"])
     points = []
