@@ -11,7 +11,6 @@ over the same bytes with the same capacity, clock and events.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import platform
 import sys
@@ -21,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psgate import __version__
-from psgate.engines import ENGINES
+from psgate.engines import ENGINES, engine_class, engine_info
 from psgate.engines.cost import CostModel
-from psgate.engines.sim import SimEngine
+from psgate.engines.vllm_pool import vllm_version
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, EngineUnavailable, InputError
 from psgate.policies import make_policy
 from psgate.receipt.atomic import StagedOutput, prepare_out_dir
@@ -40,7 +39,6 @@ from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, val
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
 DEFAULT_CONTRACTS = ("critical", "standard", "best-effort")
-VLLM_INSTALL_HINT = "install it with: bash scripts/install-vllm.sh (see README, 'vLLM engines')"
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
@@ -86,13 +84,14 @@ class ReplayResult:
 
 
 def check_engine(engine: str) -> None:
-    if engine in ENGINES:
+    if engine == "sim":
         return
-    if engine in ("vllm-pool", "vllm"):
-        if importlib.util.find_spec("vllm") is None:
-            raise EngineUnavailable(f"engine '{engine}' needs vLLM, which is not installed; "
-                                    f"{VLLM_INSTALL_HINT}")
-        raise EngineUnavailable(f"engine '{engine}' is not available in psgate {__version__}; "
+    if engine == "vllm-pool":
+        vllm_version()          # EngineUnavailable (exit 3) naming the install command
+        return
+    if engine == "vllm":
+        vllm_version()
+        raise EngineUnavailable(f"engine 'vllm' is not available in psgate {__version__}; "
                                 f"available: {', '.join(ENGINES)}")
     raise InputError(f"unknown engine '{engine}'; expected one of sim, vllm-pool, vllm",
                      path="--engine")
@@ -188,6 +187,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                  summary, progress, started) -> ReplayResult:
     runs: dict[str, dict] = {}
     results = []
+    engine_cls = engine_class(cfg.engine)
     with StagedOutput(cfg.out) as staged:
         ledger = LedgerWriter(staged.path(ledger_name(cfg.ledger_compression)),
                               hits=cfg.ledger_hits, rows=cfg.ledger_rows,
@@ -198,7 +198,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                 tick = progress(f"{label} ({policy.name})", summary.num_lines) if progress else None
                 if policy.needs_future:
                     policy.set_future(future_uses(src, hashes))
-                engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity,
+                engine = engine_cls(header=header, hashes=hashes, capacity=cfg.capacity,
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
                                    paranoid=cfg.paranoid, label=label, trace_path=src.display,
@@ -264,6 +264,9 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
             "outputs": {name: {"sha256": file_sha256(staged.path(name))}
                         for name in (ledger_name(cfg.ledger_compression), "requests.csv")},
         }
+        info = engine_info(cfg.engine)
+        if info is not None:     # sim receipts stay as they were: no key at all
+            receipt["config"]["engine_info"] = info
         receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file,
                                               summary.sha256)
         validate_receipt(receipt)

@@ -361,7 +361,6 @@ class SimEngine:
         # -- admit: one allocation batch -----------------------------------------
         now = self.now
         policy = self.policy
-        rec = self.recorder
         g = r.gid
         policy.on_admit(preq, now)
         for pos, b in enumerate(hits):
@@ -387,7 +386,6 @@ class SimEngine:
         blocks = hits + new
         r.blocks = blocks
         key = self.key
-        names = self.hashes.names
         cached_now: list[tuple[int, int]] = []
         recompute = 0
         lost = self.lost
@@ -408,7 +406,24 @@ class SimEngine:
             cached_now.append((b, k))
             policy.on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
         note = policy.end_admit(preq, now)
+        self._admitted(r, hits, new, cached_now, max_hits, recompute, note)
+        return "ok"
 
+    def _admitted(self, r: _Req, hits: list[int], new: list[int],
+                  cached_now: list[tuple[int, int]], max_hits: int, recompute: int,
+                  note: dict | None) -> None:
+        """The pool has given r its blocks: start its prefill on the server, schedule
+        its release and record the admission. Shared by every block pool."""
+        ev = r.ev
+        preq = r.preq
+        bs = self.bs
+        now = self.now
+        policy = self.policy
+        rec = self.recorder
+        owner = self.owner
+        names = self.hashes.names
+        num_hits = len(hits)
+        num_full = len(ev.blocks)
         r.state = _RUNNING
         r.admit_ns = now
         r.seq = self.seq
@@ -437,17 +452,18 @@ class SimEngine:
             self._schedule(r, first + round(ev.out * self.cost.per_output_token_ms * NS_PER_MS))
 
         where = self._where(r)
+        base = r.ns << _KEY_SHIFT
         ns_keys = [base | h for h in ev.blocks[:num_hits]]
         self.checker.admitted(where, ns_keys, hits, max_hits, new, cached_now)
-        self.checker.check_accounting(where, len(free), policy.num_candidates, self, policy)
+        self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
+                                      policy)
         if self.family is not None:
             self.family.admitted(where, ev.group, ev.contract, now / 1e9, num_full - num_hits,
                                  policy.audit())
-        rec.admission(now, preq, num_hits, num_new, num_full - num_hits, note)
+        rec.admission(now, preq, num_hits, len(new), num_full - num_hits, note)
         if getattr(rec, "hits", False):
             for pos, b in enumerate(hits):
                 rec.hit(now, preq, pos, b, names[ev.blocks[pos]], self.group_names[owner[b]])
-        return "ok"
 
     def _evict(self, d, r: _Req) -> None:
         v = d.victim
@@ -460,6 +476,17 @@ class SimEngine:
         og = self.owner[v]
         self.recorder.eviction(self.now, r.preq, d, v, self.hashes.names[k & 0xFFFFFFFF],
                                self.group_names[og])
+        self._drop_content(v, k)
+        self.key[v] = NO_KEY
+        self.policy.on_evict(v)
+        self._occ_add(og, -1)
+        self.owner[v] = -1
+        self.evict_matrix[r.gid][og] += 1
+        self.num_evictions += 1
+
+    def _drop_content(self, v: int, k: int) -> None:
+        """Block v, holding content k, is being evicted: forget it in the lookup table;
+        content with no copy left is lost (a later recompute is counted)."""
         cur = self.cached[k]
         if type(cur) is int:
             del self.cached[k]
@@ -468,12 +495,6 @@ class SimEngine:
             cur.remove(v)
             if len(cur) == 1:
                 self.cached[k] = cur[0]
-        self.key[v] = NO_KEY
-        self.policy.on_evict(v)
-        self._occ_add(og, -1)
-        self.owner[v] = -1
-        self.evict_matrix[r.gid][og] += 1
-        self.num_evictions += 1
 
     def _schedule(self, r: _Req, release_ns: int) -> None:
         # Always through the heap, even when due now: releasing from inside an
@@ -503,6 +524,10 @@ class SimEngine:
             self._occ_add(owner[b], -1)
             owner[b] = -1
         self.policy.on_free(freed, self.now)
+        self._released(r, state)
+
+    def _released(self, r: _Req, state: str) -> None:
+        """r's blocks went back to the pool: check it and finish r's outcome."""
         where = self._where(r)
         self.checker.released(where, r.blocks)
         self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
