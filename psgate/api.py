@@ -90,7 +90,7 @@ def check_engine(engine: str) -> None:
         vllm_version()          # EngineUnavailable (exit 3) naming the install command
         return
     if engine == "vllm":
-        vllm_version()
+        vllm_version(engine)
         raise EngineUnavailable(f"engine 'vllm' is not available in psgate {__version__}; "
                                 f"available: {', '.join(ENGINES)}")
     raise InputError(f"unknown engine '{engine}'; expected one of sim, vllm-pool, vllm",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from psgate.engines.sim import NullRecorder, SimEngine
+from psgate.engines import engine_class
+from psgate.engines.sim import NullRecorder
 from psgate.policies import make_policy
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 
@@ -122,8 +123,9 @@ def random_traces(chains, *, groups=("g",), max_requests: int = 30,
 
 
 def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: bool = False,
-                params: dict | None = None, cost=None, recorder=None, setup=None):
-    """Replay with sim; returns (RunResult, EventLog, engine).
+                params: dict | None = None, cost=None, recorder=None, setup=None,
+                engine: str = "sim"):
+    """Replay with sim (or another engine by name); returns (RunResult, EventLog, engine).
 
     ``recorder`` replaces the fresh EventLog (it must keep EventLog's fields);
     ``setup(engine, log)`` runs just before the replay, to instrument the engine.
@@ -136,10 +138,10 @@ def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: 
     if pol.needs_future:
         from psgate.trace.future import future_uses
         pol.set_future(future_uses(TraceSource(path, Path(path)), hashes))
-    engine = SimEngine(header=header, hashes=hashes, capacity=capacity,
-                       policy=pol, contracts=CONTRACTS,
-                       done_ids=summary.done_ids, recorder=log, paranoid=paranoid, cost=cost,
-                       trace_path=path, groups=summary.groups)
+    engine = engine_class(engine)(header=header, hashes=hashes, capacity=capacity,
+                                  policy=pol, contracts=CONTRACTS,
+                                  done_ids=summary.done_ids, recorder=log, paranoid=paranoid,
+                                  cost=cost, trace_path=path, groups=summary.groups)
     log.block_ids = {}
     admit = engine._try_admit
 

@@ -266,14 +266,14 @@ def test_calibrate_without_torch_exits_3_with_the_install_command(tmp_path):
     assert not (tmp_path / "c.json").exists()
 
 
-def test_replay_and_trace_gen_never_import_torch(tmp_path):
+def test_replay_and_trace_gen_never_import_torch_or_vllm(tmp_path):
     code = ("import sys\n"
             "from psgate import api, cli\n"
             "from psgate.engines.cost import load_cost_model\n"
             f"api.replay(api.ReplayConfig(out=__import__('pathlib').Path({str(tmp_path / 'o')!r})))\n"
             "from psgate.workloads import generate\n"
             "generate('one-touch', {})\n"
-            "bad = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]\n"
+            "bad = [m for m in ('torch', 'transformers', 'numpy', 'vllm') if m in sys.modules]\n"
             "assert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)

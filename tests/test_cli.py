@@ -160,12 +160,6 @@ def test_exit_2_refuses_non_empty_out_dir(tmp_path):
     assert not [p for p in out.iterdir() if p.name.startswith(".psgate-staging")]
 
 
-def test_exit_3_vllm_engine_unavailable(tmp_path):
-    proc = psgate("replay", "--engine", "vllm-pool", "--out", tmp_path / "o")
-    assert_one_line_error(proc, 3, "vllm-pool")
-    assert not (tmp_path / "o").exists()
-
-
 def test_validate_and_policies_commands(tmp_path):
     t = small_trace(tmp_path)
     proc = psgate("validate", t)

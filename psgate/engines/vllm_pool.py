@@ -35,18 +35,24 @@ SUPPORTED_VLLM = "0.32."
 INSTALL_HINT = "install it with: bash scripts/install-vllm.sh (see README, 'vLLM engines')"
 
 
-def vllm_version() -> str:
+def vllm_version(engine: str = "vllm-pool") -> str:
     """The installed vLLM's version, or EngineUnavailable naming the install command."""
-    if importlib.util.find_spec("vllm") is None:
-        raise EngineUnavailable(f"this engine needs vLLM, which is not installed; {INSTALL_HINT}")
+    try:
+        missing = importlib.util.find_spec("vllm") is None
+    except ValueError:      # vllm.__spec__ unset: a stand-in module, not an install
+        missing = True
+    if missing:
+        raise EngineUnavailable(f"engine '{engine}' needs vLLM, which is not installed; "
+                                f"{INSTALL_HINT}")
     try:
         vllm = importlib.import_module("vllm")
     except Exception as exc:   # a broken install: say what broke, not a traceback
-        raise EngineUnavailable(f"vLLM is installed but does not import "
+        raise EngineUnavailable(f"engine '{engine}': vLLM is installed but does not import "
                                 f"({type(exc).__name__}: {exc}); {INSTALL_HINT}") from None
     version = vllm.__version__
     if not version.startswith(SUPPORTED_VLLM):
-        raise EngineUnavailable(f"found vLLM {version}, expected {SUPPORTED_VLLM}x (the block "
+        raise EngineUnavailable(f"engine '{engine}': found vLLM {version}, expected "
+                                f"{SUPPORTED_VLLM}x (the block "
                                 f"pool internals psgate drives are version-specific); "
                                 f"{INSTALL_HINT}")
     return version

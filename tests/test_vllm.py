@@ -1,0 +1,62 @@
+"""The vLLM engines from the base environment.
+
+The conformance, real-engine and plugin suites in tests/vllm_suite import vLLM, so they
+run in an interpreter that has it: PSGATE_VLLM_PYTHON (CI builds one with
+scripts/install-vllm.sh and sets PSGATE_REQUIRE_VLLM=1, so these tests cannot skip
+there), or this interpreter when it can import vLLM itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import assert_one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDE_VLLM = ("import sys; sys.modules['vllm'] = None; "
+             "from psgate.cli import main; sys.argv[0] = 'psgate'; main()")
+
+
+@pytest.mark.parametrize("engine", ["vllm-pool", "vllm"])
+def test_vllm_engines_without_vllm_exit_3_naming_the_install_command(tmp_path, engine):
+    proc = subprocess.run([sys.executable, "-c", HIDE_VLLM, "replay", "--engine", engine,
+                           "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, 3, engine, "scripts/install-vllm.sh")
+    assert not (tmp_path / "o").exists()
+
+
+def _vllm_python() -> str | None:
+    named = os.environ.get("PSGATE_VLLM_PYTHON")
+    if named:
+        return named
+    return sys.executable if importlib.util.find_spec("vllm") else None
+
+
+@pytest.mark.parametrize("suite", sorted(p.name for p in (ROOT / "tests" / "vllm_suite")
+                                         .glob("test_*.py")))
+def test_vllm_suite(tmp_path, suite):
+    python = _vllm_python()
+    if python is None:
+        if os.environ.get("PSGATE_REQUIRE_VLLM") == "1":
+            pytest.fail("PSGATE_REQUIRE_VLLM=1 but no interpreter with vLLM: set "
+                        "PSGATE_VLLM_PYTHON")
+        pytest.skip("vLLM not installed here: bash scripts/install-vllm.sh .venv-vllm, then "
+                    "PSGATE_VLLM_PYTHON=.venv-vllm/bin/python")
+    env = {**os.environ, "PSGATE_VLLM_SUITE": "1", "PYTHONPATH": str(ROOT),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "--basetemp", str(tmp_path / "t"), f"tests/vllm_suite/{suite}"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=2400)
+    tail = proc.stdout[-4000:] + proc.stderr[-2000:]
+    print(tail)
+    assert proc.returncode == 0, tail
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary and "deselected" not in summary, \
+        summary
