@@ -23,7 +23,7 @@ from psgate import __version__
 from psgate.engines import ENGINES, engine_class, engine_info
 from psgate.engines.cost import CostModel
 from psgate.engines.vllm_pool import vllm_version
-from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, EngineUnavailable, InputError
+from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, InputError
 from psgate.policies import make_policy
 from psgate.receipt.atomic import StagedOutput, prepare_out_dir
 from psgate.receipt.gate import needs_paired, GateSpec, evaluate, load_gate_file
@@ -52,6 +52,8 @@ class ReplayConfig:
     candidate_params: dict = field(default_factory=dict)
     capacity: int = DEFAULT_CAPACITY
     engine: str = "sim"
+    model_config: str | None = None     # --engine vllm: the model's HF config directory
+    time_compression: float = 1.0       # --engine vllm: trace seconds per wall second
     out: Path = Path("psgate-out")
     force: bool = False
     gate_file: str | None = None
@@ -86,14 +88,10 @@ class ReplayResult:
 def check_engine(engine: str) -> None:
     if engine == "sim":
         return
-    if engine == "vllm-pool":
-        vllm_version()          # EngineUnavailable (exit 3) naming the install command
+    if engine in ENGINES:
+        vllm_version(engine)    # EngineUnavailable (exit 3) naming the install command
         return
-    if engine == "vllm":
-        vllm_version(engine)
-        raise EngineUnavailable(f"engine 'vllm' is not available in psgate {__version__}; "
-                                f"available: {', '.join(ENGINES)}")
-    raise InputError(f"unknown engine '{engine}'; expected one of sim, vllm-pool, vllm",
+    raise InputError(f"unknown engine '{engine}'; expected one of {', '.join(ENGINES)}",
                      path="--engine")
 
 
@@ -198,12 +196,15 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                 tick = progress(f"{label} ({policy.name})", summary.num_lines) if progress else None
                 if policy.needs_future:
                     policy.set_future(future_uses(src, hashes))
+                extra = ({"model_config": cfg.model_config,
+                          "time_compression": cfg.time_compression}
+                         if cfg.engine == "vllm" else {})
                 engine = engine_cls(header=header, hashes=hashes, capacity=cfg.capacity,
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
                                    paranoid=cfg.paranoid, label=label, trace_path=src.display,
                                    progress=tick, groups=summary.groups,
-                                   max_in_flight=cfg.limits.max_in_flight)
+                                   max_in_flight=cfg.limits.max_in_flight, **extra)
                 with TraceReader(src, hashes, cfg.limits) as reader:
                     result = engine.run(reader.events())
                     if reader.summary().sha256 != summary.sha256:
@@ -213,13 +214,15 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                 runs[label] = {
                     "policy": result.policy,
                     "aborted": result.aborted,
-                    "metrics": run_metrics(result, cfg.cost),
+                    "metrics": run_metrics(result, None if cfg.engine == "vllm" else cfg.cost),
                     "counts": result.counts,
                     "invariants": {n: v.to_json() for n, v in sorted(result.invariants.items())},
                     "orphans": result.orphans,
                     "rejected_ids": result.rejected_ids,
                     "span_s": round((result.end_ns - result.start_ns) / 1e9, 9),
                 }
+                if result.observed is not None:
+                    runs[label]["observed"] = result.observed
         finally:
             ledger.close()
         write_requests(staged.path("requests.csv"),
@@ -264,7 +267,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
             "outputs": {name: {"sha256": file_sha256(staged.path(name))}
                         for name in (ledger_name(cfg.ledger_compression), "requests.csv")},
         }
-        info = engine_info(cfg.engine)
+        info = engine_info(cfg.engine, cfg.model_config, cfg.time_compression)
         if info is not None:     # sim receipts stay as they were: no key at all
             receipt["config"]["engine_info"] = info
         receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file,

@@ -118,6 +118,8 @@ def replay(
     candidate: Annotated[str, typer.Option(help="policy proposed to replace it")] = "lru",
     capacity: Annotated[int, typer.Option(help="configured KV blocks (one is the null block)")] = api.DEFAULT_CAPACITY,
     engine: Annotated[str, typer.Option(help="sim (default), vllm-pool or vllm")] = "sim",
+    model_config: Annotated[Optional[str], typer.Option(help="--engine vllm: Hugging Face model config directory (default: the bundled tiny Qwen2)")] = None,
+    time_compression: Annotated[float, typer.Option(help="--engine vllm: trace seconds per wall-clock second")] = 1.0,
     out: Annotated[Path, typer.Option(help="output directory for receipt.json and ledgers")] = Path("psgate-out"),
     force: Annotated[bool, typer.Option(help="overwrite a non-empty output directory")] = False,
     gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks")] = None,
@@ -140,6 +142,7 @@ def replay(
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
     cfg = api.ReplayConfig(
         trace=trace, baseline=baseline, candidate=candidate, capacity=capacity, engine=engine,
+        model_config=model_config, time_compression=time_compression,
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
         paranoid=paranoid, ledger_hits=ledger_hits, ledger_rows=ledger_rows,
         ledger_compression=ledger_compression,

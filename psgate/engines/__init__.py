@@ -2,17 +2,21 @@
 
 ``sim`` is psgate's own block pool and service model, reproducing vLLM v1's
 block pool; ``vllm-pool`` runs the same service model on vLLM's own
-KVCacheManager (needs vLLM, imported only when chosen). Engines never import the
+KVCacheManager; ``vllm`` replays on the real vLLM runtime and records observed
+results (both need vLLM, imported only when chosen). Engines never import the
 receipt or the CLI.
 """
 
 from __future__ import annotations
 
-ENGINES = ("sim", "vllm-pool")
+ENGINES = ("sim", "vllm-pool", "vllm")
 
 
 def engine_class(name: str):
-    """The engine class for a name in ENGINES; vLLM is imported only for vllm-pool."""
+    """The engine class for a name in ENGINES; vLLM is imported only for its engines."""
+    if name == "vllm":
+        from psgate.engines.vllm_real import VllmRealEngine
+        return VllmRealEngine
     if name == "vllm-pool":
         from psgate.engines.vllm_pool import VllmPoolEngine
         return VllmPoolEngine
@@ -20,9 +24,14 @@ def engine_class(name: str):
     return SimEngine
 
 
-def engine_info(name: str) -> dict | None:
-    """What a receipt records about the engine beyond its name (vLLM's version)."""
+def engine_info(name: str, model_config: str | None = None,
+                time_compression: float = 1.0) -> dict | None:
+    """What a receipt records about the engine beyond its name (vLLM's version; for the
+    real engine also torch, the device, the model config and the time compression)."""
     if name == "sim":
         return None
+    if name == "vllm":
+        from psgate.engines.vllm_real import engine_details
+        return engine_details(model_config, time_compression)
     from psgate.engines.vllm_pool import vllm_version
     return {"vllm": vllm_version()}

@@ -57,3 +57,4 @@ class RunResult:
     rejected_ids: list[str] = field(default_factory=list)
     start_ns: int = 0
     end_ns: int = 0
+    observed: dict | None = None     # the real engine: observed vs predicted per request

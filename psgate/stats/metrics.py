@@ -43,7 +43,9 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def summarize(outcomes: Iterable[RequestOutcome], cost: CostModel) -> dict:
+def summarize(outcomes: Iterable[RequestOutcome], cost: CostModel | None) -> dict:
+    """Metrics of a set of outcomes. ``cost`` None: the times are observed (the real
+    engine), so the modeled ones (saved and total prefill time) are null, never mixed in."""
     n = measured = waits = rejected = dropped = cancelled = 0
     frac_sum = 0.0
     hit_n = 0
@@ -77,7 +79,8 @@ def summarize(outcomes: Iterable[RequestOutcome], cost: CostModel) -> dict:
             (ttft_hit if o.cached_tokens > 0 else ttft_miss).append(o.ttft_ms)
     for lst in (ttft, ttft_hit, ttft_miss):
         lst.sort()
-    saved_ms = cached * (cost.per_uncached_token_ms - cost.per_cached_token_ms)
+    saved_ms = (None if cost is None
+                else cached * (cost.per_uncached_token_ms - cost.per_cached_token_ms))
     return {
         "requests": n,
         "measured_requests": measured,
@@ -85,7 +88,7 @@ def summarize(outcomes: Iterable[RequestOutcome], cost: CostModel) -> dict:
         "token_hit_ratio": _r(cached / prompt) if prompt else None,
         "saved_prefill_tokens": cached,
         "saved_prefill_ms": _r(saved_ms, 3),
-        "prefill_ms_total": _r(prefill, 3),
+        "prefill_ms_total": None if cost is None else _r(prefill, 3),
         "new_blocks": new_blocks,
         "recompute_tokens": recompute,
         "ttft_p50_ms": _r(nearest_rank(ttft, 50), 3),
@@ -104,13 +107,15 @@ def summarize(outcomes: Iterable[RequestOutcome], cost: CostModel) -> dict:
     }
 
 
-def run_metrics(run: RunResult, cost: CostModel) -> dict:
-    """The receipt's view of one run: totals, per group, per role, who evicted whom."""
+def run_metrics(run: RunResult, cost: CostModel | None) -> dict:
+    """The receipt's view of one run: totals, per group, per role, who evicted whom
+    (``cost`` None for observed runs, see summarize)."""
     totals = summarize(run.requests, cost)
     totals["evictions"] = run.evictions
     totals["churn"] = _r(run.evictions / run.usable_blocks)
-    totals["orphans_created"] = run.orphans["orphans_created"]
-    totals["orphan_blocks_max"] = run.orphans["orphan_blocks_max"]
+    for k in ("orphans_created", "orphan_blocks_max"):
+        if k in run.orphans:       # the real engine does not track orphans
+            totals[k] = run.orphans[k]
 
     by_group: dict[str, list[RequestOutcome]] = {g: [] for g in run.groups}
     by_role: dict[str, list[RequestOutcome]] = {}

@@ -1,0 +1,227 @@
+"""A psgate policy inside a running vLLM scheduler (the real engine and the plugin).
+
+Unlike ``vllm-pool``, nothing here drives the pool: vLLM's scheduler allocates
+prompt blocks (in chunks when it chunks prefill), output blocks one at a time as
+it decodes, caches full blocks of either kind, and may preempt. This module
+observes the manager and pool calls and tells the policy what ``sim`` would:
+
+    allocate_slots(request, ...)  one allocation batch -> on_admit (lazily) ... end_admit
+    touch(blocks)                 hits                 -> on_touch (queue), on_hit
+    get_new_blocks(n)             allocation           -> victims from the policy, on_allocated
+    cache_full_blocks(...)        newly cached blocks  -> on_cached (prompt *and* output)
+    free(request)                 release              -> on_released / on_free (queue)
+
+Every newly cached full block is materialized and charged to the request's
+group, whether it holds prompt or generated tokens. Tenant identity comes from
+the request: ``SamplingParams.extra_args`` keys ``psgate_group``/``psgate_contract``
+first, else ``cache_salt`` (``group`` or ``group<NUL>scope``), else the group
+``default``. A policy that needs the trace's future (``belady``) cannot run live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from psgate.engines.vllm_queue import PolicyFreeQueue
+from psgate.invariants.checker import Verdict
+from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+
+DEFAULT_GROUP = "default"
+DEFAULT_CONTRACT = "standard"
+
+
+def identify(request) -> tuple[str, str, str]:
+    """(group, contract, scope) of a vLLM request; see the module docstring."""
+    sp = getattr(request, "sampling_params", None)
+    extra = (getattr(sp, "extra_args", None) or {}) if sp is not None else {}
+    salt = getattr(request, "cache_salt", None) or ""
+    salt_group, _, scope = salt.partition("\x00")
+    group = str(extra.get("psgate_group") or salt_group or DEFAULT_GROUP)
+    contract = str(extra.get("psgate_contract") or DEFAULT_CONTRACT)
+    lora = getattr(request, "lora_request", None)
+    return group, contract, scope or (getattr(lora, "lora_name", None) or "base")
+
+
+class LivePolicy:
+    """Installs ``policy`` as the eviction order of a live vLLM KVCacheManager.
+
+    ``clock_ns()`` gives the policy's time (the trace clock in a replay, monotonic
+    time in serving). ``recorder`` receives ``eviction``/``admission`` calls as a
+    psgate ledger does; ``key_of(request_id, pos, block)`` gives a newly cached block's
+    content key for the policy (default: from vLLM's own block hash, kept in memory) and
+    ``name_of`` its name in the ledger (default: none; vLLM's hashes are never written).
+    ``future_known``: a replay has given a clairvoyant policy the trace's future.
+    """
+
+    def __init__(self, mgr, policy: EvictionPolicy, *, clock_ns: Callable[[], int],
+                 recorder=None, key_of=None, name_of=None, describe=identify,
+                 request_id=None, future_known: bool = False) -> None:
+        if policy.needs_future and not future_known:
+            raise ValueError(f"policy '{policy.name}' needs the trace's future and cannot run "
+                             f"inside a live engine")
+        self.mgr = mgr
+        self.pool = pool = mgr.block_pool
+        self.policy = policy
+        self.clock_ns = clock_ns
+        self.recorder = recorder
+        self.describe = describe
+        self.request_id = request_id or (lambda request: request.request_id)
+        self.key_of = key_of or _hash_key
+        self.name_of = name_of or (lambda rid, pos, block: "")
+        self.block_size = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        num_blocks = len(pool.blocks)
+        policy.bind(PoolInfo(num_blocks=num_blocks, num_usable=num_blocks - 1,
+                             block_size=self.block_size))
+        old = pool.free_block_queue
+        # Truly free blocks in id order, as a fresh pool has them (after a warm-up and a
+        # prefix-cache reset the order is arbitrary; it decides only which ids are used).
+        self.queue = PolicyFreeQueue(pool.blocks, policy, self,
+                                     sorted(b.block_id for b in old.get_all_free_blocks()))
+        pool.free_block_queue = self.queue
+        self.group_of_block = [-1] * num_blocks
+        self.names: list[str | None] = [None] * num_blocks
+        self.groups: list[str] = []
+        self._gids: dict[str, int] = {}
+        self._ns: dict[tuple[str, str], int] = {}
+        self._preqs: dict[str, PolicyRequest] = {}
+        self._cur: PolicyRequest | None = None
+        self._begun = False
+        self.num_evictions = 0
+        self.evictions_by: dict[tuple[int, int], int] = {}
+        self.pinned = Verdict("no_pinned_eviction", hard=True)
+        self.output_blocks: set[int] = set()     # blocks caching generated tokens
+        self.output_hits: dict[str, int] = {}    # request id -> output blocks it hit
+        self._wrap(mgr, pool)
+
+    # -- requests -------------------------------------------------------------
+    def _gid(self, group: str) -> int:
+        g = self._gids.get(group)
+        if g is None:
+            g = self._gids[group] = len(self.groups)
+            self.groups.append(group)
+        return g
+
+    def preq(self, request) -> PolicyRequest:
+        rid = self.request_id(request)
+        p = self._preqs.get(rid)
+        if p is None:
+            group, contract, scope = self.describe(request)
+            self._gid(group)
+            ns = self._ns.setdefault((group, scope), len(self._ns))
+            n = request.num_prompt_tokens
+            p = PolicyRequest(id=rid, group=group, contract=contract, scope=scope, namespace=ns,
+                              prefix=None, t_ns=self.clock_ns(), prompt_tokens=n,
+                              num_prompt_blocks=n // self.block_size, num_new_full_blocks=0,
+                              index=len(self._preqs))
+            self._preqs[rid] = p
+        return p
+
+    def _begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            self.policy.on_admit(self._cur, self.clock_ns())
+
+    # -- the wrapped calls ----------------------------------------------------
+    def _wrap(self, mgr, pool) -> None:
+        allocate, free = mgr.allocate_slots, mgr.free
+        touch, get_new, cache_full = pool.touch, pool.get_new_blocks, pool.cache_full_blocks
+        policy = self.policy
+
+        def allocate_slots(request, *args, **kwargs):
+            self._cur, self._begun = self.preq(request), False
+            try:
+                out = allocate(request, *args, **kwargs)
+                if self._begun:
+                    note = policy.end_admit(self._cur, self.clock_ns())
+                    if self.recorder is not None:
+                        self.recorder.admission(self.clock_ns(), self._cur, 0, 0,
+                                                self._cur.num_new_full_blocks, note)
+                return out
+            finally:
+                self._cur = None
+
+        def free_request(request):
+            rid = self.request_id(request)
+            self._cur = self._preqs.get(rid)
+            try:
+                return free(request)
+            finally:
+                self._cur = None
+                if request.is_finished():
+                    self._preqs.pop(rid, None)
+
+        def touched(blocks):
+            self._begin()
+            preq = self._cur
+            for pos, blk in enumerate(blocks):
+                touch([blk])
+                if blk.block_id in self.output_blocks:
+                    self.output_hits[preq.id] = self.output_hits.get(preq.id, 0) + 1
+                policy.on_hit(blk.block_id, preq, pos)
+
+        def got_new(n):
+            self._begin()
+            out = get_new(n)
+            ids = [b.block_id for b in out]
+            g = self._gids[self._cur.group]
+            for b in ids:
+                self.group_of_block[b] = g
+            policy.on_allocated(self._cur, ids)
+            return out
+
+        def cached(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs):
+            cache_full(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+            self._begin()
+            preq = self._cur
+            num_prompt = request.num_prompt_tokens // self.block_size
+            preq.num_new_full_blocks = max(0, num_full_blocks - num_cached_blocks)
+            for pos in range(num_cached_blocks, num_full_blocks):
+                blk = blocks[pos]
+                if blk.is_null or blk.block_hash is None:
+                    continue
+                b = blk.block_id
+                if pos >= num_prompt:
+                    self.output_blocks.add(b)
+                self.names[b] = self.name_of(preq.id, pos, blk)
+                policy.on_cached(b, preq, pos, blocks[pos - 1].block_id if pos else -1,
+                                 self.key_of(preq.id, pos, blk))
+
+        mgr.allocate_slots, mgr.free = allocate_slots, free_request
+        pool.touch, pool.get_new_blocks, pool.cache_full_blocks = touched, got_new, cached
+
+    # -- QueueOwner -----------------------------------------------------------
+    def context(self):
+        return self._cur, self.clock_ns()
+
+    def reclaim_first(self, num_blocks: int) -> int:
+        return self.policy.reclaim_first(self._cur, num_blocks) if self._cur else 0
+
+    def evicting(self, d: Decision) -> None:
+        v = d.victim
+        blk = self.pool.blocks[v]
+        self.pinned.record(blk.ref_cnt == 0 and blk.block_hash is not None,
+                           lambda: f"policy '{self.policy.name}' chose block {v} (ref_cnt "
+                                   f"{blk.ref_cnt}, cached {blk.block_hash is not None})")
+        og = self.group_of_block[v]
+        if self.recorder is not None:
+            self.recorder.eviction(self.clock_ns(), self._cur, d, v, self.names[v] or "",
+                                   self.groups[og] if og >= 0 else "")
+        self.policy.on_evict(v)
+        self.output_blocks.discard(v)
+        self.names[v] = None
+        g = self._gids[self._cur.group] if self._cur is not None else -1
+        self.evictions_by[(g, og)] = self.evictions_by.get((g, og), 0) + 1
+        self.group_of_block[v] = -1
+        self.num_evictions += 1
+
+    def released(self, block_ids: list[int]) -> None:
+        for b in block_ids:
+            self.group_of_block[b] = -1
+
+
+def _hash_key(request_id: str, pos: int, block) -> int:
+    """A content key from vLLM's block hash (bytes): the same content, the same key."""
+    h = block.block_hash
+    raw = h if isinstance(h, bytes) else repr(h).encode()
+    return int.from_bytes(raw[:8], "little") & ((1 << 62) - 1)
+
