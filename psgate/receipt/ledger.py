@@ -48,8 +48,91 @@ def canonical(obj) -> str:
     so a value reads the same whatever arithmetic path produced it."""
     if not obj:
         return ""
-    obj = {k: round(v, 9) if type(v) is float else v for k, v in obj.items()}
+    for v in obj.values():
+        if type(v) is float:
+            obj = {k: round(v, 9) if type(v) is float else v for k, v in obj.items()}
+            break
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _csv_exact(s: str) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow([s])
+    return buf.getvalue()[:-1]
+
+
+def csv_field(v) -> str:
+    """One field exactly as ``csv.writer(fh, lineterminator="\\n")`` writes it (the
+    default dialect: QUOTE_MINIMAL, doubled quotes): quoted when it holds a comma, a
+    quote or a line break, None as nothing, floats by repr."""
+    t = type(v)
+    if t is not str:
+        if t is int:
+            return str(v)
+        if v is None:
+            return ""
+        v = repr(v) if t is float else str(v)
+    if '"' in v or "," in v or "\n" in v or "\r" in v:
+        if "\r" in v:
+            return _csv_exact(v)
+        return '"' + v.replace('"', '""') + '"'
+    return v
+
+
+_ROUNDED: dict[float, float] = {}
+
+
+def _round9(v: float) -> float:
+    """round(v, 9), remembered for the values rows repeat (a group's debt is on every
+    row of its batch). Two non-zero floats equal as keys are the same number; zeros are
+    never stored (0.0 == -0.0 as keys, and round keeps the sign), so a hit is exact."""
+    r = _ROUNDED.get(v)
+    if r is None:
+        r = round(v, 9)
+        if v:
+            if len(_ROUNDED) >= 4096:
+                _ROUNDED.clear()
+            _ROUNDED[v] = r
+    return r
+
+
+def csv_json(obj) -> str:
+    """``csv_field(canonical(obj))``: orjson escapes every line break, so a non-empty
+    object's JSON is always quoted (it holds quotes) and never needs csv itself."""
+    if not obj:
+        return ""
+    for v in obj.values():
+        if type(v) is float:
+            obj = {k: _round9(v) if type(v) is float else v for k, v in obj.items()}
+            break
+    return '"' + orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode().replace('"', '""') + '"'
+
+
+class _FieldCache(dict):
+    """str -> its CSV field, for the few strings rows repeat (groups, queues, owners);
+    bounded, so it never grows with the trace."""
+
+    LIMIT = 4096
+
+    def __missing__(self, key):
+        v = csv_field(key)
+        if len(self) < self.LIMIT:
+            self[key] = v
+        return v
+
+
+class _FloatCache(dict):
+    """number -> fmt_f(number), for the debts a batch repeats; keys equal as dict keys
+    (0.0 and -0.0, 3 and 3.0) format alike, so a hit is exact. Bounded."""
+
+    LIMIT = 4096
+
+    def __missing__(self, key):
+        v = fmt_f(key)
+        if len(self) >= self.LIMIT:
+            self.clear()
+        self[key] = v
+        return v
 
 
 LEDGER_ROWS = ("all", "evictions")
@@ -72,7 +155,12 @@ class LedgerWriter:
 
     ``rows="evictions"`` keeps only eviction rows (admissions still advance ``seq``, so
     a decision has the same number in every mode); ``compression="gzip"`` writes a gzip
-    stream with no name and no timestamp, so its bytes too depend only on the inputs."""
+    stream with no name and no timestamp, so its bytes too depend only on the inputs.
+
+    Rows are formatted here field by field (:func:`csv_field`, the bytes csv.writer
+    would write) and written in batches of ``FLUSH_ROWS`` lines."""
+
+    FLUSH_ROWS = 2048
 
     def __init__(self, path: Path, hits: bool = False, rows: str = "all",
                  compression: str = "none") -> None:
@@ -83,48 +171,79 @@ class LedgerWriter:
         else:
             self._raw = self._gz = None
             self._fh = open(path, "w", newline="", encoding="utf-8")
-        self._w = csv.writer(self._fh, lineterminator="\n")
-        self._w.writerow(LEDGER_COLUMNS)
+        self._buf: list[str] = [",".join(csv_field(c) for c in LEDGER_COLUMNS) + "\n"]
         self.hits = hits and rows == "all"
         self.evictions_only = rows == "evictions"
         self.run = ""
         self.policy = ""
         self.seq = 0
+        self._head = ","                 # "run,policy," quoted as csv would
+        self._req = None                 # the request whose fields _req_s holds
+        self._req_s = ""
+        self._t_ns = None
+        self._t_s = ""
+        self._q = _FieldCache()
+        self._ff = _FloatCache()
 
     def start_run(self, run: str, policy: str) -> None:
         self.run, self.policy = run, policy
         self.seq = 0
+        self._head = f"{csv_field(run)},{csv_field(policy)},"
+        self._req = None
 
-    def _row(self, now_ns, kind, req, block="", hash_name="", owner="", decision=None,
-             hits="", allocated="", new_blocks="", note=None) -> None:
+    def _prefix(self, now_ns, kind, req) -> str:
+        """run,policy,seq,t,kind,request,group,contract, for the next seq."""
         self.seq += 1
-        if decision is not None:
-            d = decision
-            core = [d.num_candidates, d.position, d.queue, d.responsible or "",
-                    fmt_f(d.responsible_p_before), fmt_f(d.responsible_p_after),
-                    d.runner_up or "", fmt_f(d.runner_up_p), canonical(d.segments)]
-            rank = canonical(d.rank)
-        else:
-            core = ["", "", "", "", "", "", "", "", ""]
-            rank = canonical(note)
-        self._w.writerow([self.run, self.policy, self.seq, fmt_t(now_ns), kind, req.id,
-                          req.group, req.contract, block, hash_name, owner, *core, hits,
-                          allocated, new_blocks, rank])
+        if now_ns != self._t_ns:
+            self._t_ns, self._t_s = now_ns, fmt_t(now_ns)
+        if req is not self._req:
+            self._req = req
+            self._req_s = (f"{csv_field(req.id)},{csv_field(req.group)},"
+                           f"{csv_field(req.contract)}")
+        return f"{self._head}{self.seq},{self._t_s},{kind},{self._req_s}"
+
+    def _write(self, line: str) -> None:
+        buf = self._buf
+        buf.append(line)
+        if len(buf) >= self.FLUSH_ROWS:
+            self._fh.write("".join(buf))
+            buf.clear()
 
     def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
-        self._row(now_ns, "evict", req, block, hash_name, owner, decision=decision)
+        d = decision
+        q, ff = self._q, self._ff
+        nc, pos = d.num_candidates, d.position
+        p1, p2, p3 = d.responsible_p_before, d.responsible_p_after, d.runner_up_p
+        self._write(
+            f"{self._prefix(now_ns, 'evict', req)},"
+            f"{block if type(block) is int else csv_field(block)},"
+            f"{csv_field(hash_name)},"
+            f"{q[owner] if type(owner) is str else csv_field(owner)},"
+            f"{nc if type(nc) is int else csv_field(nc)},"
+            f"{pos if type(pos) is int else csv_field(pos)},"
+            f"{q[d.queue] if type(d.queue) is str else csv_field(d.queue)},"
+            f"{csv_field(d.responsible or '')},"
+            f"{'' if p1 is None else ff[p1]},{'' if p2 is None else ff[p2]},"
+            f"{csv_field(d.runner_up or '')},{'' if p3 is None else ff[p3]},"
+            f"{csv_json(d.segments)},,,,{csv_json(d.rank)}\n")
 
     def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
         if self.evictions_only:
             self.seq += 1
             return
-        self._row(now_ns, "admit", req, hits=hits, allocated=allocated, new_blocks=new_blocks,
-                  note=note)
+        f = csv_field
+        self._write(f"{self._prefix(now_ns, 'admit', req)},,,,,,,,,,,,,{f(hits)},"
+                    f"{f(allocated)},{f(new_blocks)},{csv_json(note)}\n")
 
     def hit(self, now_ns, req, pos, block, hash_name, owner) -> None:
-        self._row(now_ns, "hit", req, block, hash_name, owner, note={"pos": pos})
+        f = csv_field
+        self._write(f"{self._prefix(now_ns, 'hit', req)},{f(block)},{f(hash_name)},{f(owner)},"
+                    f",,,,,,,,,,,,{csv_json({'pos': pos})}\n")
 
     def close(self) -> None:
+        if self._buf:
+            self._fh.write("".join(self._buf))
+            self._buf.clear()
         self._fh.close()      # closes the gzip stream, which closes nothing beneath it
         if self._raw is not None:
             self._raw.close()

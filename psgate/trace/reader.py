@@ -26,6 +26,7 @@ import rfc8785
 
 from psgate.errors import InputError
 from psgate.resources import BUNDLED_PREFIX, bundled_trace_names, bundled_trace_path
+from psgate.trace import jcs
 from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestEvent,
                                 TraceHeader, TraceSummary, seconds_to_ns)
 
@@ -185,7 +186,7 @@ class TraceReader:
         if type(obj) is not dict:
             raise self._err(f"expected a JSON object, found {_type_name(obj)}")
         try:
-            self._canon_sha.update(rfc8785.dumps(obj))
+            self._canon_sha.update(jcs.dumps(obj))
         except (rfc8785.CanonicalizationError, ValueError) as exc:
             raise self._err(f"value outside the JSON interchange range ({exc})") from None
         self._canon_sha.update(b"\n")
