@@ -9,10 +9,16 @@
     table = one row per cell (axes, means, paired differences with their 95% CIs, gate),
             written as OUT/table.csv and OUT/table.json in cell order
 
+A corpus instead of a workload (``SweepConfig.corpus``, a directory of ``*.jsonl``
+traces: one run per trace, as ``psgate replay --trace DIR``) sweeps capacity and
+candidate over recorded traces; the cell records each trace's SHA-256.
+
 A cell is complete when its experiment receipt exists and its cell.json matches the
 cell's specification, so an interrupted sweep resumes where it stopped and a changed
-grid redoes only the cells it changed. Cell ids are the cell's index and a digest of
-its specification. Nothing in a cell depends on which worker ran it or when.
+grid redoes only the cells it changed. The specification includes a digest of psgate's
+own source files (``code``), so a cell computed by other code (a changed policy, say)
+is redone rather than resumed. Cell ids are the cell's index and a digest of its
+specification. Nothing in a cell depends on which worker ran it or when.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ TABLE_METRICS = ("hit_fraction", "token_hit_ratio", "ttft_p95_ms")
 
 @dataclass
 class SweepConfig:
-    workload: str
+    workload: str | None             # KIND[:key=value,...]; None with ``corpus``
     out: Path
     axes: dict[str, list] = field(default_factory=dict)
     baseline: str = "lru"
@@ -61,6 +67,28 @@ class SweepConfig:
     cost: CostModel = field(default_factory=CostModel)
     paranoid: bool = False
     allow_unexercised: bool = False
+    corpus: str | Path | None = None     # a directory of traces instead of a workload
+
+
+_CODE_DIGEST: str | None = None
+
+
+def code_digest() -> str:
+    """SHA-256 over psgate's own ``*.py`` files (relative path and bytes, in path order):
+    which code a cell's numbers came from."""
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        root = Path(__file__).resolve().parent
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            rel = f.relative_to(root).as_posix()
+            h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+        _CODE_DIGEST = h.hexdigest()
+    return _CODE_DIGEST
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def parse_axis(text: str) -> tuple[str, list]:
@@ -77,14 +105,37 @@ def parse_axis(text: str) -> tuple[str, list]:
     return key, out
 
 
+def _corpus(cfg: SweepConfig) -> tuple[Path, dict[str, str]]:
+    if cfg.workload:
+        raise InputError("give either a workload or a corpus directory, not both",
+                         path="--workload")
+    d = Path(cfg.corpus)
+    if not d.is_dir():
+        raise InputError("expected a directory of *.jsonl traces", path=str(d))
+    traces = {p.name: _file_sha256(p) for p in sorted(d.iterdir())
+              if p.is_file() and p.suffix == ".jsonl"}
+    if len(traces) < 2:
+        raise InputError(f"a sweep cell needs at least 2 traces for a confidence interval, "
+                         f"found {len(traces)}", path=str(d))
+    for key in cfg.axes:
+        if key not in ("capacity", "candidate"):
+            raise InputError(f"a corpus sweep's axes are capacity and candidate, found "
+                             f"'{key}'", path="--axis")
+    return d.resolve(), traces
+
+
 def cells(cfg: SweepConfig) -> list[dict]:
-    kind, params = parse_workload(cfg.workload)
-    gen = generators().get(kind)
-    if gen is None:
-        raise InputError(f"unknown workload '{kind}'", path="--workload")
-    if cfg.runs < 2:
-        raise InputError("a sweep cell needs at least 2 runs for a confidence interval",
-                         path="--runs")
+    corpus, traces = (None, None) if cfg.corpus is None else _corpus(cfg)
+    if corpus is None:
+        kind, params = parse_workload(cfg.workload or "")
+        gen = generators().get(kind)
+        if gen is None:
+            raise InputError(f"unknown workload '{kind}'", path="--workload")
+        if cfg.runs < 2:
+            raise InputError("a sweep cell needs at least 2 runs for a confidence interval",
+                             path="--runs")
+    else:
+        kind, params, gen = None, {}, None
     for key, values in cfg.axes.items():
         if not values:
             raise InputError(f"axis '{key}' has no values", path="--axis")
@@ -97,7 +148,7 @@ def cells(cfg: SweepConfig) -> list[dict]:
             if unknown:
                 raise InputError(f"unknown policy {unknown[0]!r}; known: "
                                  f"{', '.join(policy_names())}", path="--axis")
-        elif key not in gen.defaults or key == "seed":
+        elif gen is not None and (key not in gen.defaults or key == "seed"):
             raise InputError(f"'{key}' is neither capacity, candidate nor a parameter of "
                              f"'{kind}' (seeds come from --runs/--seed)", path="--axis")
     keys = list(cfg.axes)
@@ -113,8 +164,13 @@ def cells(cfg: SweepConfig) -> list[dict]:
             "capacity": point.get("capacity", cfg.capacity), "resamples": cfg.resamples,
             "bootstrap_seed": cfg.bootstrap_seed, "cost": cfg.cost.to_json(),
             "paranoid": cfg.paranoid, "allow_unexercised": cfg.allow_unexercised,
+            "code": code_digest(),
         }
-        digest = hashlib.sha256(dumps({k: v for k, v in spec.items() if k != "axes"}))
+        if corpus is not None:      # one run per trace; where the directory is stays out
+            spec.update({"runs": len(traces), "seed": None, "traces": traces,
+                         "corpus": str(corpus)})
+        digest = hashlib.sha256(dumps({k: v for k, v in spec.items()
+                                       if k not in ("axes", "corpus")}))
         spec["id"] = f"c{index:04d}-{digest.hexdigest()[:10]}"
         out.append(spec)
     return out
@@ -135,15 +191,25 @@ def run_cell(spec: dict, out: str) -> dict:
                and orjson.loads(marker.read_bytes()) == spec)
     if not resumed:
         cost = CostModel.from_json(spec["cost"])
-        cfg = ExperimentConfig(
-            replay=api.ReplayConfig(baseline=spec["baseline"], candidate=spec["candidate"],
-                                    candidate_params=spec.get("candidate_params", {}),
-                                    capacity=spec["capacity"], out=cell_dir, force=True,
-                                    cost=cost, paranoid=spec["paranoid"],
-                                    allow_unexercised=spec["allow_unexercised"]),
-            workload=_workload_text(spec["workload"], spec["params"]), runs=spec["runs"],
-            seed=spec["seed"], resamples=spec["resamples"],
-            bootstrap_seed=spec["bootstrap_seed"])
+        replay = api.ReplayConfig(baseline=spec["baseline"], candidate=spec["candidate"],
+                                  candidate_params=spec.get("candidate_params", {}),
+                                  capacity=spec["capacity"], out=cell_dir, force=True,
+                                  cost=cost, paranoid=spec["paranoid"],
+                                  allow_unexercised=spec["allow_unexercised"])
+        if spec.get("corpus"):
+            d = Path(spec["corpus"])
+            found = {p.name: _file_sha256(p) for p in sorted(d.iterdir())
+                     if p.is_file() and p.suffix == ".jsonl"}
+            if found != spec["traces"]:
+                raise InputError("the corpus changed since the sweep was planned", path=str(d))
+            cfg = ExperimentConfig(replay=replay, corpus=str(d), runs=1,
+                                   resamples=spec["resamples"],
+                                   bootstrap_seed=spec["bootstrap_seed"])
+        else:
+            cfg = ExperimentConfig(
+                replay=replay, workload=_workload_text(spec["workload"], spec["params"]),
+                runs=spec["runs"], seed=spec["seed"], resamples=spec["resamples"],
+                bootstrap_seed=spec["bootstrap_seed"])
         receipt = run_experiment(cfg).receipt
         tmp = cell_dir / ".cell.json.tmp"
         tmp.write_bytes(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS))
@@ -221,6 +287,8 @@ def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = 
     cfg.out.mkdir(parents=True, exist_ok=True)
     manifest = {"psgate_sweep": 1, "workload": cfg.workload, "axes": cfg.axes,
                 "cells": [s["id"] for s in specs]}
+    if cfg.corpus is not None:
+        manifest["corpus"] = specs[0]["corpus"] if specs else str(cfg.corpus)
     tmp = cfg.out / ".sweep.json.tmp"
     tmp.write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     os.replace(tmp, cfg.out / "sweep.json")

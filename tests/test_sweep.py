@@ -103,3 +103,74 @@ def test_sweep_errors(tmp_path):
                            str(tmp_path / "r"), "--executor", "ray", "--runs", "2"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and "pip install" in proc.stderr, proc.stderr
+
+
+def test_creation_pressure_is_a_sweep_axis(tmp_path):
+    cfg = SweepConfig(workload=WL, out=tmp_path, axes={"creation_pressure": [0.54, 4.23]})
+    a = cells(cfg)
+    assert [c["params"]["creation_pressure"] for c in a] == [0.54, 4.23]
+    assert [c["axes"] for c in a] == [{"creation_pressure": 0.54}, {"creation_pressure": 4.23}]
+
+
+def test_cell_ids_follow_the_code_that_computes_them(tmp_path, monkeypatch):
+    import psgate.sweep as sw
+    cfg = SweepConfig(workload=WL, out=tmp_path, axes={"capacity": [512]})
+    (before,) = cells(cfg)
+    assert before["code"] == sw.code_digest() and len(before["code"]) == 64
+    monkeypatch.setattr(sw, "_CODE_DIGEST", "0" * 64)      # as if a policy had changed
+    (after,) = cells(cfg)
+    assert after["id"] != before["id"] and after["code"] == "0" * 64
+
+
+def _corpus(d, n=2):
+    from psgate.trace.writer import write_trace
+    from psgate.workloads import generate
+    d.mkdir()
+    for i in range(n):
+        write_trace(d / f"t{i}.jsonl", generate("one-touch", {
+            "seed": i, "attack_requests": 20, "warmup_s": 2.0, "cooldown_s": 1.0}))
+    return d
+
+
+def test_corpus_sweep_one_run_per_trace_and_resume(tmp_path):
+    from psgate.sweep import run_cell, sweep
+    corpus = _corpus(tmp_path / "corpus")
+    cfg = SweepConfig(workload=None, corpus=corpus, out=tmp_path / "s",
+                      axes={"candidate": ["prefixshield", "s3fifo"]}, resamples=300)
+    specs = cells(cfg)
+    assert [s["candidate"] for s in specs] == ["prefixshield", "s3fifo"]
+    assert all(s["runs"] == 2 and sorted(s["traces"]) == ["t0.jsonl", "t1.jsonl"]
+               for s in specs)
+    rows = sweep(cfg)
+    assert [r["resumed"] for r in rows] == [False, False]
+    for r in rows:
+        receipt = json.loads((tmp_path / "s" / "cells" / r["cell"] / "receipt.json").read_text())
+        assert receipt["source"]["kind"] == "corpus"
+        assert receipt["summary"]["num_runs"] == r["runs"] == 2
+    assert [r["resumed"] for r in sweep(cfg)] == [True, True]
+    # the same traces elsewhere: the same cell ids
+    moved = tmp_path / "moved"
+    corpus.rename(moved)
+    assert [s["id"] for s in cells(SweepConfig(workload=None, corpus=moved, out=tmp_path,
+                                               axes=cfg.axes, resamples=300))] == \
+        [s["id"] for s in specs]
+    # a trace changed after planning: refused, never replayed under the old digest
+    (moved / "t1.jsonl").write_text((moved / "t0.jsonl").read_text())
+    spec = dict(specs[0], corpus=str(moved))
+    (tmp_path / "s" / "cells" / spec["id"] / "receipt.json").unlink()
+    with pytest.raises(InputError, match="corpus changed"):
+        run_cell(spec, str(tmp_path / "s"))
+
+
+def test_corpus_sweep_errors(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    for kwargs, needle in [({"workload": WL}, "not both"),
+                           ({"axes": {"alpha": [0.4]}}, "capacity and candidate")]:
+        with pytest.raises(InputError, match=needle):
+            cells(SweepConfig(**{"workload": None, "corpus": corpus, "out": tmp_path,
+                                 **kwargs}))
+    one = _corpus(tmp_path / "one", n=1)
+    with pytest.raises(InputError, match="at least 2 traces"):
+        cells(SweepConfig(workload=None, corpus=one, out=tmp_path))
+    with pytest.raises(InputError, match="directory"):
+        cells(SweepConfig(workload=None, corpus=tmp_path / "nope", out=tmp_path))

@@ -1,5 +1,6 @@
 """The paper's newer workload generators: low-and-slow, two-pass-replay, delayed-replay,
-sharegpt, sharegpt-bursty, and one-touch's ``capacity_target`` (Fig. 2 scaling).
+sharegpt, sharegpt-bursty, and one-touch's ``capacity_target`` and ``creation_pressure``
+(Fig. 2 scaling and the creation-pressure axis).
 
 Structure only: every trace validates, is deterministic, records its parameters, labels
 roles, prefixes and warm-up; no-attack controls keep the other roles byte-identical; the
@@ -22,7 +23,8 @@ from psgate.trace.writer import dump_lines, write_trace
 from psgate.workloads import generate, generators
 from psgate.workloads.paper import (DELAYED_REPLAY_DEFAULTS, LOW_AND_SLOW_DEFAULTS,
                                     ONE_TOUCH_DEFAULTS, SHAREGPT_BURSTY_DEFAULTS,
-                                    SHAREGPT_DEFAULTS, TWO_PASS_DEFAULTS, bucket_debt)
+                                    SHAREGPT_DEFAULTS, TWO_PASS_DEFAULTS, bucket_debt,
+                                    mean_bucket_debt)
 
 NEW = {"low-and-slow": LOW_AND_SLOW_DEFAULTS, "two-pass-replay": TWO_PASS_DEFAULTS,
        "delayed-replay": DELAYED_REPLAY_DEFAULTS, "sharegpt": SHAREGPT_DEFAULTS,
@@ -90,6 +92,9 @@ def test_deterministic_from_the_seed(kind):
     ("low-and-slow", {"rate_fraction": 0.0}), ("two-pass-replay", {"replay_set": 0}),
     ("sharegpt", {"min_turns": 9}), ("sharegpt", {"tenant_contracts": []}),
     ("sharegpt-bursty", {"burst_s": 30.0}), ("one-touch", {"capacity_target": 1}),
+    ("one-touch", {"creation_pressure": 0.0}), ("one-touch", {"creation_pressure": -1.0}),
+    ("one-touch", {"creation_pressure": "high"}), ("one-touch", {"creation_pressure": True}),
+    ("one-touch", {"creation_pressure": 2.0, "attacker_contract": "gold"}),
 ])
 def test_bad_parameters_are_input_errors(kind, bad):
     with pytest.raises(InputError):
@@ -210,6 +215,63 @@ def test_one_touch_capacity_target_keeps_the_working_set_fraction(capacity):
         warm = [r for r in victims if r["t"] < w[0]]
         assert all(r.get("measure") is False for r in warm)
         assert len(warm) / len(hot) > 10
+
+
+def test_one_touch_creation_pressure_default_is_byte_identical():
+    assert ONE_TOUCH_DEFAULTS["creation_pressure"] is None
+    base = gen("one-touch")
+    assert dump_lines(gen("one-touch", creation_pressure=None)) == dump_lines(base)
+    assert "creation_pressure" not in base[0]["generator"]["params"]
+    assert "creation_pressure" not in base[0]["generator"]["derived"]
+
+
+@pytest.mark.parametrize("ratio", [0.54, 1.02, 2.14, 4.23])
+def test_one_touch_creation_pressure_sets_the_attack_rate_over_the_fixed_window(ratio):
+    base, lines = gen("one-touch"), gen("one-touch", creation_pressure=ratio)
+    # the victim is untouched: same requests, same window
+    victims = [r for r in requests(lines) if r["role"] != "attacker"]
+    assert dump_lines(victims) == dump_lines([r for r in requests(base)
+                                              if r["role"] != "attacker"])
+    d, d0 = lines[0]["generator"]["derived"], base[0]["generator"]["derived"]
+    assert d["attack_window_s"] == d0["attack_window_s"]
+    assert lines[0]["generator"]["params"]["creation_pressure"] == ratio
+    rho, beta = DEFAULT_CONTRACTS["best-effort"]
+    cp = d["creation_pressure"]
+    assert (cp["target"], cp["attacker_refill_blocks_per_s"], cp["attacker_burst_blocks"]) == (
+        ratio, rho, beta)
+    assert d["attack_rate_per_s"] == pytest.approx(ratio * rho / 96, abs=1e-6)
+    attacks = [r for r in requests(lines) if r["role"] == "attacker"]
+    start, end = d["attack_window_s"]
+    assert all(start <= r["t"] < end and len(r["blocks"]) == 96 for r in attacks)
+    assert cp["attack_requests"] == len(attacks)
+    assert cp["observed"] == pytest.approx(len(attacks) * 96 / (end - start) / rho, abs=1e-5)
+    assert cp["nominal_mean_debt_blocks"] == pytest.approx(mean_bucket_debt(
+        [r["t"] for r in attacks], 96, rho, beta, start, end), abs=1e-4)
+
+
+def test_one_touch_creation_pressure_observed_ratio_tracks_the_target():
+    """Over seeds the Poisson draw averages out: the mean observed ratio is near the target,
+    and a higher target gives more attack requests and more debt."""
+    obs, debt = {}, {}
+    for ratio in (1.0, 4.0):
+        cps = [generate("one-touch", {"seed": s, "creation_pressure": ratio})[0]["generator"]
+               ["derived"]["creation_pressure"] for s in range(12)]
+        obs[ratio] = sum(c["observed"] for c in cps) / len(cps)
+        debt[ratio] = sum(c["nominal_mean_debt_blocks"] for c in cps) / len(cps)
+        assert obs[ratio] == pytest.approx(ratio, rel=0.2)
+    assert debt[4.0] > debt[1.0] * 10
+
+
+def test_mean_bucket_debt_is_the_time_average_of_the_lazy_bucket():
+    # one charge of beta + 32 at t = 0: debt 32 falling at rho = 16/s, clear at t = 2 s
+    assert mean_bucket_debt([0.0], 160, 16.0, 128.0, 0.0, 4.0) == pytest.approx(32 * 2 / 2 / 4)
+    assert mean_bucket_debt([], 96, 16.0, 128.0, 0.0, 4.0) == 0.0
+    assert mean_bucket_debt([1.0], 100, 16.0, 128.0, 0.0, 4.0) == 0.0   # within the burst
+    # two charges: the second lands while 16 are still owed
+    m = mean_bucket_debt([0.0, 1.0], 160, 16.0, 128.0, 0.0, 10.0)
+    # debt 32 -> 16 over [0, 1] (area 24), then 16 + 160 = 176 -> 0 over 11 s, cut at 10
+    area = 24 + (176 * 9 - 16 * 81 / 2)
+    assert m == pytest.approx(area / 10)
 
 
 def _conversations(lines):

@@ -42,6 +42,7 @@ import random
 
 from psgate.engines.cost import CostModel
 from psgate.errors import InputError
+from psgate.policies.prefixshield import DEFAULT_CONTRACTS
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
 from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
@@ -58,9 +59,9 @@ ONE_TOUCH_DEFAULTS = {
     "attacker_group": "attacker", "attacker_contract": "best-effort", "attack": True,
     # Added after one-touch's outputs were committed: written into the header only when
     # not at its default, so default outputs stay byte-identical.
-    "capacity_target": PAPER_CAPACITY,
+    "capacity_target": PAPER_CAPACITY, "creation_pressure": None,
 }
-_ONE_TOUCH_ADDED = ("capacity_target",)
+_ONE_TOUCH_ADDED = ("capacity_target", "creation_pressure")
 
 BORROWING_DEFAULTS = {
     "seed": 0, "block_size": 16, "idle_prefixes": 2, "active_prefixes": 31,
@@ -195,13 +196,34 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
     (76.7%) at 512, stays about 76.6% of usable blocks (784/1023, 1568/2047, 3136/4095 at
     1024/2048/4096); warm-up grows by the same factor so every hot prefix is read as often
     before the attack as at 512; the attack window stays ``attack_requests`` requests.
+    ``creation_pressure`` (Fig. 2's middle panel; default None leaves the output
+    byte-identical): the target creation-pressure ratio r = the attacker's block creation
+    rate / its contract's refill rate (PrefixShield's default table: best-effort refills
+    16 blocks/s). The attacker then arrives at r x refill / (attack_tokens // block_size)
+    requests/s (Poisson) over the default attack window (``attack_requests`` / the
+    C_prefill-derived rate, about 34.5 s: the window stays fixed, the number of attack
+    requests follows the rate), instead of the C_prefill-derived rate (about 668 blocks/s,
+    r ~ 42). The header's ``derived.creation_pressure`` records the target, the refill,
+    the number of attack requests drawn, the observed ratio (blocks those requests create /
+    window / refill) and the nominal mean debt (the attacker's bucket charged at arrival
+    times, debt averaged over the window).
     One draw stream (the committed order: all victim draws, then the attacker's), so
-    ``attack=false`` leaves the victim requests byte-identical.
+    ``attack=false`` and ``creation_pressure`` leave the victim requests byte-identical.
     """
     p = _params("one-touch", ONE_TOUCH_DEFAULTS, overrides)
-    _check(  # only the added parameter is validated: committed outputs must not change
+    _check(  # only the added parameters are validated: committed outputs must not change
         "one-touch", type(p["capacity_target"]) is int and p["capacity_target"] >= 2,
         f"'capacity_target' must be an integer >= 2, found {p['capacity_target']!r}")
+    pressure = p["creation_pressure"]
+    if pressure is not None:
+        _check("one-touch", type(pressure) in (int, float) and pressure > 0,
+               f"'creation_pressure' must be a number > 0 (or null), found {pressure!r}")
+        _check("one-touch", p["attacker_contract"] in DEFAULT_CONTRACTS,
+               f"'creation_pressure' needs the attacker's refill: contract "
+               f"{p['attacker_contract']!r} is not in PrefixShield's default table "
+               f"({', '.join(DEFAULT_CONTRACTS)})")
+        _check("one-touch", p["attack_tokens"] >= p["block_size"],
+               "'creation_pressure' needs attack prompts of at least one block")
     rng = random.Random(p["seed"])
     bs = p["block_size"]
     cost = cost_or_default(cost)
@@ -213,11 +235,15 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
     attack_start = warmup_s
     attack_end = attack_start + p["attack_requests"] / attack_rate
     end = attack_end + p["cooldown_s"]
+    n_attack = p["attack_tokens"] // bs
+    if pressure is not None:      # the window stays; the rate follows the target ratio
+        refill, burst = DEFAULT_CONTRACTS[p["attacker_contract"]]
+        attack_rate = pressure * refill / n_attack
     prefix_blocks = p["prefix_tokens"] // bs
     hot = [chain(f"victim-sys-{i}", prefix_blocks) for i in range(n_hot)]
     events = _victim_requests(p, rng, hot, end, victim_rate, attack_start)
+    times: list[float] = []
     if p["attack"]:
-        n_attack = p["attack_tokens"] // bs
         times = list(poisson(rng, attack_start, attack_end, attack_rate))
         for i, t in enumerate(times):
             events.append((t, 1, _request(t, f"x{i}", p["attacker_group"],
@@ -231,6 +257,18 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
                "attack_rate_per_s": round(attack_rate, 6),
                "attack_window_s": [round(attack_start, 6), round(attack_end, 6)],
                **cost_provenance(cost)}
+    if pressure is not None:
+        window = attack_end - attack_start
+        derived["creation_pressure"] = {
+            "target": pressure, "attacker_refill_blocks_per_s": refill,
+            "attacker_burst_blocks": burst,
+            "attack_creation_blocks_per_s": round(pressure * refill, 6),
+            "attack_requests": len(times),
+            "observed": round(len(times) * n_attack / window / refill, 6),
+            "nominal_mean_debt_blocks": round(
+                mean_bucket_debt(times, n_attack, refill, burst, attack_start, attack_end), 6),
+            "rule": "attack rate = target x refill / blocks per attack request over the "
+                    "fixed window; observed = attack requests x blocks / window / refill"}
     if p["capacity_target"] != PAPER_CAPACITY:
         ws = n_hot * (prefix_blocks + p["suffix_tokens"] // bs)
         derived.update({"hot_prefixes": n_hot, "warmup_s": round(warmup_s, 6),
@@ -373,6 +411,30 @@ def bucket_debt(times: list[float], blocks: list[int], rho: float, beta: float) 
         b -= n
         t0 = t
     return max(0.0, -b)
+
+
+def mean_bucket_debt(times: list[float], blocks: int, rho: float, beta: float, start: float,
+                     end: float) -> float:
+    """Time-averaged debt (blocks) over [start, end] of a token bucket (refill ``rho``/s up
+    to ``beta``, full at ``start``) charged ``blocks`` at each of ``times`` (sorted, within
+    the interval): debt(t) = max(0, -B(t)) with PrefixShield's lazy refill, integrated
+    exactly between charges."""
+    if end <= start:
+        return 0.0
+    b, t0, area = beta, start, 0.0
+
+    def owed(b0: float, dt: float) -> float:     # integral of max(0, -(b0 + rho s)), s < dt
+        if b0 >= 0:
+            return 0.0
+        m = min(dt, -b0 / rho)
+        return -b0 * m - rho * m * m / 2
+
+    for t in times:
+        area += owed(b, t - t0)
+        b = min(beta, b + rho * (t - t0)) - blocks
+        t0 = t
+    area += owed(b, end - t0)
+    return area / (end - start)
 
 
 def _ceil_us(t: float) -> float:
