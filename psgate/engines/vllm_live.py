@@ -73,6 +73,7 @@ class LivePolicy:
         policy.bind(PoolInfo(num_blocks=num_blocks, num_usable=num_blocks - 1,
                              block_size=self.block_size))
         old = pool.free_block_queue
+        self._native_queue_cls = type(old)
         # Truly free blocks in id order, as a fresh pool has them (after a warm-up and a
         # prefix-cache reset the order is arbitrary; it decides only which ids are used).
         self.queue = PolicyFreeQueue(pool.blocks, policy, self,
@@ -188,6 +189,17 @@ class LivePolicy:
 
         mgr.allocate_slots, mgr.free = allocate_slots, free_request
         pool.touch, pool.get_new_blocks, pool.cache_full_blocks = touched, got_new, cached
+
+    def uninstall(self) -> None:
+        """Give the pool back its native queue and methods (an empty cache is expected:
+        every block free, as after ``reset_prefix_cache``)."""
+        mgr, pool = self.mgr, self.pool
+        for obj, names in ((mgr, ("allocate_slots", "free")),
+                           (pool, ("touch", "get_new_blocks", "cache_full_blocks"))):
+            for name in names:
+                obj.__dict__.pop(name, None)     # the class's method shows through again
+        free = sorted(b.block_id for b in self.queue.get_all_free_blocks())
+        pool.free_block_queue = self._native_queue_cls([pool.blocks[i] for i in free])
 
     # -- QueueOwner -----------------------------------------------------------
     def context(self):
