@@ -610,6 +610,27 @@ def calibrate(
 
 
 @app.command()
+def bench(
+    quick: Annotated[bool, typer.Option(help="scaled-down traces (well under a minute)")] = False,
+    json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
+    repeats: Annotated[Optional[int], typer.Option(help="runs per measurement (default 3)")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option(help="measure vLLM with this interpreter (a vLLM virtualenv with psgate installed)")] = None,
+) -> None:
+    """Measure replay throughput, victim selection and memory per block against the targets."""
+    from psgate import bench as bench_lib
+
+    if repeats is not None and repeats < 1:
+        raise InputError(f"expected at least 1, found {repeats}", path="--repeats")
+    result = bench_lib.run(bench_lib.BenchConfig(quick=quick, repeats=repeats,
+                                                 vllm_python=vllm_python),
+                           progress=lambda msg: err.print(msg, markup=False, highlight=False))
+    if json:
+        _emit(result)
+    else:
+        sys.stdout.write(bench_lib.render(result))
+
+
+@app.command()
 def version() -> None:
     """Print psgate's version."""
     typer.echo(__version__)

@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from psgate.bench import INSTANT, load  # noqa: E402  (validate once, keep the events)
 from psgate.engines.cost import CostModel  # noqa: E402
 from psgate.engines.sim import SimEngine  # noqa: E402
 from psgate.policies import make_policy  # noqa: E402
@@ -42,8 +43,6 @@ from psgate.stats.metrics import run_metrics  # noqa: E402
 from psgate.trace.importers import import_trace  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
 from psgate.workloads import generate, generators  # noqa: E402
-
-from bench_prefixshield import INSTANT, load  # noqa: E402  (validate once, keep the events)
 
 CONTRACTS = ("critical", "standard", "best-effort")
 PAPER_CAPACITY = 512
