@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from psgate.errors import InputError
 from psgate.policies import make_policy, policy_names
 from psgate.policies.prefixshield import NORMAL, PROBATIONARY, REUSE
-from psgate.policies.prefixshield_b import NATIVE_CHOICE, SEGMENT_CHOICE
+from psgate.policies.prefixshield_b import EVIDENCE, NATIVE_CHOICE, SEGMENT_CHOICE
 
 from helpers import NoteLog, replay_file, write, write_lines
 from test_differential import traces
@@ -140,10 +140,15 @@ def _evict(d, n, t):
     return out
 
 
-def test_regrets_of_each_order_move_the_bound_and_debt_makes_them_ignored():
-    d = Driver("prefixshield-b", num_blocks=101, contracts=C)     # 100 usable; T starts at 0
+def _ev(**counts):
+    """A ledger note's ``evidence``: the given counts, zeros elsewhere."""
+    return {k: counts.get(k, 0) for k in EVIDENCE}
+
+
+def _setup(d):
+    """g's candidates: a0 (key 11, Reuse, freed first) and b = [b0 <- b1] (keys 12, 13,
+    Probationary, freed later)."""
     p = d.p
-    assert p.adaptive and p.bound == 0
     (a0,), _ = d.admit(0.0, "g", new=1, keys=[11])
     d.free([a0], 0.0)
     d.admit(0.25, "g", hits=[a0])                                # proven reuse: Reuse
@@ -151,23 +156,31 @@ def test_regrets_of_each_order_move_the_bound_and_debt_makes_them_ignored():
     b, _ = d.admit(0.5, "g", new=2, keys=[12, 13])               # Probationary, freed later
     d.free(b, 0.5)
     assert p.num_prob == 2 and p.cls[a0] == REUSE
-    # segment order takes b's leaf where native order would take a0: tagged
+    return a0, b
+
+
+def test_regrets_of_each_order_move_the_bound_and_debt_makes_them_ignored():
+    d = Driver("prefixshield-b", num_blocks=101, contracts=C)     # 100 usable; T starts at 0
+    p = d.p
+    assert p.adaptive and p.bound == 0
+    a0, b = _setup(d)
+    # segment order takes b's leaf where native order would take a0: a pair (13, a0)
     assert _evict(d, 1, 0.75) == [b[1]]
-    assert list(p.ghost.items()) == [(13, SEGMENT_CHOICE)]
-    # g recomputes it: a regret of segment order, so T rises
+    assert p.ghost_tags() == [(13, SEGMENT_CHOICE)] and list(p.spared) == [a0]
+    # g recomputes it before anyone reuses a0: a regret of segment order, so T rises
     (c,), note = d.admit(1.0, "g", new=1, hits=[b[0]], keys=[13])
-    assert note["ghost_hits"] == {"segment_choice": 1, "native_choice": 0, "ignored_in_debt": 0}
-    assert note["probationary_bound"] == 1 and p.bound == 1 and not p.ghost
+    assert note["evidence"] == _ev(regret_segment=1)
+    assert note["probationary_bound"] == 1 and p.bound == 1 and not p.ghost and not p.spared
     assert (p.cls[b[0]], p.cls[c]) == (REUSE, NORMAL)            # c is a re-admission
     d.free([b[0], c], 1.0)
     # no Probationary candidate (0 < T = 1): native order takes a0, segment order would
     # have taken the Normal leaf c
     assert _evict(d, 1, 1.5) == [a0]
-    assert list(p.ghost.items()) == [(11, NATIVE_CHOICE)]
+    assert p.ghost_tags() == [(11, NATIVE_CHOICE)] and list(p.spared) == [c]
     _, note = d.admit(2.0, "g", new=1, keys=[11])
-    assert note["ghost_hits"] == {"segment_choice": 0, "native_choice": 1, "ignored_in_debt": 0}
+    assert note["evidence"] == _ev(regret_native=1)
     assert p.bound == 0
-    # an eviction where both orders agree leaves no ghost entry
+    # h: x proven reuse, y Probationary; segment order takes y, native order another block
     (x,), _ = d.admit(3.0, "h", new=1, keys=[31])
     d.free([x], 3.0)
     d.admit(3.0, "h", hits=[x])
@@ -179,8 +192,45 @@ def test_regrets_of_each_order_move_the_bound_and_debt_makes_them_ignored():
     _, note = d.admit(3.5, "h", new=6, keys=[41, 42, 43, 44, 45, 46])
     assert note["raw_debt"] > 0
     _, note = d.admit(3.75, "h", new=1, keys=[32])
-    assert note["ghost_hits"] == {"segment_choice": 0, "native_choice": 0, "ignored_in_debt": 1}
-    assert p.bound == 0 and p.ghost_totals == [1, 1, 1]
+    assert note["evidence"] == _ev(ignored_in_debt=1)
+    assert p.bound == 0 and p.evidence_totals == [1, 1, 0, 0, 1] and not p.pairs
+
+
+def test_credits_when_the_spared_block_is_reused_first():
+    # segment order took b1 and spared a0; a0 is reused first: segment order was right
+    d = Driver("prefixshield-b", num_blocks=101, initial_bound=0.01)    # T = 1
+    p = d.p
+    a0, b = _setup(d)
+    assert p.bound == 1 and _evict(d, 1, 0.75) == [b[1]]                # 2 >= T: segments
+    assert p.ghost_tags() == [(13, SEGMENT_CHOICE)]
+    _, note = d.admit(1.0, "g", hits=[a0])
+    assert note["evidence"] == _ev(credit_segment=1) and note["probationary_bound"] == 0
+    assert not p.ghost and not p.spared and not p.pairs
+    # b1's content needed later: the pair is settled already, nothing moves
+    _, note = d.admit(1.25, "g", new=1, hits=[b[0]], keys=[13])
+    assert "evidence" not in note and p.bound == 0
+    # native order took a0 and spared b1; b is reused first: native order was right
+    d = Driver("prefixshield-b", num_blocks=101, initial_bound=0.05)    # T = 5
+    p = d.p
+    a0, b = _setup(d)
+    assert _evict(d, 1, 0.75) == [a0] and p.ghost_tags() == [(11, NATIVE_CHOICE)]
+    assert list(p.spared) == [b[1]]
+    _, note = d.admit(1.0, "g", hits=b)
+    assert note["evidence"] == _ev(credit_native=1) and p.bound == 6
+    assert p.evidence_totals == [0, 0, 0, 1, 0]
+
+
+def test_a_pair_whose_spared_block_is_evicted_keeps_its_regret_side():
+    d = Driver("prefixshield-b", num_blocks=101)
+    p = d.p
+    a0, b = _setup(d)
+    assert _evict(d, 1, 0.75) == [b[1]]          # spares a0
+    assert _evict(d, 1, 0.8) == [b[0]]           # spares a0 again
+    assert len(p.spared[a0]) == 2
+    assert _evict(d, 1, 0.9) == [a0]             # the only candidate: the orders agree
+    assert not p.spared and p.ghost_tags() == [(13, SEGMENT_CHOICE), (12, SEGMENT_CHOICE)]
+    _, note = d.admit(1.0, "g", new=2, keys=[12, 13])
+    assert note["evidence"] == _ev(regret_segment=2) and p.bound == 2
 
 
 def test_ghost_holds_at_most_usable_keys(tmp_path):
@@ -202,7 +252,8 @@ def test_ghost_holds_at_most_usable_keys(tmp_path):
             seen["keys"].append(pol.key[b])
             evict(b)
             seen["ghost"].append(list(pol.ghost))
-            assert len(pol.ghost) <= 3
+            assert len(pol.ghost) == len(pol.pairs) <= 3
+            assert sum(map(len, pol.spared.values())) <= len(pol.pairs)   # open pairs only
 
         pol.on_evict = on_evict
 
@@ -213,17 +264,17 @@ def test_ghost_holds_at_most_usable_keys(tmp_path):
     assert not any(d.rank["orders_agree"] for d in log.decisions[:7])
     keys = seen["keys"]
     assert seen["ghost"][6] == keys[4:7]            # c0..c3 pushed out, oldest first
-    assert [log.notes[x]["ghost_hits"] for x in ("x6", "x5")] == \
-        [{"segment_choice": 1, "native_choice": 0, "ignored_in_debt": 0}] * 2
+    assert [log.notes[x]["evidence"] for x in ("x6", "x5")] == [_ev(regret_segment=1)] * 2
     assert [log.notes[x]["probationary_bound"] for x in ("x6", "x5")] == [1, 2]
 
 
 def test_adaptive_bound_is_clamped_to_zero_and_the_usable_blocks():
     for initial, tag, want in ((1.0, SEGMENT_CHOICE, 100), (0.0, NATIVE_CHOICE, 0)):
         d = Driver("prefixshield-b", num_blocks=101, initial_bound=initial)
-        d.p.ghost[77] = tag
+        d.p.pairs[0] = [77, -1, tag]         # an open pair whose spared block is gone
+        d.p.ghost[77] = 0
         _, note = d.admit(0.0, "g", new=1, keys=[77])
-        assert sum(note["ghost_hits"].values()) == 1 and d.p.bound == want
+        assert sum(note["evidence"].values()) == 1 and d.p.bound == want
 
 
 def test_fixed_bound_keeps_no_ghost():
@@ -232,7 +283,7 @@ def test_fixed_bound_keeps_no_ghost():
     d.free(a, 0.0)
     _evict(d, 2, 0.5)
     _, note = d.admit(1.0, "g", new=2, keys=[1, 2])
-    assert not d.p.ghost and "ghost_hits" not in note and d.p.bound == 5
+    assert not d.p.ghost and not d.p.pairs and "evidence" not in note and d.p.bound == 5
 
 
 # -- invariants ------------------------------------------------------------------------------

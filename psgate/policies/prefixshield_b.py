@@ -9,14 +9,17 @@
             nobody with P_g > eps: the same order over all groups
     T fixed:    T = round(probationary_bound x usable)
     T adaptive: T starts at round(initial_bound x usable) (default 0: prefixshield's
-                order). An eviction where the two orders disagree (the other order
-                would have taken another block from the same group, or globally) puts
-                its content key in the ghost G, tagged with the order that chose it;
-                FIFO, |G| <= usable; an eviction where they agree drops the key from G
-        on_cached(b, key) by group g, key in G:   (a ghost hit; the entry leaves G)
-            g owes anything (raw debt D_g > eps):  ignored (counted, no change)
-            segment order chose it:                T = min(usable, T + 1)
-            native order chose it:                 T = max(0, T - 1)
+                order). An eviction where the two orders disagree (the order in force
+                takes block X, the other order would take Y: another block of the same
+                group, or globally) opens a pair (X's content key, Y, the order that
+                chose); at most usable pairs are open (FIFO); a later eviction of X's
+                content replaces its pair. Whichever comes first closes the pair:
+        group g computes X's content again (a ghost hit):  a regret for that order
+        group g hits Y (reuses it while it is resident):   a credit for that order
+        Y is evicted first:                                 the pair keeps only its X side
+            g owes anything (raw debt D_g > eps):           ignored (counted, no change)
+            regret of segment order, credit of native:      T = min(usable, T + 1)
+            regret of native order, credit of segment:      T = max(0, T - 1)
 
 This policy is not in the PrefixShield paper. The paper evicts every Probationary
 block before any Normal or Reuse block; in conversational traffic the freshest,
@@ -26,16 +29,21 @@ while Probationary candidates number at least T, as S3-FIFO bounds its small que
 debt still picks the responsible group first, so a flooding group in debt gives up
 its own blocks whatever the order.
 
-The adaptive rule, in words: a block that had to be recomputed is a regret for
-the order that evicted it, counted only where the other order would have kept it
-(taken another block instead). Segment order's regrets raise T (more native
-order), native order's lower it (more protection); each recomputed block moves T
-by one block, so T settles where the two kinds of regret balance, and an attack
-whose victims recompute blocks that native order took drives T back to
-prefixshield's order. Evidence from a group in debt is ignored, for the reason I2
-ignores its reuse: a flooding group could otherwise recompute its own evicted
-Probationary blocks to switch the defence off. Everything is integer arithmetic
-on trace events, so it is deterministic.
+The adaptive rule, in words: each disagreement is a bet that X will be needed later
+than Y, and Belady's criterion settles it by which of the two is needed first. X's
+content needed again before Y is reused: the order that chose X was wrong (a block had
+to be recomputed that the other order would have kept, at the price of Y, which nobody
+needed yet). Y reused first: it was right (the other order would have thrown away a
+block that was needed sooner). Segment order's regrets and native order's credits raise
+T (more native order), the converse lowers it; each settled bet moves T by one block,
+so T settles where the two orders' mistakes balance. Counting only regrets (an earlier
+version of this rule) charged segment order for every recomputed Probationary block even
+when the block native order would have taken instead was needed sooner still, and drifted
+too far toward native order on conversational traces (the paper reproduction's report
+compares the two on its benign rows). Evidence from a group in debt is ignored, for the
+reason I2 ignores its reuse: a flooding group could otherwise recompute its own evicted
+Probationary blocks to switch the defence off. Everything is integer arithmetic on
+trace events, so it is deterministic.
 
 Choices (stated here, each visible in the ledger):
 - "Probationary candidates" counts every unpinned cached Probationary block, leaves
@@ -45,11 +53,12 @@ Choices (stated here, each visible in the ledger):
 - In native order the victim is the eligible leaf freed earliest, whatever its
   segment; equal P_g is still broken by each group's best candidate's (segment,
   native position), as in prefixshield.
-- The ghost keys are content keys (chain hash in its namespace); a key evicted
-  again replaces its entry (and its tag). A key whose other copy stays resident
-  keeps its entry until it is recomputed or pushed out.
-- Ghost state is kept only in adaptive mode; an admission with ghost hits reports
-  them and T in its ledger note.
+- X is remembered by its content key (chain hash in its namespace), Y by its
+  block, which is only ever reused while resident. A key whose other copy stays
+  resident keeps its pair until it is recomputed, Y settles it or it is pushed out.
+- Pairs are kept only in adaptive mode; an admission that settles any reports them
+  (``evidence``: regrets and credits of each order, and those ignored because the
+  group was in debt) and T in its ledger note.
 - ``probationary_bound=0`` is prefixshield's order exactly, and the adaptive mode
   starts there: it leaves that order only on evidence from groups that owe nothing.
   ``probationary_bound=1`` is native order (segment order would need every usable
@@ -67,7 +76,11 @@ from psgate.policies.base import Decision, PolicyRequest, PoolInfo
 from psgate.policies.prefixshield import PROBATIONARY, PrefixShield
 
 ADAPTIVE = "adaptive"
-SEGMENT_CHOICE, NATIVE_CHOICE = 1, -1     # ghost tags: the order that chose the victim
+SEGMENT_CHOICE, NATIVE_CHOICE = 1, -1     # pair tags: the order that chose the victim
+# settled pairs, as counted in a ledger note's "evidence"
+EVIDENCE = ("regret_segment", "regret_native", "credit_segment", "credit_native",
+            "ignored_in_debt")
+IGNORED = 4
 
 
 def _fraction(name: str, v: Any) -> float:
@@ -100,10 +113,13 @@ class PrefixShieldB(PrefixShield):
         self.num_prob = 0                     # unpinned cached Probationary blocks
         self.max_bound = pool.num_usable
         self.bound = round(self.bound_fraction * pool.num_usable)
-        self.ghost: OrderedDict[int, int] = OrderedDict()    # key -> which order chose it
-        self.pending_regret = (-1, 0)         # (victim, choice) from select_victim
-        self.ghost_hits = [0, 0, 0]           # this batch: segment, native choice; ignored
-        self.ghost_totals = [0, 0, 0]         # the whole run
+        self.ghost: OrderedDict[int, int] = OrderedDict()    # X's key -> open pair, FIFO
+        self.pairs: dict[int, list[int]] = {}                # pair -> [key, Y, order]
+        self.spared: dict[int, dict[int, None]] = {}         # Y -> its open pairs
+        self.next_pair = 0
+        self.pending_regret = (-1, 0, -1)     # (victim, order, Y) from select_victim
+        self.evidence = [0] * 5               # this batch: EVIDENCE
+        self.evidence_totals = [0] * 5        # the whole run
 
     def segment_order(self) -> bool:
         return self.num_prob >= self.bound
@@ -137,7 +153,7 @@ class PrefixShieldB(PrefixShield):
         other = -1 if d.rank.get("ancestry_fallback") else self._pick(g, not segments)[1]
         # which order's choice this is, when the other order would have chosen another block
         self.pending_regret = (d.victim, 0 if other in (-1, d.victim) else
-                               SEGMENT_CHOICE if segments else NATIVE_CHOICE)
+                               SEGMENT_CHOICE if segments else NATIVE_CHOICE, other)
         d.rank.update({"order": "segments" if segments else "native",
                        "orders_agree": other in (-1, d.victim),
                        "probationary_candidates": self.num_prob,
@@ -155,25 +171,69 @@ class PrefixShieldB(PrefixShield):
             self.num_prob -= 1
         super()._uncandidate(b)
 
-    # -- ghost hits ------------------------------------------------------------------------
+    # -- the pairs: regrets and credits ---------------------------------------------------
+    def ghost_tags(self) -> list[tuple[int, int]]:
+        """(X's content key, the order that chose X) of every open pair, oldest first."""
+        return [(k, self.pairs[pid][2]) for k, pid in self.ghost.items()]
+
+    def _close(self, pid: int) -> tuple[int, int, int]:
+        key, y, order = self.pairs.pop(pid)
+        self.ghost.pop(key, None)
+        waiting = self.spared.get(y)
+        if waiting is not None:
+            del waiting[pid]
+            if not waiting:
+                del self.spared[y]
+        return key, y, order
+
+    def _settle(self, group: str, order: int, regret: bool) -> None:
+        """One settled pair: a regret or a credit of ``order``, from ``group``."""
+        if self._debts(self.gids[group])[0] > self.eps:
+            kind = IGNORED
+        else:
+            up = (order == SEGMENT_CHOICE) == regret
+            self.bound = min(self.max_bound, self.bound + 1) if up else max(0, self.bound - 1)
+            kind = (0 if regret else 2) + (order == NATIVE_CHOICE)
+        self.evidence[kind] += 1
+        self.evidence_totals[kind] += 1
+
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
         super().on_admit(req, now_ns)
-        self.ghost_hits = [0, 0, 0]
+        self.evidence = [0] * 5
 
     def on_evict(self, block: int) -> None:
         key = self.key[block]
-        victim, choice = self.pending_regret
+        victim, choice, other = self.pending_regret
         super().on_evict(block)
         self.key[block] = -1
-        self.pending_regret = (-1, 0)
-        if not self.adaptive or key < 0:
+        self.pending_regret = (-1, 0, -1)
+        if not self.adaptive:
             return
-        ghost = self.ghost
-        ghost.pop(key, None)      # an older eviction of the same content is superseded
+        waiting = self.spared.pop(block, None)     # nobody can reuse this block now
+        if waiting:
+            for pid in waiting:
+                self.pairs[pid][1] = -1
+        if key < 0:
+            return
+        old = self.ghost.get(key)
+        if old is not None:       # an older eviction of the same content is superseded
+            self._close(old)
         if victim == block and choice:
-            ghost[key] = choice
-            if len(ghost) > self.max_bound:
-                ghost.popitem(last=False)
+            pid = self.next_pair
+            self.next_pair += 1
+            self.pairs[pid] = [key, other, choice]
+            self.ghost[key] = pid
+            self.spared.setdefault(other, {})[pid] = None
+            if len(self.ghost) > self.max_bound:
+                self._close(next(iter(self.ghost.values())))
+
+    def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:
+        super().on_hit(block, req, pos)
+        if not self.adaptive or block not in self.spared:
+            return
+        for pid in list(self.spared[block]):     # Y reused first: credits
+            _, _, order = self._close(pid)
+            self._settle(req.group, order, regret=False)
 
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
                   key: int = -1) -> None:
@@ -181,23 +241,12 @@ class PrefixShieldB(PrefixShield):
         self.key[block] = key
         if not self.adaptive or key not in self.ghost:
             return
-        choice = self.ghost.pop(key)
-        if self._debts(self.gids[req.group])[0] > self.eps:
-            kind = 2
-        elif choice == SEGMENT_CHOICE:
-            kind = 0
-            self.bound = min(self.max_bound, self.bound + 1)
-        else:
-            kind = 1
-            self.bound = max(0, self.bound - 1)
-        self.ghost_hits[kind] += 1
-        self.ghost_totals[kind] += 1
+        _, _, order = self._close(self.ghost[key])      # X needed first: a regret
+        self._settle(req.group, order, regret=True)
 
     def end_admit(self, req: PolicyRequest, now_ns: int) -> dict:
         note = super().end_admit(req, now_ns)
-        hits = self.ghost_hits
-        if any(hits):
-            note["ghost_hits"] = {"segment_choice": hits[0], "native_choice": hits[1],
-                                  "ignored_in_debt": hits[2]}
+        if any(self.evidence):
+            note["evidence"] = dict(zip(EVIDENCE, self.evidence))
             note["probationary_bound"] = self.bound
         return note
