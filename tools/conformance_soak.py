@@ -69,9 +69,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", type=Path, required=True, help="the traces directory")
     ap.add_argument("--policies", default=",".join(policy_names()))
+    ap.add_argument("--traces", default=",".join(TRACES), help="which of " + ", ".join(TRACES))
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="psgate-soak-"))
-    for name, (fmt, src, opts, caps) in TRACES.items():
+    for name in args.traces.split(","):
+        fmt, src, opts, caps = TRACES[name]
         path = tmp / f"{name}.jsonl"
         write_trace(path, import_trace(fmt, args.shared / src, **opts))
         for cap in caps:

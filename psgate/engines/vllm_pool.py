@@ -61,13 +61,10 @@ def vllm_version(engine: str = "vllm-pool") -> str:
 def tokens_for(name: str, block_size: int, vocab: int = 30000) -> list[int]:
     """Token ids for a trace block, in 1..vocab-1: the same trace hash always gives the
     same tokens, different hashes different ones (up to a negligible collision)."""
-    out: list[int] = []
-    counter = 0
-    while len(out) < block_size:
-        d = hashlib.blake2b(f"{name}/{counter}".encode(), digest_size=64).digest()
-        out += [1 + int.from_bytes(d[i:i + 2], "little") % (vocab - 1) for i in range(0, 64, 2)]
-        counter += 1
-    return out[:block_size]
+    import numpy as np     # a vLLM dependency; this module is used only with vLLM
+
+    d = hashlib.shake_256(name.encode()).digest(2 * block_size)
+    return (np.frombuffer(d, dtype=np.uint16) % (vocab - 1) + 1).tolist()
 
 
 def tail_tokens(request_id: str, n: int, vocab: int = 30000) -> list[int]:

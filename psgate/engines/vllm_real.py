@@ -29,6 +29,7 @@ request whose observed cached tokens differ is listed with its difference class:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -64,7 +65,6 @@ def current_device() -> str:
 def engine_details(model_config: str | None, time_compression: float) -> dict:
     """What a receipt records about a real-engine run (versions, device, model)."""
     import hashlib
-    import json
 
     import torch
     path = Path(model_config) if model_config else default_model_config()
@@ -94,6 +94,14 @@ class VllmRealEngine:
         self.label, self.trace_path, self.progress = label, trace_path, progress
         self.groups = groups
         self.model_config = Path(model_config) if model_config else default_model_config()
+        cfg_file = self.model_config / "config.json"
+        try:
+            self.max_positions = int(json.loads(cfg_file.read_text())
+                                     .get("max_position_embeddings", 1 << 20))
+        except (OSError, ValueError, TypeError) as exc:
+            raise InputError(f"expected a Hugging Face model config directory with a readable "
+                             f"config.json, found {type(exc).__name__}: {exc}",
+                             path=str(cfg_file), field="--model-config") from None
         self.bs = header.block_size
         vllm_version("vllm")
         self.device = current_device()
@@ -130,10 +138,13 @@ class VllmRealEngine:
                 raise InputError(f"unknown contract '{ev.contract}'; the replay's contract "
                                  f"table has {', '.join(sorted(self.contracts))}",
                                  path=self.trace_path, line=ev.line, field="contract")
-        fits = {ev.id for ev in reqs if -(-(ev.prompt_tokens + max(1, ev.out)) // bs) <= usable}
+        # A request that cannot fit the cache or the model's positions is rejected, as sim
+        # rejects one that cannot fit an empty cache.
+        limit = min(usable * bs, self.max_positions)
+        fits = {ev.id for ev in reqs if ev.prompt_tokens + max(1, ev.out) < limit}
         longest = max((ev.prompt_tokens + max(1, ev.out) for ev in reqs if ev.id in fits),
                       default=bs)
-        max_model_len = min(usable * bs, -(-(longest + 1) // bs) * bs)
+        max_model_len = min(limit, -(-(longest + 1) // bs) * bs)
         llm = self._build(max_model_len)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgate import api
+from psgate.errors import InputError
 from psgate.receipt.ledger import open_text
 from psgate.receipt.receipt import deterministic_part
 from psgate.report.receipts import config_from_receipt, load_receipt
@@ -98,6 +99,10 @@ def verify(directory: str | Path, trace: str | None = None, gate: str | None = N
     receipt = load_receipt(directory, experiment_ok=trace is None and gate is None)
     if "psgate_experiment" in receipt:
         return verify_experiment(directory, receipt, progress)
+    if receipt["config"]["engine"] == "vllm":
+        raise InputError("engine 'vllm' records observed cached tokens and times, which no "
+                         "second run reproduces byte for byte; replay the trace again instead",
+                         path=str(directory / "receipt.json"), field="config.engine")
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
     try:
         cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate)

@@ -32,6 +32,21 @@ def test_vllm_version_is_the_supported_one():
     assert vllm.__version__.startswith("0.32.")
 
 
+def test_vllm_pool_receipt_names_vllm_verifies_and_equals_sim(tmp_path):
+    """The bundled example through vllm-pool: the receipt names vLLM, psgate verify
+    reproduces it byte for byte, and its ledgers equal sim's."""
+    from psgate import api
+    from psgate.report.verify import verify
+    pool = api.replay(api.ReplayConfig(engine="vllm-pool", candidate="prefixshield",
+                                       out=tmp_path / "pool"))
+    sim = api.replay(api.ReplayConfig(candidate="prefixshield", out=tmp_path / "sim"))
+    assert pool.receipt["config"]["engine_info"] == {"vllm": vllm.__version__}
+    assert "engine_info" not in sim.receipt["config"]
+    assert verify(tmp_path / "pool").identical
+    for name in ("ledger.csv", "requests.csv"):
+        assert (tmp_path / "pool" / name).read_bytes() == (tmp_path / "sim" / name).read_bytes()
+
+
 def _observed(result, log):
     requests = {o.id: (o.state, o.cached_tokens, o.recompute_tokens, o.ttft_ms, o.release_ns)
                 for o in result.requests}

@@ -45,7 +45,9 @@ def receipt(tmp_path_factory):
     trace = write_lines(d, flood_lines())
     cfg = api.ReplayConfig(trace=str(trace), baseline="lru", candidate="prefixshield",
                            capacity=40, engine="vllm", time_compression=2.5, out=d / "o")
-    return api.replay(cfg).receipt
+    receipt = api.replay(cfg).receipt
+    receipt["_out"] = d / "o"
+    return receipt
 
 
 def test_receipt_names_the_real_engine(receipt):
@@ -73,6 +75,12 @@ def test_observed_cached_tokens_match_the_vllm_pool_prediction(receipt, label):
     assert obs["num_comparable"] >= 0.9 * obs["num_requests"]
     assert all(d["class"] for d in obs["differences"])
     assert run["invariants"]["no_pinned_eviction"]["holds"]
+
+
+def test_observed_receipts_are_not_verified_byte_for_byte(receipt):
+    from psgate.report.verify import verify
+    with pytest.raises(InputError, match="observed"):
+        verify(receipt["_out"])
 
 
 def test_cpu_engine_refuses_block_size_16(tmp_path):
