@@ -297,11 +297,17 @@ class VllmRealEngine:
                               cost=self.cost, label=self.label, trace_path=self.trace_path)
         predicted = {o.id: o for o in pool.run(iter(events)).requests}
         differences = []
-        num_equal = 0
+        num_equal = num_comparable = num_comparable_equal = 0
         for o in result.requests:
             p = predicted.get(o.id)
-            if p is not None and p.state == o.state and p.cached_tokens == o.cached_tokens:
-                num_equal += 1
+            equal = p is not None and p.state == o.state and p.cached_tokens == o.cached_tokens
+            # The replay model covers a request the scheduler never preempted and that hit
+            # no block of generated tokens; that set is held to exact equality.
+            covered = not preemptions.get(o.id) and not output_hits.get(o.id)
+            num_equal += equal
+            num_comparable += covered
+            num_comparable_equal += covered and equal
+            if equal:
                 continue
             if preemptions.get(o.id):
                 cls = "preempted"
@@ -317,14 +323,11 @@ class VllmRealEngine:
                                 "predicted_state": p.state if p else None, "class": cls})
         by_class = {c: sum(1 for d in differences if d["class"] == c)
                     for c in DIFFERENCE_CLASSES}
-        excluded = {d["id"] for d in differences if d["class"] in ("preempted",
-                                                                    "output_block_hit")}
-        comparable = [o for o in result.requests if o.id not in excluded]
         return {"predicted_by": "vllm-pool", "num_requests": len(result.requests),
-                "num_equal": num_equal, "num_comparable": len(comparable),
-                "num_comparable_equal": num_equal,
-                "comparable_equal_fraction": (num_equal / len(comparable)
-                                              if comparable else None),
+                "num_equal": num_equal, "num_comparable": num_comparable,
+                "num_comparable_equal": num_comparable_equal,
+                "comparable_equal_fraction": (round(num_comparable_equal / num_comparable, 6)
+                                              if num_comparable else None),
                 "differences_by_class": by_class, "differences": differences,
                 "preempted_ids": sorted(i for i, n in preemptions.items() if n)}
 

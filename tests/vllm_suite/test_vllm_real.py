@@ -44,7 +44,7 @@ def receipt(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     trace = write_lines(d, flood_lines())
     cfg = api.ReplayConfig(trace=str(trace), baseline="lru", candidate="prefixshield",
-                           capacity=40, engine="vllm", time_compression=2.5, out=d / "o")
+                           capacity=40, engine="vllm", time_compression=1.0, out=d / "o")
     receipt = api.replay(cfg).receipt
     receipt["_out"] = d / "o"
     return receipt
@@ -66,12 +66,13 @@ def test_observed_cached_tokens_match_the_vllm_pool_prediction(receipt, label):
     obs = run["observed"]
     print(f"\n{label}: {json.dumps({k: v for k, v in obs.items() if k != 'differences'})}")
     assert run["counts"]["evictions"] > 0          # the flood does evict
-    excluded = {d["id"] for d in obs["differences"]
-                if d["class"] in ("preempted", "output_block_hit")}
-    # every request outside those two classes equals the prediction exactly
-    others = [d for d in obs["differences"] if d["id"] not in excluded]
-    assert not others, others
-    assert obs["num_comparable"] == obs["num_requests"] - len(excluded)
+    # every request the replay model covers (never preempted, no hit on a block of
+    # generated tokens) equals the prediction exactly, and that set is >= 90% of them
+    preempted = set(obs["preempted_ids"])
+    covered_but_different = [d for d in obs["differences"]
+                 if d["id"] not in preempted and d["class"] != "output_block_hit"]
+    assert not covered_but_different, covered_but_different
+    assert obs["num_comparable_equal"] == obs["num_comparable"]
     assert obs["num_comparable"] >= 0.9 * obs["num_requests"]
     assert all(d["class"] for d in obs["differences"])
     assert run["invariants"]["no_pinned_eviction"]["holds"]
