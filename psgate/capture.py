@@ -1,0 +1,206 @@
+"""Capture: a redacted psgate-trace v1 of live vLLM traffic, written off the hot path.
+
+The vLLM plugin (``PSGATE_CAPTURE=DIR``) feeds a :class:`CaptureWriter` from the
+scheduler: arrivals, completions, cancellations, and per request the cached tokens
+and first-token time the scheduler saw. The scheduler thread only puts a small
+tuple on a bounded queue; when the queue is full the event is dropped and counted,
+never waited for. A writer thread does the hashing and the writing:
+
+    request   keyed chained block hashes of the prompt (psgate.trace.hashing), bound
+              to the scope (model, adapter, cache_salt) as ``psgate trace redact``
+              binds it; id, group and scope pseudonymized with the key; ``out`` is
+              the request's max_tokens (what it reserved)
+    done      with ``cached_tokens_observed``, ``ttft_ms_observed`` (first token as
+              the scheduler saw it), ``out_observed`` and ``preemptions_observed``
+    cancel    an aborted request
+
+Token ids and text never reach a file. Files rotate by size or age
+(``capture-000001.jsonl``, ...); each is a complete trace marked ``partial`` whose
+header counts the events dropped since the previous file; the file being written
+carries a ``.part`` suffix until it is complete. At shutdown
+``capture-summary.json`` totals files, events and drops. Times are seconds since
+the capture started (one clock across files, so the files concatenate).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+from psgate.trace.hashing import HASHING_NAME, chain_hashes
+from psgate.trace.redact import _pseudonym, _scope_root, key_fingerprint
+from psgate.trace.writer import header_line
+
+SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
+_STOP = object()
+
+
+class CaptureWriter:
+    """Bounded queue in, rotating trace files out; see the module docstring."""
+
+    def __init__(self, directory: str | Path, key: bytes, block_size: int, *,
+                 source: str = "psgate capture", max_bytes: int = 64 << 20,
+                 max_seconds: float = 3600.0, queue_size: int = 65536,
+                 clock=time.monotonic, start: bool = True) -> None:
+        if not key or len(key) < 16:
+            raise ValueError("capture needs a hash key of at least 16 bytes "
+                             "($PSGATE_CAPTURE_KEY_FILE or $PSGATE_HASH_KEY, hex)")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.key = key[:64]
+        self.bs = block_size
+        self.source = source
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self.clock = clock
+        self.t0 = clock()
+        self.q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.num_dropped = 0            # all drops (scheduler thread)
+        self._dropped_reported = 0      # drops already counted in some header
+        self.num_written = 0
+        self.num_requests = 0
+        self.files: list[str] = []
+        self._ids: dict[str, str] = {}
+        self._roots: dict[tuple, bytes] = {}
+        self._fh = None
+        self._part: Path | None = None
+        self._file_bytes = 0
+        self._file_t0 = 0.0
+        self._last_t = 0.0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="psgate-capture", daemon=True)
+        if start:
+            self.start()
+        atexit.register(self.close)
+
+    def start(self) -> None:
+        """Start the writer thread (the constructor does, unless told not to)."""
+        self._thread.start()
+
+    # -- the scheduler side: never blocks ------------------------------------------------
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    def submit(self, event: tuple) -> None:
+        try:
+            self.q.put_nowait(event)
+        except queue.Full:
+            self.num_dropped += 1
+
+    def request(self, rid: str, group: str, contract: str, scope: tuple[str, ...],
+                token_ids, max_tokens: int) -> None:
+        self.submit(("request", self.now(), rid, group, contract, scope, token_ids,
+                     max_tokens))
+
+    def done(self, rid: str, cached_tokens: int | None, ttft_ms: float | None,
+             out: int, preemptions: int) -> None:
+        self.submit(("done", self.now(), rid, cached_tokens, ttft_ms, out, preemptions))
+
+    def cancel(self, rid: str) -> None:
+        self.submit(("cancel", self.now(), rid))
+
+    # -- the writer thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            ev = self.q.get()
+            if ev is _STOP:
+                return
+            line = self._line(ev)
+            if line is not None:
+                self._write(line)
+
+    def _line(self, ev: tuple) -> dict | None:
+        kind, t = ev[0], max(self._last_t, round(ev[1], 6))
+        self._last_t = t
+        if kind == "request":
+            _, _, rid, group, contract, scope, toks, max_tokens = ev
+            root = self._roots.get(scope)
+            if root is None:
+                root = self._roots[scope] = _scope_root(scope, self.key)
+            new_id = self._ids[rid] = f"r{self.num_requests}"
+            self.num_requests += 1
+            return {"t": t, "op": "request", "id": new_id,
+                    "group": _pseudonym("g", group, self.key), "contract": contract,
+                    "scope": _pseudonym("s", "\x00".join(scope), self.key),
+                    "blocks": chain_hashes(list(toks), self.bs, self.key, parent=root),
+                    "tail": len(toks) % self.bs, "out": int(max_tokens or 0)}
+        new_id = self._ids.pop(ev[2], None)
+        if new_id is None:          # its request line was dropped: nothing to refer to
+            return None
+        if kind == "cancel":
+            return {"t": t, "op": "cancel", "id": new_id}
+        _, _, _, cached, ttft_ms, out, preemptions = ev
+        line = {"t": t, "op": "done", "id": new_id, "out_observed": out,
+                "preemptions_observed": preemptions}
+        if cached is not None:
+            line["cached_tokens_observed"] = cached
+        if ttft_ms is not None:
+            line["ttft_ms_observed"] = round(ttft_ms, 3)
+        return line
+
+    def _write(self, line: dict) -> None:
+        t = line["t"]
+        if self._fh is not None and (self._file_bytes >= self.max_bytes
+                                     or t - self._file_t0 >= self.max_seconds):
+            self._finish_file()
+        if self._fh is None:
+            self._open_file(t)
+        data = orjson.dumps(line) + b"\n"
+        self._fh.write(data)
+        self._file_bytes += len(data)
+        self.num_written += 1
+
+    def _open_file(self, t: float) -> None:
+        index = len(self.files) + 1
+        self._part = self.dir / f"capture-{index:06d}.jsonl.part"
+        dropped = self.num_dropped
+        header = header_line(self.bs, hashing=HASHING_NAME, source=self.source, partial=True,
+                             redaction={"key_fingerprint": key_fingerprint(self.key),
+                                        "scope_binds": list(SCOPE_FIELDS),
+                                        "pseudonymized": ["id", "group", "scope"]},
+                             capture={"file": index, "t_start": t,
+                                      "dropped_before": dropped - self._dropped_reported,
+                                      "dropped_total": dropped})
+        self._dropped_reported = dropped
+        self._fh = open(self._part, "wb")
+        data = orjson.dumps(header) + b"\n"
+        self._fh.write(data)
+        self._file_bytes = len(data)
+        self._file_t0 = t
+
+    def _finish_file(self) -> None:
+        self._fh.close()
+        final = self._part.with_suffix("")          # drop ".part"
+        os.replace(self._part, final)
+        self.files.append(final.name)
+        self._fh = self._part = None
+
+    def close(self) -> dict:
+        """Drain the queue, complete the current file and write the summary (idempotent)."""
+        if self._closed:
+            return self.summary()
+        self._closed = True
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self.start()
+        self.q.put(_STOP)
+        self._thread.join()
+        if self._fh is not None:
+            self._finish_file()
+        summary = self.summary()
+        tmp = self.dir / "capture-summary.json.part"
+        tmp.write_text(json.dumps(summary, indent=1) + "\n")
+        os.replace(tmp, self.dir / "capture-summary.json")
+        return summary
+
+    def summary(self) -> dict:
+        return {"psgate_capture": 1, "files": list(self.files), "requests": self.num_requests,
+                "events_written": self.num_written, "events_dropped": self.num_dropped,
+                "dropped_after_last_header": self.num_dropped - self._dropped_reported,
+                "block_size": self.bs, "key_fingerprint": key_fingerprint(self.key)}

@@ -1,0 +1,200 @@
+"""Shadow mode: what a candidate policy would have done, beside the live engine.
+
+vLLM keeps its own eviction (native, or ``PSGATE_POLICY``); psgate runs the shadow
+policy on a shadow cache of block identities only (a model-less vLLM
+KVCacheManager of the same size, no KV tensors) driven by the live engine's
+events:
+
+    a request is admitted        -> the shadow looks its prompt up and admits it
+    the request's blocks grow    -> the shadow grows it by as many blocks
+    the request is freed         -> the shadow frees it
+
+So the shadow sees the same requests at the same moments and differs only in
+what it evicted. It caches prompt blocks only (the live engine also caches full
+blocks of generated tokens), and a request it has no room for is counted
+(``shadow_no_room``) and not run in the shadow. For every live allocation that
+evicted, ``shadow-evictions.jsonl`` gets the groups whose blocks the live engine
+evicted and those the shadow policy evicted for the same request; every
+``interval_s`` a line of per-group totals goes to ``shadow.jsonl``; at shutdown
+``shadow-report.json`` states, per tenant, hit tokens live vs shadow and the
+would-be difference.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+from pathlib import Path
+
+from psgate.engines.vllm_live import LivePolicy, identify
+from psgate.engines.vllm_pool import make_kv_cache_manager
+
+_FIELDS = ("requests", "prompt_tokens", "live_hit_tokens", "shadow_hit_tokens",
+           "live_evictions_suffered", "shadow_evictions_suffered", "shadow_no_room")
+
+
+class ShadowRunner:
+    def __init__(self, mgr, policy, directory: str | Path, *, live_policy: str = "native",
+                 interval_s: float = 60.0, describe=identify, clock=time.monotonic) -> None:
+        from vllm.v1.request import RequestStatus
+        self._Status = RequestStatus
+        self.real = mgr
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.policy_name = policy.name
+        self.policy_desc = policy.describe()
+        self.live_policy = live_policy
+        self.interval_s = interval_s
+        self.describe = describe
+        self.clock = clock
+        self.t0 = clock()
+        self._last_summary = 0.0
+        self.bs = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        num_blocks = len(mgr.block_pool.blocks)
+        self.smgr, self._hasher = make_kv_cache_manager(num_blocks, self.bs)
+        self.shadow = LivePolicy(self.smgr, policy, describe=describe, recorder=self,
+                                 clock_ns=lambda: round((self.clock() - self.t0) * 1e9))
+        self.sreqs: dict[str, object] = {}
+        self.stats: dict[str, dict[str, int]] = {}
+        self.owner: dict[int, str] = {}          # live block id -> group that cached it
+        self._cur_group: str | None = None
+        self._batch_live: list[str] = []
+        self._batch_shadow: list[str] = []
+        self._evictions = open(self.dir / "shadow-evictions.jsonl", "a", buffering=1)
+        self._summaries = open(self.dir / "shadow.jsonl", "a", buffering=1)
+        self._wrap(mgr, mgr.block_pool)
+        self._closed = False
+        atexit.register(self.close)
+
+    def _group(self, g: str) -> dict[str, int]:
+        s = self.stats.get(g)
+        if s is None:
+            s = self.stats[g] = dict.fromkeys(_FIELDS, 0)
+        return s
+
+    # -- the shadow's own evictions (LivePolicy recorder) ---------------------------------
+    def eviction(self, now_ns, req, d, block, hash_name, owner) -> None:
+        self._batch_shadow.append(owner)
+        self._group(owner)["shadow_evictions_suffered"] += 1
+
+    def admission(self, *args) -> None:
+        pass
+
+    # -- the live engine's calls ----------------------------------------------------------------
+    def _wrap(self, mgr, pool) -> None:
+        allocate, free = mgr.allocate_slots, mgr.free
+        cache_full, evict = pool.cache_full_blocks, pool._maybe_evict_cached_block
+
+        def allocate_slots(request, *args, **kwargs):
+            rid = request.request_id
+            first = rid not in self.sreqs and request.num_computed_tokens == 0
+            hits = kwargs.get("num_new_computed_tokens", args[1] if len(args) > 1 else 0)
+            group = self.describe(request)[0]
+            self._cur_group = group
+            self._batch_live, self._batch_shadow = [], []
+            try:
+                out = allocate(request, *args, **kwargs)
+            finally:
+                self._cur_group = None
+            if out is not None:
+                if first:
+                    self._admit(request, group, hits)
+                elif rid in self.sreqs:
+                    self._grow(rid)
+            if self._batch_live or self._batch_shadow:
+                self._evictions.write(json.dumps(
+                    {"t": round(self.clock() - self.t0, 6), "request_group": group,
+                     "live": self._batch_live, "shadow": self._batch_shadow}) + "\n")
+            now = self.clock() - self.t0
+            if now - self._last_summary >= self.interval_s:
+                self._last_summary = now
+                self._summaries.write(json.dumps({"t": round(now, 3), "groups": self.stats},
+                                                 sort_keys=True) + "\n")
+            return out
+
+        def free_request(request):
+            out = free(request)
+            sreq = self.sreqs.pop(request.request_id, None)
+            if sreq is not None:
+                sreq.status = self._Status.FINISHED_STOPPED
+                self.smgr.free(sreq)
+            return out
+
+        def cached(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs):
+            cache_full(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+            g = self._cur_group or "unknown"
+            for blk in blocks[num_cached_blocks:num_full_blocks]:
+                self.owner[blk.block_id] = g
+
+        def evicted(block):
+            gone = evict(block)
+            if gone:
+                g = self.owner.pop(block.block_id, "unknown")
+                self._batch_live.append(g)
+                self._group(g)["live_evictions_suffered"] += 1
+            return gone
+
+        mgr.allocate_slots, mgr.free = allocate_slots, free_request
+        pool.cache_full_blocks, pool._maybe_evict_cached_block = cached, evicted
+
+    def _admit(self, request, group: str, live_hits: int) -> None:
+        from vllm.v1.request import Request
+        s = self._group(group)
+        s["requests"] += 1
+        s["prompt_tokens"] += request.num_prompt_tokens
+        s["live_hit_tokens"] += live_hits
+        sreq = Request(request.request_id, list(request.prompt_token_ids),
+                       request.sampling_params, None, cache_salt=request.cache_salt,
+                       lora_request=request.lora_request, block_hasher=self._hasher)
+        computed, n_hit, _ = self.smgr.get_computed_blocks(sreq)
+        got = self.smgr.allocate_slots(sreq, sreq.num_tokens - n_hit,
+                                       num_new_computed_tokens=n_hit,
+                                       new_computed_blocks=computed)
+        if got is None:
+            s["shadow_no_room"] += 1
+            return
+        sreq.status = self._Status.RUNNING
+        sreq.num_computed_tokens = sreq.num_tokens
+        s["shadow_hit_tokens"] += n_hit
+        self.sreqs[request.request_id] = sreq
+        self._grow(request.request_id)
+
+    def _grow(self, rid: str) -> None:
+        """Give the shadow request as many blocks as the live one holds now."""
+        sreq = self.sreqs[rid]
+        missing = len(self.real.get_block_ids(rid)[0]) - len(self.smgr.get_block_ids(rid)[0])
+        if missing > 0:
+            n = missing * self.bs
+            if self.smgr.allocate_slots(sreq, n) is not None:
+                sreq.num_computed_tokens += n
+
+    # -- reports --------------------------------------------------------------------------------
+    def report(self) -> dict:
+        groups = {}
+        for g, s in sorted(self.stats.items()):
+            p = s["prompt_tokens"]
+            live = s["live_hit_tokens"] / p if p else None
+            shadow = s["shadow_hit_tokens"] / p if p else None
+            groups[g] = {**s, "live_token_hit_ratio": live, "shadow_token_hit_ratio": shadow,
+                         "difference_pp": (None if p == 0
+                                           else round(100 * (shadow - live), 3))}
+        return {"psgate_shadow": 1, "live_policy": self.live_policy,
+                "shadow_policy": self.policy_desc, "block_size": self.bs,
+                "num_blocks": len(self.real.block_pool.blocks),
+                "note": "hit tokens at admission, live engine vs shadow cache of block "
+                        "identities; the shadow caches prompt blocks only",
+                "groups": groups}
+
+    def close(self) -> dict:
+        if self._closed:
+            return self.report()
+        self._closed = True
+        rep = self.report()
+        tmp = self.dir / "shadow-report.json.part"
+        tmp.write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.dir / "shadow-report.json")
+        self._evictions.close()
+        self._summaries.close()
+        return rep
