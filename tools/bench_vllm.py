@@ -12,6 +12,10 @@
    requests/s and mean time to first token, native vs prefixshield. Open-loop throughput
    equals the offered rate while the engine keeps up, so it is no overhead measure (the
    paper's 5.955 vs 5.956 req/s were of this kind); the closed-loop ratio is.
+4. Capture and shadow overhead: saturated closed-loop requests/s of the plugin's
+   PSGATE_CAPTURE and PSGATE_SHADOW=prefixshield against the same engine without them,
+   one engine process per measurement (the plugin patches vLLM at start-up), modes
+   rotated round by round.
 
 Needs vLLM (scripts/install-vllm.sh).
 """
@@ -189,6 +193,54 @@ def closed_and_open_loop(capacity: int, n: int, rounds: int, policies) -> dict:
             "requests": n, "capacity": capacity}
 
 
+MODE_SCRIPT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from bench_vllm import build_llm, real_workload
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+n = int(sys.argv[2])
+llm = build_llm(128)
+work = real_workload(n)
+def run():
+    ps = [TokensPrompt(prompt_token_ids=t, cache_salt=g) for t, g, _ in work]
+    sp = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                         extra_args={"psgate_contract": c}) for _, _, c in work]
+    llm.reset_prefix_cache()
+    t = time.perf_counter()
+    llm.generate(ps, sp, use_tqdm=False)
+    return n / (time.perf_counter() - t)
+run()   # warm-up
+print(json.dumps([run() for _ in range(2)]))
+"""
+
+
+def capture_shadow_overhead(n: int, rounds: int) -> list[dict]:
+    import subprocess
+    import tempfile
+    modes = {"native": {}, "capture": {"PSGATE_CAPTURE": "{dir}/cap",
+                                       "PSGATE_HASH_KEY": "ab" * 16},
+             "shadow": {"PSGATE_SHADOW": "prefixshield", "PSGATE_SHADOW_DIR": "{dir}/shadow"}}
+    rps: dict[str, list[float]] = {m: [] for m in modes}
+    names = list(modes)
+    for k in range(rounds):
+        for m in names[k % 3:] + names[:k % 3]:
+            with tempfile.TemporaryDirectory() as d:
+                env = {key: v for key, v in os.environ.items() if not key.startswith("PSGATE_")}
+                env.update({key: v.format(dir=d) for key, v in modes[m].items()})
+                proc = subprocess.run([sys.executable, "-c", MODE_SCRIPT, str(ROOT / "tools"),
+                                       str(n)], capture_output=True, text=True, env=env,
+                                      timeout=1800)
+                if proc.returncode:
+                    raise SystemExit(proc.stderr[-2000:])
+                rps[m] += json.loads(proc.stdout.strip().splitlines()[-1])
+    native = statistics.median(rps["native"])
+    return [{"mode": m, "req_per_s_median": round(statistics.median(v), 2),
+             "req_per_s_all": [round(x, 2) for x in v],
+             "ratio_to_native": round(statistics.median(v) / native, 3)}
+            for m, v in rps.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -201,7 +253,8 @@ def main() -> None:
     out = {"vllm": vllm.__version__,
            "replay": replay_throughput(tmp, 512, ["lru", "prefixshield"], 2 if args.quick else 3),
            "real": closed_and_open_loop(128, 32 if args.quick else 96, 1 if args.quick else 3,
-                                        ["lru", "prefixshield"] if args.quick else live_policies)}
+                                        ["lru", "prefixshield"] if args.quick else live_policies),
+           "plugin": capture_shadow_overhead(32 if args.quick else 96, 1 if args.quick else 3)}
     if args.json:
         print(json.dumps(out, indent=1))
         return
@@ -221,6 +274,10 @@ def main() -> None:
     for r in real["open_loop_60pct"]:
         print(f"  {r['mode']:<20} offered {r['offered_req_per_s']} req/s, achieved "
               f"{r['achieved_req_per_s']} req/s, mean TTFT {r['ttft_mean_ms']} ms")
+    print("plugin capture and shadow, closed loop (one engine process per measurement)")
+    for r in out["plugin"]:
+        print(f"  {r['mode']:<20} {r['req_per_s_median']:>7} req/s  x{r['ratio_to_native']} "
+              f"of native  (all {r['req_per_s_all']})")
 
 
 if __name__ == "__main__":
