@@ -51,6 +51,7 @@ from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolIn
 from psgate.policies.queues import LeafTracker, SeqQueues
 
 NS_PER_S = 1_000_000_000
+_SHIFT = SeqQueues.SHIFT
 SEGMENTS = ("probationary", "normal", "reuse")
 PROBATIONARY, NORMAL, REUSE = 0, 1, 2
 DEFAULT_CONTRACTS = {"critical": [64.0, 256.0], "standard": [40.0, 192.0],
@@ -92,7 +93,8 @@ class PrefixShield(EvictionPolicy):
         self.min_rho = min(self.rho.values())
         self.weight = {c: self.rho[c] / self.min_rho for c in table}
         self.eps = float(self.params["eps"])
-        self.seg_names = SEGMENTS if self.params["segments"] else ("all", "all", "all")
+        self._segments = self.params["segments"]
+        self.seg_names = SEGMENTS if self._segments else ("all", "all", "all")
 
     def claims(self) -> tuple[str, ...]:
         return ("I1", "I2") if self.params["gate"] else ("I1",)
@@ -115,10 +117,10 @@ class PrefixShield(EvictionPolicy):
         self.tree = LeafTracker(n) if self.params["leaf_only"] else None
         self.gq = SeqQueues(n)                   # per (group, segment): q = 3*g + s
         self.glob = SeqQueues(n, 3)              # all groups, per segment (fallback)
-        self.nonleaf = SeqQueues(n, 1)           # guard: candidates that are not leaves
         # groups
         self.gids: dict[str, int] = {}
         self.gnames: list[str] = []
+        self.qnames: list[str] = []              # "group/segment" for queue 3*g + s
         self.history: list[OrderedDict] = []
         self.num_eligible: list[int] = []
         # buckets: (gid, contract idx) -> index
@@ -162,8 +164,9 @@ class PrefixShield(EvictionPolicy):
             self.S.append(0.0)
             self.k.append(0)
             self.gver.append(0)
-            for _ in range(3):
+            for seg in self.seg_names:
                 self.gq.add_queue()
+                self.qnames.append(f"{group}/{seg}")
         return g
 
     def _bucket(self, g: int, c: int) -> int:
@@ -264,15 +267,17 @@ class PrefixShield(EvictionPolicy):
     def _frontier(self) -> tuple[float, int] | None:
         """(P, k) of the best group still in the per-k heaps, or None."""
         best = None
-        valid = self._valid_k
+        gver, mod, elig = self.gver, self.batch_mod, self.num_eligible
         t = self.now_s
         for k, h in self.kheaps.items():
-            while h and not valid(h[0]):
+            while h:
+                _, g, ver = h[0]
+                if ver == gver[g] and g not in mod and elig[g] > 0:     # _valid_k
+                    p = self.min_rho * (-h[0][0] - k * t)
+                    if best is None or p > best[0]:
+                        best = (p, k)
+                    break
                 heappop(h)
-            if h:
-                p = self.min_rho * (-h[0][0] - k * t)
-                if best is None or p > best[0]:
-                    best = (p, k)
         return best
 
     def _pull(self, k: int) -> None:
@@ -298,6 +303,24 @@ class PrefixShield(EvictionPolicy):
     def _scan_batch(self) -> tuple[list[int], float, int, float]:
         """Top groups (ties), their P, runner-up and its P among the batch heap only."""
         bh = self.batch_heap
+        gver, mod, elig = self.gver, self.batch_mod, self.num_eligible
+        # Fast path, the same answer as the scan below: stale entries at the top are
+        # dropped as the scan would drop them; after a valid top the entries pop in heap
+        # order, so the next one is the smaller of its children, and when that one is valid
+        # and not tied with the top, the scan would look no further.
+        while bh:
+            e = bh[0]
+            g = e[1]
+            if e[2] == gver[g] and g in mod and elig[g] > 0:      # _valid_b
+                n = len(bh)
+                if n == 1:
+                    return [g], -e[0], -1, 0.0
+                c = bh[1] if n == 2 or bh[1] < bh[2] else bh[2]
+                h = c[1]
+                if c[2] == gver[h] and h in mod and elig[h] > 0 and c[0] != e[0]:
+                    return [g], -e[0], h, -c[0]
+                break
+            heappop(bh)
         taken: list[tuple] = []
         top: list[int] = []
         top_p = 0.0
@@ -343,10 +366,17 @@ class PrefixShield(EvictionPolicy):
 
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
+        gq = self.gq
+        heaps, where, seq, shift, mask = gq.heaps, gq.where, gq.seq, gq.SHIFT, gq.MASK
         for s in range(3):
-            b = self.gq.head(3 * g + s)
-            if b >= 0:
-                return s, self.gq.seq[b], b
+            q = 3 * g + s
+            h = heaps[q]
+            while h:                     # SeqQueues.head
+                e = h[0]
+                b = e & mask
+                if where[b] == q and seq[b] == e >> shift:
+                    return s, seq[b], b
+                heappop(h)
         return 3, 0, -1
 
     def _global_best(self) -> tuple[int, int]:
@@ -370,11 +400,22 @@ class PrefixShield(EvictionPolicy):
         self._debt_cache.clear()
 
     def _debts(self, g: int) -> tuple[float, float, float]:
-        """(raw debt, normalized debt, W_g) of g at the batch's time, computed once."""
+        """(raw debt, normalized debt, W_g) of g at the batch's time, computed once: the
+        sums of raw_debt and norm_debt and the max of _w, in one pass, in their order."""
         d = self._debt_cache.get(g)
         if d is None:
             t = self.now_s
-            d = (self.raw_debt(g, t), self.norm_debt(g, t), self._w(g, t))
+            raw = norm = 0             # sum() starts from int 0 too
+            w = None
+            names, weight, bc = self.contract_names, self.weight, self.bucket_contract
+            for i in self.group_buckets[g]:
+                c = names[bc[i]]
+                owed = max(0.0, -self.bhat(i, t))
+                raw += owed
+                norm += owed / weight[c]
+                if self.zero_t[i] > t and (w is None or weight[c] > w):
+                    w = weight[c]
+            d = (raw, norm, 1.0 if w is None else w)
             self._debt_cache[g] = d
         return d
 
@@ -395,44 +436,76 @@ class PrefixShield(EvictionPolicy):
         self._uncandidate(block)
 
     def _eligible_push(self, b: int) -> None:
-        g, s = self.owner[b], (self.cls[b] if self.params["segments"] else 0)
+        g, s = self.owner[b], (self.cls[b] if self._segments else 0)
         seq = self.freed_seq[b]
-        self.gq.push(3 * g + s, b, seq)
-        self.glob.push(s, b, seq)
-        self.num_eligible[g] += 1
-        if self.num_eligible[g] == 1:
+        e = (seq << _SHIFT) | b
+        gq, q = self.gq, 3 * g + s           # gq.push(q, b, seq), glob.push(s, b, seq)
+        gq.where[b] = q
+        gq.seq[b] = seq
+        heappush(gq.heaps[q], e)
+        gq.live[q] += 1
+        gl = self.glob
+        gl.where[b] = s
+        gl.seq[b] = seq
+        heappush(gl.heaps[s], e)
+        gl.live[s] += 1
+        ne = self.num_eligible
+        ne[g] += 1
+        if ne[g] == 1:
             self._relist(g)
 
     def _uncandidate(self, b: int) -> None:
         self.cand[b] = 0
         self.num_cand -= 1
-        if b in self.gq:
+        gq = self.gq
+        q = gq.where[b]
+        if q >= 0:
             g = self.owner[b]
-            self.gq.remove(b)
-            self.glob.remove(b)
+            gq.where[b] = -1                   # gq.remove(b), glob.remove(b)
+            live = gq.live[q] - 1
+            gq.live[q] = live
+            if len(gq.heaps[q]) > 2 * live + 32:
+                gq._compact(q)
+            gl = self.glob
+            q = gl.where[b]
+            gl.where[b] = -1
+            live = gl.live[q] - 1
+            gl.live[q] = live
+            if len(gl.heaps[q]) > 2 * live + 32:
+                gl._compact(q)
             self.num_eligible[g] -= 1
             if self.num_eligible[g] == 0:
                 self.gver[g] += 1          # its heap entries are stale now
                 self._rank_cache = None
-        elif b in self.nonleaf:
-            self.nonleaf.remove(b)
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
-        tree = self.tree
+        # A candidate that is not a leaf waits outside the queues until its last child
+        # leaves (on_evict); the guard finds such blocks by scanning (_oldest_nonleaf).
+        children = self.tree.children if self.tree is not None else None
+        freed_seq, cand = self.freed_seq, self.cand
         for b in blocks:
             self.free_seq += 1
-            self.freed_seq[b] = self.free_seq
-            self.cand[b] = 1
+            freed_seq[b] = self.free_seq
+            cand[b] = 1
             self.num_cand += 1
-            if tree is None or tree.is_leaf(b):
+            if children is None or children[b] == 0:      # a leaf
                 self._eligible_push(b)
-            else:
-                self.nonleaf.push(0, b, self.free_seq)
+
+    def _oldest_nonleaf(self) -> int:
+        """The earliest freed candidate that is not a leaf, -1 if none: the guard's pick,
+        by a scan (the guard is not reachable with vLLM's prefix hits)."""
+        cand, where, seq = self.cand, self.gq.where, self.freed_seq
+        best = -1
+        for b in range(len(cand)):
+            if cand[b] and where[b] < 0 and (best < 0 or seq[b] < seq[best]):
+                best = b
+        return best
 
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        if self._rank_cache is None:
-            self._rank_cache = self._ranked()
-        top, top_p, runner, runner_p = self._rank_cache
+        cache = self._rank_cache
+        if cache is None:
+            cache = self._rank_cache = self._ranked()
+        top, top_p, runner, runner_p = cache
         seg_name = self.seg_names
         ancestry_fallback = False
         if top and top_p > self.eps:
@@ -442,22 +515,25 @@ class PrefixShield(EvictionPolicy):
             g = top[0]
             seg, _, b = self._best_of(g)
             p_before = top_p
-            p_after = p_before - 1.0 / self._debts(g)[2]
-            queue = f"{self.gnames[g]}/{seg_name[seg]}"
-            live, q = self.gq.live, 3 * g
+            debts = self._debt_cache.get(g) or self._debts(g)
+            p_after = p_before - 1.0 / debts[2]
+            q = 3 * g
+            queue = self.qnames[q + seg]
+            live = self.gq.live
             counts = {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}
         else:
             g, runner, p_before, p_after = -1, -1, None, None
             seg, b = self._global_best()
             if b < 0:     # no eligible leaf at all: guard, see the module docstring
-                b = self.nonleaf.head(0)
+                b = self._oldest_nonleaf()
                 seg = self.cls[b] if self.params["segments"] else 0
                 ancestry_fallback = True
             queue = "ancestry-fallback" if ancestry_fallback else f"global/{seg_name[seg]}"
             live = self.glob.live
             counts = {"probationary": live[0], "normal": live[1], "reuse": live[2]}
         self.pending = (b, g, p_after)
-        raw, norm, _ = self._debts(self.owner[b])
+        og = self.owner[b]
+        raw, norm, _ = self._debt_cache.get(og) or self._debts(og)
         rank = {"segment": seg_name[seg], "class": SEGMENTS[self.cls[b]],
                 "freed_seq": self.freed_seq[b], "global_fallback": g < 0,
                 "owner_contract": self.contract_names[self.contract[b]],
@@ -488,14 +564,19 @@ class PrefixShield(EvictionPolicy):
                 self._rank_cache = ([g], p_after, cache[2], cache[3])
             else:
                 self._rank_cache = None
-        if self.tree is None and not self.cand[block]:
+        tree = self.tree
+        if tree is None and not self.cand[block]:
             return
         self._uncandidate(block)
-        if self.tree is not None:
-            parent = self.tree.evicted(block)
-            if parent >= 0 and self.cand[parent]:
-                self.nonleaf.remove(parent)
-                self._eligible_push(parent)
+        if tree is not None:
+            tree.gen[block] += 1                       # LeafTracker.evicted
+            p = tree.parent[block]
+            tree.parent[block] = -1
+            if p >= 0 and tree.parent_gen[block] == tree.gen[p]:
+                n = tree.children[p] - 1
+                tree.children[p] = n
+                if n == 0 and self.cand[p]:            # p is a leaf now
+                    self._eligible_push(p)
         self.owner[block] = -1
 
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
