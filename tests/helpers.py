@@ -3,8 +3,13 @@ what happened."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
+
+import pytest
 
 from hypothesis import strategies as st
 
@@ -173,3 +178,19 @@ def replay_checked(path: Path | str, capacity: int, policy: str = "lru",
 def run_events(tmp_path: Path, events, cap: int, policy: str, **params):
     """Write events (see write) and replay_checked them; params go to the policy."""
     return replay_checked(write(tmp_path, events), cap, policy, params or None)
+
+
+def heavy_python(name: str, modules: tuple[str, ...], install: str) -> str:
+    """An interpreter that has ``modules``: $PSGATE_<NAME>_PYTHON, else this one if it has
+    them. Without one the test skips, except under $PSGATE_REQUIRE_<NAME>=1 (CI), where
+    it fails: CI builds that interpreter, so a skip there would hide missing work."""
+    named = os.environ.get(f"PSGATE_{name}_PYTHON")
+    if named:
+        return named
+    if all(importlib.util.find_spec(m) for m in modules):
+        return sys.executable
+    what = " and ".join(modules)
+    if os.environ.get(f"PSGATE_REQUIRE_{name}") == "1":
+        pytest.fail(f"PSGATE_REQUIRE_{name}=1 but no interpreter with {what}: set "
+                    f"PSGATE_{name}_PYTHON")
+    pytest.skip(f"{what} not installed here: {install}, then PSGATE_{name}_PYTHON=<its python>")

@@ -10,7 +10,6 @@ there it can never be skipped), or in this one if it has them.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +29,8 @@ from psgate.errors import InputError
 from psgate.trace.reader import validate_trace
 from psgate.workloads import generate
 from psgate.workloads.common import unique_prefill_rate
+
+from helpers import heavy_python
 
 from test_cli import assert_one_line_error, psgate, small_trace
 
@@ -294,23 +295,9 @@ def test_example_model_configs():
 
 # -- the real thing ------------------------------------------------------------------
 
-def _calibrate_python() -> str | None:
-    named = os.environ.get("PSGATE_CALIBRATE_PYTHON")
-    if named:
-        return named
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-        return sys.executable
-    return None
-
-
 def test_calibrate_tiny_config_on_cpu(tmp_path):
-    python = _calibrate_python()
-    if python is None:
-        if os.environ.get("PSGATE_REQUIRE_CALIBRATE") == "1":
-            pytest.fail("PSGATE_REQUIRE_CALIBRATE=1 but no interpreter with torch and "
-                        "transformers: set PSGATE_CALIBRATE_PYTHON")
-        pytest.skip("torch/transformers not installed here: bash scripts/install-calibrate.sh, "
-                    "then PSGATE_CALIBRATE_PYTHON=.venv-calibrate/bin/python")
+    python = heavy_python("CALIBRATE", ("torch", "transformers"),
+                          "bash scripts/install-calibrate.sh .venv-calibrate")
     out = tmp_path / "tiny.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # Wall-clock timing on a machine that may be shared: a second calibration is allowed

@@ -8,7 +8,6 @@ there), or this interpreter when it can import vLLM itself.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import heavy_python
 from test_cli import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,23 +32,10 @@ def test_vllm_engines_without_vllm_exit_3_naming_the_install_command(tmp_path, e
     assert not (tmp_path / "o").exists()
 
 
-def _vllm_python() -> str | None:
-    named = os.environ.get("PSGATE_VLLM_PYTHON")
-    if named:
-        return named
-    return sys.executable if importlib.util.find_spec("vllm") else None
-
-
 @pytest.mark.parametrize("suite", sorted(p.name for p in (ROOT / "tests" / "vllm_suite")
                                          .glob("test_*.py")))
 def test_vllm_suite(tmp_path, suite):
-    python = _vllm_python()
-    if python is None:
-        if os.environ.get("PSGATE_REQUIRE_VLLM") == "1":
-            pytest.fail("PSGATE_REQUIRE_VLLM=1 but no interpreter with vLLM: set "
-                        "PSGATE_VLLM_PYTHON")
-        pytest.skip("vLLM not installed here: bash scripts/install-vllm.sh .venv-vllm, then "
-                    "PSGATE_VLLM_PYTHON=.venv-vllm/bin/python")
+    python = heavy_python("VLLM", ("vllm",), "bash scripts/install-vllm.sh .venv-vllm")
     env = {**os.environ, "PSGATE_VLLM_SUITE": "1", "PYTHONPATH": str(ROOT),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run([python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
