@@ -246,16 +246,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--requests", type=int, help="requests per closed-loop measurement "
+                                                  "(default 96, --quick 32)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3, --quick 1)")
     args = ap.parse_args()
+    n = args.requests or (32 if args.quick else 96)
+    rounds = args.rounds or (1 if args.quick else 3)
     import vllm
     live_policies = [p for p in policy_names() if not policy_class(p).needs_future]
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "psgate-bench-vllm.jsonl"
     write_trace(tmp, generate("one-touch", {"attack_requests": 200 if args.quick else 2000}))
     out = {"vllm": vllm.__version__,
            "replay": replay_throughput(tmp, 512, ["lru", "prefixshield"], 2 if args.quick else 3),
-           "real": closed_and_open_loop(128, 32 if args.quick else 96, 1 if args.quick else 3,
+           "real": closed_and_open_loop(128, n, rounds,
                                         ["lru", "prefixshield"] if args.quick else live_policies),
-           "plugin": capture_shadow_overhead(32 if args.quick else 96, 1 if args.quick else 3)}
+           "plugin": capture_shadow_overhead(n, rounds)}
     if args.json:
         print(json.dumps(out, indent=1))
         return
