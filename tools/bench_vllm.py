@@ -253,7 +253,8 @@ def main() -> None:
     n = args.requests or (32 if args.quick else 96)
     rounds = args.rounds or (1 if args.quick else 3)
     import vllm
-    live_policies = [p for p in policy_names() if not policy_class(p).needs_future]
+    live_policies = [p for p in policy_names()
+                     if not policy_class(p).needs_future and policy_class(p).work_conserving]
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "psgate-bench-vllm.jsonl"
     write_trace(tmp, generate("one-touch", {"attack_requests": 200 if args.quick else 2000}))
     out = {"vllm": vllm.__version__,

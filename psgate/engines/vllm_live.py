@@ -59,6 +59,10 @@ class LivePolicy:
         if policy.needs_future and not future_known:
             raise ValueError(f"policy '{policy.name}' needs the trace's future and cannot run "
                              f"inside a live engine")
+        if not policy.work_conserving:
+            raise ValueError(f"policy '{policy.name}' makes requests wait (admission control), "
+                             f"which vLLM's scheduler does not ask a block pool about; replay "
+                             f"it with --engine sim or vllm-pool")
         self.mgr = mgr
         self.pool = pool = mgr.block_pool
         self.policy = policy

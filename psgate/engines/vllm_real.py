@@ -102,6 +102,10 @@ class VllmRealEngine:
             raise InputError(f"expected a Hugging Face model config directory with a readable "
                              f"config.json, found {type(exc).__name__}: {exc}",
                              path=str(cfg_file), field="--model-config") from None
+        if not policy.work_conserving:
+            raise InputError(f"policy '{policy.name}' makes requests wait (admission control), "
+                             f"which vLLM's scheduler does not consult; replay it with "
+                             f"--engine sim or vllm-pool", path=f"policy {policy.name}")
         self.bs = header.block_size
         vllm_version("vllm")
         self.device = current_device()

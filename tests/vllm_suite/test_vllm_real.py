@@ -90,3 +90,11 @@ def test_cpu_engine_refuses_block_size_16(tmp_path):
     with pytest.raises(InputError, match="multiple of 32; this trace has block_size 16"):
         api.replay(cfg)
     assert not (tmp_path / "o").exists()
+
+
+def test_admission_controlling_policies_are_refused_on_the_real_engine(tmp_path):
+    trace = write_lines(tmp_path, flood_lines(6))
+    cfg = api.ReplayConfig(trace=str(trace), engine="vllm", candidate="static-quota",
+                           capacity=40, out=tmp_path / "o")
+    with pytest.raises(InputError, match="static-quota.*admission control"):
+        api.replay(cfg)
