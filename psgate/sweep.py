@@ -15,9 +15,9 @@ candidate over recorded traces; the cell records each trace's SHA-256.
 
 A cell is complete when its experiment receipt exists and its cell.json matches the
 cell's specification, so an interrupted sweep resumes where it stopped and a changed
-grid redoes only the cells it changed. The specification includes a digest of psgate's
-own source files (``code``), so a cell computed by other code (a changed policy, say)
-is redone rather than resumed. Cell ids are the cell's index and a digest of its
+grid redoes only the cells it changed. The specification includes a digest of the
+source files a sim replay runs (``code``, REPLAY_CODE), so a cell computed by other code
+(a changed policy, say) is redone rather than resumed. Cell ids are the cell's index and a digest of its
 specification. Nothing in a cell depends on which worker ran it or when.
 """
 
@@ -71,18 +71,25 @@ class SweepConfig:
 
 
 _CODE_DIGEST: str | None = None
+# The code a cell's sim replays run (files, and folders ending in /), relative to psgate/;
+# the CLI, reports, calibration and the live vLLM engines are not in it.
+REPLAY_CODE = ("__init__.py", "api.py", "errors.py", "experiment.py", "resources.py",
+               "sweep.py", "engines/__init__.py", "engines/cost.py", "engines/results.py",
+               "engines/sim.py", "invariants/", "policies/", "receipt/", "stats/", "trace/",
+               "workloads/")
 
 
 def code_digest() -> str:
-    """SHA-256 over psgate's own ``*.py`` files (relative path and bytes, in path order):
-    which code a cell's numbers came from."""
+    """SHA-256 over the ``*.py`` files of REPLAY_CODE (relative path and bytes, in path
+    order): which code a cell's numbers came from."""
     global _CODE_DIGEST
     if _CODE_DIGEST is None:
         root = Path(__file__).resolve().parent
         h = hashlib.sha256()
         for f in sorted(root.rglob("*.py")):
             rel = f.relative_to(root).as_posix()
-            h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+            if any(rel == c or (c.endswith("/") and rel.startswith(c)) for c in REPLAY_CODE):
+                h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
         _CODE_DIGEST = h.hexdigest()
     return _CODE_DIGEST
 

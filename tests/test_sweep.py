@@ -122,6 +122,29 @@ def test_cell_ids_follow_the_code_that_computes_them(tmp_path, monkeypatch):
     assert after["id"] != before["id"] and after["code"] == "0" * 64
 
 
+def test_code_digest_covers_the_replay_path_only(tmp_path, monkeypatch):
+    import psgate.sweep as sw
+    root = tmp_path / "psgate"
+    for rel in ("sweep.py", "cli.py", "engines/sim.py", "engines/vllm_real.py",
+                "policies/lru.py", "report/html.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# {rel}\n")
+    monkeypatch.setattr(sw, "__file__", str(root / "sweep.py"))
+
+    def digest():
+        monkeypatch.setattr(sw, "_CODE_DIGEST", None)
+        return sw.code_digest()
+
+    base = digest()
+    for rel in ("cli.py", "engines/vllm_real.py", "report/html.py"):
+        (root / rel).write_text("# changed\n")
+        assert digest() == base, rel
+    for rel in ("engines/sim.py", "policies/lru.py", "sweep.py"):
+        (root / rel).write_text(f"# changed {rel}\n")
+        assert digest() != base, rel
+        base = digest()
+
+
 def _corpus(d, n=2):
     from psgate.trace.writer import write_trace
     from psgate.workloads import generate
