@@ -327,8 +327,8 @@ def vllm_replay(loaded: Loaded, capacity: int, prebuilt: bool) -> tuple[float, i
     from vllm import SamplingParams
     from vllm.v1.request import Request, RequestStatus
 
-    from psgate.engines.vllm_pool import (make_kv_cache_manager, namespace_salt, tail_tokens,
-                                          tokens_for)
+    from psgate.engines.vllm_pool import (make_kv_cache_manager, namespace_salt,
+                                          prompt_token_ids)
     bs = loaded.header.block_size
     names = loaded.hashes.names
     cache: dict[int, list[int]] = {}
@@ -336,13 +336,7 @@ def vllm_replay(loaded: Loaded, capacity: int, prebuilt: bool) -> tuple[float, i
     for ev in loaded.events:
         if type(ev) is not RequestEvent:
             raise ValueError("the bench's vLLM driver replays request lines only")
-        tokens: list[int] = []
-        for h in ev.blocks:
-            t = cache.get(h)
-            if t is None:
-                t = cache[h] = tokens_for(names[h], bs)
-            tokens += t
-        tokens += tail_tokens(ev.id, ev.prompt_tokens - len(ev.blocks) * bs)
+        tokens = prompt_token_ids(ev, names, bs, cache)
         reqs.append((ev.t_ns, ev.done_ns, ev.id, tokens, ev.out,
                      namespace_salt(ev.group, ev.scope)))
     mgr, hasher = make_kv_cache_manager(capacity, bs)

@@ -72,6 +72,19 @@ def tail_tokens(request_id: str, n: int, vocab: int = 30000) -> list[int]:
     return tokens_for("tail:" + request_id, n, vocab) if n else []
 
 
+def prompt_token_ids(ev, names, block_size: int, cache: dict[int, list[int]],
+                     vocab: int = 30000) -> list[int]:
+    """A request's synthesized prompt: its blocks' tokens (memoized per trace hash id in
+    ``cache``), then its tail."""
+    tokens: list[int] = []
+    for h in ev.blocks:
+        t = cache.get(h)
+        if t is None:
+            t = cache[h] = tokens_for(names[h], block_size, vocab)
+        tokens += t
+    return tokens + tail_tokens(ev.id, ev.prompt_tokens - len(ev.blocks) * block_size, vocab)
+
+
 def namespace_salt(group: str, scope: str) -> str:
     return f"{group}\x00{scope}"
 
@@ -218,14 +231,7 @@ class VllmPoolEngine(SimEngine):
         ev = r.ev
         vreq = self.vreqs.get(ev.id)
         if vreq is None:
-            names, cache, bs = self.hashes.names, self._tokens, self.bs
-            tokens: list[int] = []
-            for h in ev.blocks:
-                t = cache.get(h)
-                if t is None:
-                    t = cache[h] = tokens_for(names[h], bs)
-                tokens += t
-            tokens += tail_tokens(ev.id, ev.prompt_tokens - len(ev.blocks) * bs)
+            tokens = prompt_token_ids(ev, self.hashes.names, self.bs, self._tokens)
             vreq = self._Request(ev.id, tokens, self._SamplingParams(max_tokens=max(1, ev.out)),
                                  None, cache_salt=namespace_salt(ev.group, ev.scope),
                                  block_hasher=self._hasher)

@@ -40,8 +40,8 @@ from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNF
                                     RequestOutcome, RunResult)
 from psgate.engines.sim import NullRecorder
 from psgate.engines.vllm_live import LivePolicy
-from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, tail_tokens,
-                                      tokens_for, vllm_version)
+from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
+                                      vllm_version)
 from psgate.errors import InputError
 from psgate.policies import make_policy
 from psgate.trace.model import CancelEvent, RequestEvent
@@ -218,13 +218,7 @@ class VllmRealEngine:
                 counts["rejected"] += 1
                 rejected.append(ev.id)
                 return
-            toks: list[int] = []
-            for h in ev.blocks:
-                t = tokens_cache.get(h)
-                if t is None:
-                    t = tokens_cache[h] = tokens_for(names[h], bs, vocab)
-                toks += t
-            toks += tail_tokens(ev.id, ev.prompt_tokens - len(ev.blocks) * bs, vocab)
+            toks = prompt_token_ids(ev, names, bs, tokens_cache, vocab)
             prompt = TokensPrompt(prompt_token_ids=toks,
                                   cache_salt=namespace_salt(ev.group, ev.scope))
             eng.add_request(ev.id, prompt, SamplingParams(max_tokens=max(1, ev.out), **greedy))
