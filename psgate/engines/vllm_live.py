@@ -91,6 +91,7 @@ class LivePolicy:
         self._preqs: dict[str, PolicyRequest] = {}
         self._cur: PolicyRequest | None = None
         self._begun = False
+        self._num_hits = self._num_new = 0      # the current batch's, for its ledger row
         self.num_evictions = 0
         self.evictions_by: dict[tuple[int, int], int] = {}
         self.pinned = Verdict("no_pinned_eviction", hard=True)
@@ -134,13 +135,16 @@ class LivePolicy:
 
         def allocate_slots(request, *args, **kwargs):
             self._cur, self._begun = self.preq(request), False
+            self._cur.num_new_full_blocks = 0
+            self._num_hits = self._num_new = 0
             try:
                 out = allocate(request, *args, **kwargs)
                 if self._begun:
                     note = policy.end_admit(self._cur, self.clock_ns())
                     if self.recorder is not None:
-                        self.recorder.admission(self.clock_ns(), self._cur, 0, 0,
-                                                self._cur.num_new_full_blocks, note)
+                        self.recorder.admission(self.clock_ns(), self._cur, self._num_hits,
+                                                self._num_new, self._cur.num_new_full_blocks,
+                                                note)
                 return out
             finally:
                 self._cur = None
@@ -158,6 +162,7 @@ class LivePolicy:
         def touched(blocks):
             self._begin()
             preq = self._cur
+            self._num_hits += len(blocks)
             for pos, blk in enumerate(blocks):
                 touch([blk])
                 if blk.block_id in self.output_blocks:
@@ -168,6 +173,7 @@ class LivePolicy:
             self._begin()
             out = get_new(n)
             ids = [b.block_id for b in out]
+            self._num_new += len(ids)
             g = self._gids[self._cur.group]
             for b in ids:
                 self.group_of_block[b] = g
