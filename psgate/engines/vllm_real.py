@@ -38,7 +38,7 @@ from pathlib import Path
 from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, RunResult)
-from psgate.engines.sim import NullRecorder
+from psgate.engines.sim import _KEY_SHIFT, NullRecorder
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
@@ -47,7 +47,6 @@ from psgate.policies import make_policy
 from psgate.trace.model import CancelEvent, RequestEvent
 
 DIFFERENCE_CLASSES = ("preempted", "output_block_hit", "state", "timing")
-_KEY_SHIFT = 32
 
 
 def default_model_config() -> Path:
