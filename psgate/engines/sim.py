@@ -140,7 +140,19 @@ class SimEngine:
             p = parent[k & 0xFFFFFFFF]
             return NO_KEY if p < 0 else ((k >> _KEY_SHIFT) << _KEY_SHIFT) | p
 
-        self.checker = InvariantChecker(n, parent_of, paranoid=paranoid)
+        self.checker = InvariantChecker(n, parent_of, paranoid=paranoid,
+                                        parent_table=parent, key_shift=_KEY_SHIFT)
+        # Hooks a policy leaves at the base class's no-op are not called per block, and
+        # a policy with its own evict_batch evicts a whole batch in one call.
+        cls = type(policy)
+        self._on_hit = None if cls.on_hit is EvictionPolicy.on_hit else policy.on_hit
+        self._on_cached = None if cls.on_cached is EvictionPolicy.on_cached else policy.on_cached
+        self._on_released = (None if cls.on_released is EvictionPolicy.on_released
+                             else policy.on_released)
+        self.batch_evictions = cls.batches_evictions()
+        # Decisions (the ranking fields of each eviction) are built only for a recorder
+        # that writes them.
+        self._records = type(self.recorder) is not NullRecorder
         claims = policy.claims()
         self.family = (BucketAudit(policy.params["contracts"], policy.params["eps"], claims)
                        if claims else None)
@@ -190,6 +202,10 @@ class SimEngine:
 
     def _where(self, r: _Req) -> str:
         return f"{self.trace_path}:{r.ev.line} (request {r.ev.id}, {self.label})"
+
+    def _where_fn(self, r: _Req):
+        """_where(r), formatted only if a check fails."""
+        return lambda: self._where(r)
 
     def _lookup(self, ns: int, hid: int) -> int:
         v = self.cached.get((ns << _KEY_SHIFT) | hid)
@@ -363,20 +379,29 @@ class SimEngine:
         policy = self.policy
         g = r.gid
         policy.on_admit(preq, now)
+        on_hit = self._on_hit
         for pos, b in enumerate(hits):
             if ref[b] == 0:
                 policy.on_touch(b)
             ref[b] += 1
-            policy.on_hit(b, preq, pos)
-        new: list[int] = []
+            if on_hit is not None:
+                on_hit(b, preq, pos)
         free = self.free
         take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
-        for _ in range(take):
-            new.append(free.popleft())
-        for _ in range(num_new - take):
-            d = policy.select_victim(preq, now)
-            self._evict(d, r)
-            new.append(d.victim)
+        popleft = free.popleft
+        new = [popleft() for _ in range(take)]
+        num_evict = num_new - take
+        if num_evict:
+            if self.batch_evictions:
+                decisions = [] if self._records else None
+                victims = policy.evict_batch(preq, now, num_evict, decisions)
+                self._evicted(r, victims, decisions, num_evict)
+                new += victims
+            else:
+                for _ in range(num_evict):
+                    d = policy.select_victim(preq, now)
+                    self._evict(d, r)
+                    new.append(d.victim)
         owner = self.owner
         for b in new:
             ref[b] = 1
@@ -389,6 +414,7 @@ class SimEngine:
         cached_now: list[tuple[int, int]] = []
         recompute = 0
         lost = self.lost
+        on_cached = self._on_cached
         for pos in range(num_hits, num_full):
             b = blocks[pos]
             k = base | ev.blocks[pos]
@@ -404,7 +430,8 @@ class SimEngine:
                 lost.discard(k)
                 recompute += bs
             cached_now.append((b, k))
-            policy.on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+            if on_cached is not None:
+                on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
         note = policy.end_admit(preq, now)
         self._admitted(r, hits, new, cached_now, max_hits, recompute, note)
         return "ok"
@@ -451,7 +478,7 @@ class SimEngine:
         elif not r.awaits_done:
             self._schedule(r, first + round(ev.out * self.cost.per_output_token_ms * NS_PER_MS))
 
-        where = self._where(r)
+        where = self._where_fn(r)
         base = r.ns << _KEY_SHIFT
         ns_keys = [base | h for h in ev.blocks[:num_hits]]
         self.checker.admitted(where, ns_keys, hits, max_hits, new, cached_now)
@@ -460,22 +487,66 @@ class SimEngine:
         if self.family is not None:
             self.family.admitted(where, ev.group, ev.contract, now / 1e9, num_full - num_hits,
                                  policy.audit())
-        rec.admission(now, preq, num_hits, len(new), num_full - num_hits, note)
+        if self._records:
+            rec.admission(now, preq, num_hits, len(new), num_full - num_hits, note)
         if getattr(rec, "hits", False):
             for pos, b in enumerate(hits):
                 rec.hit(now, preq, pos, b, names[ev.blocks[pos]], self.group_names[owner[b]])
 
+    def _evicted(self, r: _Req, victims: list[int], decisions: list | None,
+                 num_asked: int) -> None:
+        """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
+        in order as _evict would, record it, and drop its content."""
+        where = self._where_fn(r)
+        num_valid = self.checker.evicted_many(where, victims)
+        ref, key, owner = self.ref, self.key, self.owner
+        cached, lost = self.cached, self.lost
+        names, gnames = self.hashes.names, self.group_names
+        nb = self.num_blocks
+        rec = self.recorder if decisions is not None else None
+        now, preq = self.now, r.preq
+        row = self.evict_matrix[r.gid]
+        num_by_owner: dict[int, int] = {}
+        for i, v in enumerate(victims):
+            k = key[v] if 0 < v < nb else NO_KEY
+            if i >= num_valid or k == NO_KEY or ref[v] != 0:
+                raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, "
+                                   f"which is not an eviction candidate (pinned or holding no "
+                                   f"content)")
+            og = owner[v]
+            if rec is not None:
+                rec.eviction(now, preq, decisions[i], v, names[k & 0xFFFFFFFF], gnames[og])
+            cur = cached[k]                        # _drop_content, inline
+            if type(cur) is int:
+                del cached[k]
+                lost.add(k)
+            else:
+                cur.remove(v)
+                if len(cur) == 1:
+                    cached[k] = cur[0]
+            key[v] = NO_KEY
+            owner[v] = -1
+            num_by_owner[og] = num_by_owner.get(og, 0) + 1
+        if len(victims) != num_asked:
+            raise _PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
+                               f"{len(victims)} blocks where {num_asked} were asked for")
+        for og, num in num_by_owner.items():
+            self._occ_add(og, -num)
+            row[og] += num
+        self.num_evictions += num_asked
+
     def _evict(self, d, r: _Req) -> None:
         v = d.victim
         k = self.key[v]
-        where = self._where(r)
+        where = self._where_fn(r)
         self.checker.evicted(where, v)
         if not (0 < v < self.num_blocks) or self.ref[v] != 0 or k == NO_KEY:
-            raise _PolicyFault(f"{where}: policy '{self.policy.name}' chose block {v}, which "
+            raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, which "
                                f"is not an eviction candidate (pinned or holding no content)")
         og = self.owner[v]
-        self.recorder.eviction(self.now, r.preq, d, v, self.hashes.names[k & 0xFFFFFFFF],
-                               self.group_names[og])
+        if self._records:
+            self.recorder.eviction(self.now, r.preq, d, v,
+                                   self.hashes.names[k & 0xFFFFFFFF], self.group_names[og])
         self._drop_content(v, k)
         self.key[v] = NO_KEY
         self.policy.on_evict(v)
@@ -519,16 +590,22 @@ class SimEngine:
             if ref[b] == 0:
                 (uncached if key[b] == NO_KEY else freed).append(b)
         self.free.extendleft(reversed(uncached))
-        self.policy.on_released(uncached)
-        for b in uncached:
-            self._occ_add(owner[b], -1)
-            owner[b] = -1
+        if self._on_released is not None:
+            self._on_released(uncached)
+        if uncached:
+            num_by_owner: dict[int, int] = {}
+            for b in uncached:
+                og = owner[b]
+                num_by_owner[og] = num_by_owner.get(og, 0) + 1
+                owner[b] = -1
+            for og, num in num_by_owner.items():
+                self._occ_add(og, -num)
         self.policy.on_free(freed, self.now)
         self._released(r, state)
 
     def _released(self, r: _Req, state: str) -> None:
         """r's blocks went back to the pool: check it and finish r's outcome."""
-        where = self._where(r)
+        where = self._where_fn(r)
         self.checker.released(where, r.blocks)
         self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
                                       self, self.policy)

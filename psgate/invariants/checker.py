@@ -46,13 +46,25 @@ class Verdict:
                 "violations": self.violations, "first_violation": self.first_violation}
 
 
+def text_of(where) -> str:
+    """Event locations are strings or, on hot paths, callables formatted only on failure."""
+    return where() if callable(where) else where
+
+
 class InvariantChecker:
-    def __init__(self, num_blocks: int, parent_of, paranoid: bool = False) -> None:
-        """``parent_of(key)`` gives the key of a cached block's parent, or NO_KEY for a root."""
+    def __init__(self, num_blocks: int, parent_of, paranoid: bool = False,
+                 parent_table=None, key_shift: int = 32) -> None:
+        """``parent_of(key)`` gives the key of a cached block's parent, or NO_KEY for a root.
+
+        With ``parent_table`` (a key's low ``key_shift`` bits index it; a negative entry
+        is a root; the parent shares the key's high bits), the lookup is done inline,
+        the same mapping without a call per block."""
         self.num_blocks = num_blocks
         self.num_usable = num_blocks - 1
         self.paranoid = paranoid
         self._parent_of = parent_of
+        self._parent = parent_table
+        self._shift = key_shift
         self.ref = array("i", [0]) * num_blocks
         self.key = array("q", [NO_KEY]) * num_blocks
         self.num_resident = 0            # blocks pinned or holding cached content
@@ -64,12 +76,18 @@ class InvariantChecker:
         self.max_orphans = 0
         self.orphans_created = 0
         self.verdicts = {name: Verdict(name, True) for name in HARD}
-        self._where = ""
 
     # -- residency bookkeeping ------------------------------------------------
+    def _parent_key(self, k: int) -> int:
+        table = self._parent
+        if table is None:
+            return self._parent_of(k)
+        p = table[k & ((1 << self._shift) - 1)]
+        return NO_KEY if p < 0 else ((k >> self._shift) << self._shift) | p
+
     def _add_copy(self, k: int) -> None:
         res = self.res
-        p = self._parent_of(k)
+        p = self._parent_key(k)
         if p != NO_KEY:
             v = res.get(p, 0)
             res[p] = v + _CHILD
@@ -82,7 +100,7 @@ class InvariantChecker:
 
     def _drop_copy(self, k: int) -> None:
         res = self.res
-        p = self._parent_of(k)
+        p = self._parent_key(k)
         if p != NO_KEY:
             v = res[p] - _CHILD
             if v:
@@ -105,53 +123,121 @@ class InvariantChecker:
         return self.res.get(k, 0) & _COPIES
 
     # -- events ---------------------------------------------------------------
-    def admitted(self, where: str, ns_keys: list[int], hits: list[int], max_hits: int,
+    def admitted(self, where, ns_keys: list[int], hits: list[int], max_hits: int,
                  new_blocks: list[int], cached: list[tuple[int, int]]) -> None:
         """A request with chain keys ``ns_keys`` took ``hits`` and ``new_blocks``;
-        ``cached`` lists (block, key) that now hold content."""
-        self._where = where
+        ``cached`` lists (block, key) that now hold content. ``where`` is a string or
+        a callable giving one."""
         ref, key = self.ref, self.key
         v = self.verdicts["hits_contiguous_in_namespace"]
-        ok = len(hits) <= max_hits
         bad = None
         for i, b in enumerate(hits):
             if key[b] != ns_keys[i]:
-                ok = False
                 bad = (i, b)
                 break
-        v.record(ok, lambda: f"{where}: hit {len(hits)} blocks (at most {max_hits} allowed)"
-                 if bad is None else
-                 f"{where}: hit position {bad[0]} is block {bad[1]}, which does not hold this "
-                 f"request's block in its namespace")
+        if bad is None and len(hits) <= max_hits:
+            v.checks += 1
+        else:
+            v.record(False, lambda: f"{text_of(where)}: hit {len(hits)} blocks (at most "
+                     f"{max_hits} allowed)" if bad is None else
+                     f"{text_of(where)}: hit position {bad[0]} is block {bad[1]}, which does "
+                     f"not hold this request's block in its namespace")
         for b in hits:
             if ref[b] == 0:
                 self.num_candidates -= 1
             ref[b] += 1
         acc = self.verdicts["capacity_and_accounting"]
         for b in new_blocks:
-            free = ref[b] == 0 and key[b] == NO_KEY
-            acc.record(free, lambda b=b: f"{where}: block {b} was allocated while "
-                       f"{'pinned' if ref[b] else 'holding cached content'}")
+            if ref[b] == 0 and key[b] == NO_KEY:
+                acc.checks += 1
+            else:
+                acc.record(False, lambda b=b: f"{text_of(where)}: block {b} was allocated while "
+                           f"{'pinned' if ref[b] else 'holding cached content'}")
             ref[b] += 1
-            self.num_resident += 1
-        for b, k in cached:
-            key[b] = k
-            self._add_copy(k)
+        self.num_resident += len(new_blocks)
+        table = self._parent
+        if table is None:
+            add_copy = self._add_copy
+            for b, k in cached:
+                key[b] = k
+                add_copy(k)
+        else:                            # _add_copy, inline
+            res = self.res
+            shift = self._shift
+            mask = (1 << shift) - 1
+            orphans = self.num_orphans
+            for b, k in cached:
+                key[b] = k
+                p = table[k & mask]
+                if p >= 0:
+                    p |= (k >> shift) << shift
+                    v = res.get(p, 0)
+                    res[p] = v + _CHILD
+                    if v & _COPIES == 0:
+                        orphans += 1
+                v = res.get(k, 0)
+                res[k] = v + 1
+                if v & _COPIES == 0:
+                    orphans -= v >> 32
+            self.num_orphans = orphans
         if self.num_orphans > self.max_orphans:
             self.max_orphans = self.num_orphans
 
-    def evicted(self, where: str, b: int) -> None:
+    def evicted(self, where, b: int) -> None:
+        self.evicted_many(where, (b,))
+
+    def evicted_many(self, where, blocks) -> int:
+        """Blocks evicted in this order. Stops at the first one that was not a candidate
+        (recorded as a violation); returns how many before it were."""
         ref, key = self.ref, self.key
         v = self.verdicts["no_pinned_eviction"]
-        v.record(ref[b] == 0 and key[b] != NO_KEY,
-                 lambda: f"{where}: evicted block {b}, which was "
-                 + ("pinned by a running request" if ref[b] else "not holding cached content"))
-        if key[b] != NO_KEY:
-            self._drop_copy(key[b])
-            key[b] = NO_KEY
-            if ref[b] == 0:
+        n = self.num_blocks
+        drop_copy = self._drop_copy
+        table, res, shift = self._parent, self.res, self._shift
+        mask = (1 << shift) - 1
+        num_ok = 0
+        for b in blocks:
+            if not 0 < b < n:
+                v.record(False, lambda b=b: f"{text_of(where)}: evicted block {b}, which is not "
+                         f"a usable block of the pool")
+                break
+            k = key[b]
+            if ref[b] == 0 and k != NO_KEY:
+                v.checks += 1
+                if table is None:
+                    drop_copy(k)
+                else:                    # _drop_copy, inline
+                    p = table[k & mask]
+                    if p >= 0:
+                        p |= (k >> shift) << shift
+                        c = res[p] - _CHILD
+                        if c:
+                            res[p] = c
+                        else:
+                            del res[p]
+                        if c & _COPIES == 0:
+                            self.num_orphans -= 1
+                    c = res[k] - 1
+                    if c & _COPIES == 0:
+                        orphaned = c >> 32
+                        self.num_orphans += orphaned
+                        self.orphans_created += orphaned
+                    if c:
+                        res[k] = c
+                    else:
+                        del res[k]
+                key[b] = NO_KEY
                 self.num_candidates -= 1
                 self.num_resident -= 1
+                num_ok += 1
+                continue
+            v.record(False, lambda b=b: f"{text_of(where)}: evicted block {b}, which was "
+                     + ("pinned by a running request" if ref[b] else "not holding cached content"))
+            if k != NO_KEY:
+                drop_copy(k)
+                key[b] = NO_KEY
+            break
+        return num_ok
 
     def released(self, where: str, blocks: list[int]) -> None:
         ref, key = self.ref, self.key
@@ -170,7 +256,7 @@ class InvariantChecker:
         resident = self.num_resident
         ok = (resident <= self.num_usable and num_truly_free == self.num_usable - resident
               and num_candidates == self.num_candidates)
-        v.record(ok, lambda: f"{where}: occupancy {resident} of {self.num_usable} usable; the "
+        v.record(ok, lambda: f"{text_of(where)}: occupancy {resident} of {self.num_usable} usable; the "
                  f"engine has {num_truly_free} truly free blocks (expected "
                  f"{self.num_usable - resident}) and the policy {num_candidates} candidates "
                  f"(expected {self.num_candidates})")
@@ -182,7 +268,7 @@ class InvariantChecker:
         v = self.verdicts["capacity_and_accounting"]
         mism = [b for b in range(1, self.num_blocks)
                 if engine.ref[b] != self.ref[b] or engine.key[b] != self.key[b]]
-        v.record(not mism, lambda: f"{where}: engine and checker disagree on block {mism[0]} "
+        v.record(not mism, lambda: f"{text_of(where)}: engine and checker disagree on block {mism[0]} "
                  f"(ref {engine.ref[mism[0]]} vs {self.ref[mism[0]]}, content "
                  f"{engine.key[mism[0]]} vs {self.key[mism[0]]})")
         expected = sorted(b for b in range(1, self.num_blocks)
@@ -190,7 +276,7 @@ class InvariantChecker:
         if policy is not None:
             got = policy.candidates()
             v.record(sorted(got) == expected and len(got) == len(set(got)),
-                     lambda: f"{where}: the policy's candidates ({len(got)}) are not the "
+                     lambda: f"{text_of(where)}: the policy's candidates ({len(got)}) are not the "
                      f"unpinned cached blocks ({len(expected)})")
         resident_keys: dict[int, int] = {}
         for b in range(1, self.num_blocks):
@@ -205,7 +291,7 @@ class InvariantChecker:
                     orphans += 1
         tracked = {k: v & _COPIES for k, v in self.res.items() if v & _COPIES}
         v.record(orphans == self.num_orphans and resident_keys == tracked,
-                 lambda: f"{where}: {orphans} orphans recounted, {self.num_orphans} tracked")
+                 lambda: f"{text_of(where)}: {orphans} orphans recounted, {self.num_orphans} tracked")
 
     # -- results --------------------------------------------------------------
     def orphan_stats(self) -> dict:

@@ -10,7 +10,7 @@ I2: no promotion to Reuse while the group's raw debt exceeds eps. The checker
 
 from __future__ import annotations
 
-from psgate.invariants.checker import Verdict
+from psgate.invariants.checker import Verdict, text_of
 
 
 class BucketAudit:
@@ -30,7 +30,7 @@ class BucketAudit:
     def raw_debt(self, g: str, t: float) -> float:
         return sum(max(0.0, -self._bhat(gg, c, t)) for (gg, c) in self.buckets if gg == g)
 
-    def admitted(self, where: str, group: str, contract: str, t: float, num_materialized: int,
+    def admitted(self, where, group: str, contract: str, t: float, num_materialized: int,
                  audit: dict | None) -> None:
         audit = audit or {}
         if "I2" in self.verdicts:
@@ -39,7 +39,7 @@ class BucketAudit:
             if promoted:
                 debt = self.raw_debt(group, t)
                 v.record(debt <= self.eps,
-                         lambda: f"{where}: {promoted} block(s) promoted to Reuse while group "
+                         lambda: f"{text_of(where)}: {promoted} block(s) promoted to Reuse while group "
                          f"'{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
             else:
                 v.checks += 1
@@ -48,7 +48,7 @@ class BucketAudit:
             ok = (charged == num_materialized and audit.get("group") == group
                   and audit.get("contract") == contract)
             self.verdicts["I1"].record(
-                ok, lambda: f"{where}: materialized {num_materialized} block(s) for "
+                ok, lambda: f"{text_of(where)}: materialized {num_materialized} block(s) for "
                 f"{group}/{contract}; the policy charged {charged} to "
                 f"{audit.get('group')}/{audit.get('contract')}")
             self.materialized[group] = self.materialized.get(group, 0) + num_materialized

@@ -12,6 +12,7 @@ a rule may depend on, in the order vLLM's block pool would see it:
     on_touch(block)          a hit took block out of the candidates
     select_victim(req)       which candidate would you evict? (must not mutate)
     on_evict(block)          the engine evicted it (always the block just selected)
+    evict_batch(req, n)      optional: the two above, n times, in one call
     on_cached(block, req, pos, parent, key)   a newly computed full block now holds content
     end_admit(req)           the batch is done (may return fields for the ledger row)
     on_free(blocks)          blocks (cached, now unpinned) became candidates, in
@@ -127,6 +128,24 @@ class EvictionPolicy(ABC):
     def on_evict(self, block: int) -> None:
         """The engine evicted block (the one just selected)."""
 
+    def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
+                    decisions: list[Decision] | None) -> list[int]:
+        """Select and evict ``num_blocks`` victims for one allocation, in order; the
+        engine then checks and records each. Exactly ``select_victim`` then ``on_evict``,
+        ``num_blocks`` times: each decision is made before anything it explains changes.
+        ``decisions`` is None when nothing records them, so a policy may skip building
+        them. A policy overrides this only to do the same thing faster (the contract
+        tests compare the two); without an override the engine calls the pair itself.
+        """
+        victims: list[int] = []
+        for _ in range(num_blocks):
+            d = self.select_victim(req, now_ns)
+            if decisions is not None:
+                decisions.append(d)
+            self.on_evict(d.victim)
+            victims.append(d.victim)
+        return victims
+
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
                   key: int = -1) -> None:
         """block now holds req's prompt block pos; parent is the block before it or -1;
@@ -163,6 +182,20 @@ class EvictionPolicy(ABC):
         """How many of the batch's blocks must come from evicting candidates even
         while truly free blocks exist (a group at its quota reuses its own)."""
         return 0
+
+    @classmethod
+    def batches_evictions(cls) -> bool:
+        """True when the class's evict_batch is its own fast path and still matches its
+        select_victim and on_evict: a subclass that overrides either of those but
+        inherits a parent's evict_batch would be bypassed by it, so it is not batched."""
+        mro = cls.__mro__
+
+        def depth(name: str) -> int:
+            return next(i for i, k in enumerate(mro) if name in vars(k))
+
+        batch = depth("evict_batch")
+        return (mro[batch] is not EvictionPolicy and depth("select_victim") >= batch
+                and depth("on_evict") >= batch)
 
     @property
     @abstractmethod

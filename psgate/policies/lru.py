@@ -49,6 +49,29 @@ class LRUPolicy(EvictionPolicy):
     def on_evict(self, block: int) -> None:
         self._q.remove(block)
 
+    def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
+                    decisions: list[Decision] | None) -> list[int]:
+        """The first num_blocks of the queue, unlinked in one pass."""
+        q = self._q
+        nxt, prv, where = q.next, q.prev, q.where
+        s = q.num_blocks
+        size = q.sizes[0]
+        freed = self._freed_ns
+        victims: list[int] = []
+        b = nxt[s]
+        while len(victims) < num_blocks and b != s:
+            if decisions is not None:
+                decisions.append(Decision(victim=b, num_candidates=size - len(victims),
+                                          position=0, queue="lru",
+                                          rank={"freed_t": freed[b] / NS_PER_S}))
+            victims.append(b)
+            where[b] = -1
+            b = nxt[b]
+        nxt[s] = b
+        prv[b] = s
+        q.sizes[0] = size - len(victims)
+        return victims
+
     @property
     def num_candidates(self) -> int:
         return self._q.sizes[0]
