@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from psgate.engines.sim import NullRecorder
 from psgate.policies import policy_class, policy_names
 
 from helpers import replay_file, write_lines
@@ -51,6 +52,45 @@ def test_contract(tmp_path, policy, lines, capacity):
         assert d.rank and json.dumps(d.rank)
         assert all(v is None or not isinstance(v, float) or math.isfinite(v)
                    for v in d.rank.values())
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if policy_class(p).batches_evictions()])
+@SETTINGS
+@given(lines=traces(), capacity=st.integers(4, 16))
+def test_evict_batch_decides_as_select_then_evict(tmp_path, policy, lines, capacity):
+    """A policy's evict_batch fast path is select_victim + on_evict, num_blocks times:
+    the same victims and the same decision fields, and without a recorder (when it
+    builds no decisions) the same outcomes."""
+    p = write_lines(tmp_path, lines)
+    batched, log1, eng = replay_file(p, capacity, policy=policy, paranoid=True)
+    assert eng.batch_evictions
+
+    def one_by_one(engine, log):
+        engine.batch_evictions = False
+
+    single, log2, _ = replay_file(p, capacity, policy=policy, paranoid=True, setup=one_by_one)
+    assert log1.victims == log2.victims and log1.evictions == log2.evictions
+    assert log1.decisions == log2.decisions
+    assert all(v.holds for v in batched.invariants.values())
+
+    def silent(engine, log):
+        engine.recorder, engine._records = NullRecorder(), False
+
+    quiet, _, _ = replay_file(p, capacity, policy=policy, setup=silent)
+    assert [(o.id, o.state, o.cached_tokens, o.release_ns) for o in quiet.requests] == \
+        [(o.id, o.state, o.cached_tokens, o.release_ns) for o in single.requests]
+    assert quiet.evictions == single.evictions == len(log2.victims)
+
+
+def test_a_subclass_that_changes_selection_is_not_batched():
+    """Overriding select_victim under a parent's evict_batch would be bypassed by it."""
+    from psgate.policies.lru import LRUPolicy
+
+    class Picky(LRUPolicy):
+        def select_victim(self, req, now_ns):
+            return super().select_victim(req, now_ns)
+
+    assert LRUPolicy.batches_evictions() and not Picky.batches_evictions()
 
 
 @pytest.mark.parametrize("policy", [p for p in POLICIES if policy_class(p).work_conserving])

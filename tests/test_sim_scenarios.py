@@ -76,7 +76,7 @@ def test_last_block_recompute_duplicates_and_earliest_lookup(tmp_path):
     # C has a tail so all of a1 a2 can hit: a2 is held by blocks 2 and 3, earliest is 2.
     assert o["C"].cached_tokens == 8
     assert log.block_ids["C"][:2] == [1, 2]
-    assert sorted(engine.cached[(0 << 32) | engine.hashes.ids["a2"]]) == [2, 3]
+    assert engine.copies_of(0, engine.hashes.ids["a2"]) == [2, 3]
 
 
 def test_hit_cap_is_prompt_minus_one_rounded_down(tmp_path):

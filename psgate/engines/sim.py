@@ -117,10 +117,13 @@ class SimEngine:
         self.ref = array("i", [0]) * n
         self.key = array("q", [NO_KEY]) * n
         self.owner = array("i", [-1]) * n
-        # Truly free blocks, front first; block 0 (null) is never in it.
-        self.free = deque(range(1, n))
-        # content key -> block, or list of blocks in insertion order (duplicates)
-        self.cached: dict[int, int | list[int]] = {}
+        # Truly free blocks, a stack whose end is the front; block 0 (null) is never in it.
+        self.free = array("i", range(n - 1, 0, -1))
+        # Content key -> blocks holding it, earliest inserted first (a lookup takes that
+        # one). A trace hash's slot belongs to the first namespace that caches it: its
+        # earliest block, and whether its content was lost (evicted, no copy left). Later
+        # copies, and keys of other namespaces, live in small dicts.
+        self._grow_slots()
 
         self.ns_ids: dict[tuple[str, str], int] = {}
         self.gids: dict[str, int] = {}
@@ -130,7 +133,9 @@ class SimEngine:
         self.occ_area: list[int] = []
         self.occ_t: list[int] = []
         self.evict_matrix: list[list[int]] = []
-        self.lost: set[int] = set()
+        self.more: dict[int, list[int]] = {}          # slot key -> later copies
+        self.other: dict[int, list[int]] = {}         # other namespaces' key -> copies
+        self.other_lost: set[int] = set()
 
         self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
                                   groups=tuple(groups)))
@@ -207,11 +212,71 @@ class SimEngine:
         """_where(r), formatted only if a check fails."""
         return lambda: self._where(r)
 
-    def _lookup(self, ns: int, hid: int) -> int:
-        v = self.cached.get((ns << _KEY_SHIFT) | hid)
-        if v is None:
-            return -1
-        return v if type(v) is int else v[0]
+    # -- the content index ---------------------------------------------------------
+    def _grow_slots(self) -> None:
+        """A slot for every trace hash (the table grows while the trace is read)."""
+        have = len(getattr(self, "slot_ns", ()))
+        more = len(self.hashes.names) - have
+        if have == 0:
+            self.slot_ns = array("i")
+            self.slot_blk = array("i")
+            self.slot_lost = bytearray()
+        if more > 0:
+            self.slot_ns.extend(array("i", [-1]) * more)
+            self.slot_blk.extend(array("i", [-1]) * more)
+            self.slot_lost.extend(bytes(more))
+
+    def copies_of(self, ns: int, hid: int) -> list[int]:
+        """Every block holding (ns, hid), earliest inserted first."""
+        if self.slot_ns[hid] == ns:
+            b = self.slot_blk[hid]
+            return [] if b < 0 else [b] + self.more.get((ns << _KEY_SHIFT) | hid, [])
+        return list(self.other.get((ns << _KEY_SHIFT) | hid, ()))
+
+    def _index_add(self, k: int, b: int) -> bool:
+        """Block b now holds content k; True when k had been lost (a recompute)."""
+        h = k & 0xFFFFFFFF
+        ns = k >> _KEY_SHIFT
+        o = self.slot_ns[h]
+        if o < 0:
+            self.slot_ns[h] = ns
+            o = ns
+        if o == ns:
+            if self.slot_blk[h] < 0:
+                self.slot_blk[h] = b
+            else:
+                self.more.setdefault(k, []).append(b)
+            if self.slot_lost[h]:
+                self.slot_lost[h] = 0
+                return True
+            return False
+        self.other.setdefault(k, []).append(b)
+        if k in self.other_lost:
+            self.other_lost.discard(k)
+            return True
+        return False
+
+    def _index_drop(self, k: int, b: int) -> None:
+        """Block b no longer holds content k; with no copy left, k is lost."""
+        h = k & 0xFFFFFFFF
+        if self.slot_ns[h] == k >> _KEY_SHIFT:
+            later = self.more.get(k)
+            if self.slot_blk[h] == b:
+                if later:
+                    self.slot_blk[h] = later.pop(0)
+                else:
+                    self.slot_blk[h] = -1
+                    self.slot_lost[h] = 1
+            else:
+                later.remove(b)
+            if later is not None and not later:
+                del self.more[k]
+            return
+        copies = self.other[k]
+        copies.remove(b)
+        if not copies:
+            del self.other[k]
+            self.other_lost.add(k)
 
     def num_candidates(self) -> int:
         return self.policy.num_candidates
@@ -353,13 +418,23 @@ class SimEngine:
         ref = self.ref
         max_hits = min((ev.prompt_tokens - 1) // bs, len(ev.blocks))
         hits: list[int] = []
-        cached = self.cached
         base = ns << _KEY_SHIFT
+        evb = ev.blocks
+        if len(self.slot_ns) < len(self.hashes.names):
+            self._grow_slots()
+        slot_ns, slot_blk, other = self.slot_ns, self.slot_blk, self.other
         for i in range(max_hits):
-            v = cached.get(base | ev.blocks[i])
-            if v is None:
-                break
-            hits.append(v if type(v) is int else v[0])
+            h = evb[i]
+            if slot_ns[h] == ns:                  # copies_of(ns, h)[0], inline
+                b = slot_blk[h]
+                if b < 0:
+                    break
+                hits.append(b)
+            else:
+                v = other.get(base | h)
+                if v is None:
+                    break
+                hits.append(v[0])
         num_hits = len(hits)
         num_new = r.num_total - num_hits
         preq = r.preq
@@ -388,8 +463,12 @@ class SimEngine:
                 on_hit(b, preq, pos)
         free = self.free
         take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
-        popleft = free.popleft
-        new = [popleft() for _ in range(take)]
+        if take:                                  # the front of the stack is its end
+            new = free[-take:].tolist()
+            new.reverse()
+            del free[-take:]
+        else:
+            new = []
         num_evict = num_new - take
         if num_evict:
             if self.batch_evictions:
@@ -413,21 +492,21 @@ class SimEngine:
         key = self.key
         cached_now: list[tuple[int, int]] = []
         recompute = 0
-        lost = self.lost
+        slot_lost = self.slot_lost
+        index_add = self._index_add
         on_cached = self._on_cached
         for pos in range(num_hits, num_full):
             b = blocks[pos]
-            k = base | ev.blocks[pos]
+            h = evb[pos]
+            k = base | h
             key[b] = k
-            cur = cached.get(k)
-            if cur is None:
-                cached[k] = b
-            elif type(cur) is int:
-                cached[k] = [cur, b]
-            else:
-                cur.append(b)
-            if k in lost:
-                lost.discard(k)
+            o = slot_ns[h]
+            if o == ns and slot_blk[h] < 0 and not slot_lost[h]:    # _index_add, inline
+                slot_blk[h] = b
+            elif o < 0:
+                slot_ns[h] = ns
+                slot_blk[h] = b
+            elif index_add(k, b):
                 recompute += bs
             cached_now.append((b, k))
             if on_cached is not None:
@@ -500,7 +579,8 @@ class SimEngine:
         where = self._where_fn(r)
         num_valid = self.checker.evicted_many(where, victims)
         ref, key, owner = self.ref, self.key, self.owner
-        cached, lost = self.cached, self.lost
+        slot_ns, slot_blk, slot_lost, more = self.slot_ns, self.slot_blk, self.slot_lost, self.more
+        index_drop = self._index_drop
         names, gnames = self.hashes.names, self.group_names
         nb = self.num_blocks
         rec = self.recorder if decisions is not None else None
@@ -516,14 +596,13 @@ class SimEngine:
             og = owner[v]
             if rec is not None:
                 rec.eviction(now, preq, decisions[i], v, names[k & 0xFFFFFFFF], gnames[og])
-            cur = cached[k]                        # _drop_content, inline
-            if type(cur) is int:
-                del cached[k]
-                lost.add(k)
+            h = k & 0xFFFFFFFF                     # _drop_content, inline
+            if slot_ns[h] == k >> _KEY_SHIFT and slot_blk[h] == v and (not more
+                                                                       or k not in more):
+                slot_blk[h] = -1
+                slot_lost[h] = 1
             else:
-                cur.remove(v)
-                if len(cur) == 1:
-                    cached[k] = cur[0]
+                index_drop(k, v)
             key[v] = NO_KEY
             owner[v] = -1
             num_by_owner[og] = num_by_owner.get(og, 0) + 1
@@ -558,14 +637,7 @@ class SimEngine:
     def _drop_content(self, v: int, k: int) -> None:
         """Block v, holding content k, is being evicted: forget it in the lookup table;
         content with no copy left is lost (a later recompute is counted)."""
-        cur = self.cached[k]
-        if type(cur) is int:
-            del self.cached[k]
-            self.lost.add(k)
-        else:
-            cur.remove(v)
-            if len(cur) == 1:
-                self.cached[k] = cur[0]
+        self._index_drop(k, v)
 
     def _schedule(self, r: _Req, release_ns: int) -> None:
         # Always through the heap, even when due now: releasing from inside an
@@ -589,7 +661,7 @@ class SimEngine:
             ref[b] -= 1
             if ref[b] == 0:
                 (uncached if key[b] == NO_KEY else freed).append(b)
-        self.free.extendleft(reversed(uncached))
+        self.free.extend(reversed(uncached))        # the front is the end
         if self._on_released is not None:
             self._on_released(uncached)
         if uncached:

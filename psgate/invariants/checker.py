@@ -69,15 +69,44 @@ class InvariantChecker:
         self.key = array("q", [NO_KEY]) * num_blocks
         self.num_resident = 0            # blocks pinned or holding cached content
         self.num_candidates = 0          # unpinned blocks holding cached content
-        # key -> resident copies | (resident children << 32): one dict, entries
-        # dropped when both are zero, so it grows with resident content only
+        # key -> resident copies | (resident children << 32). With a parent table, a
+        # hash's counts for the first namespace to hold it sit in flat arrays indexed by
+        # the hash (res_ns says which namespace owns the slot), 12 bytes per distinct
+        # hash; other namespaces' keys, and every key without a table, use the dict,
+        # whose entries are dropped when both counts are zero.
         self.res: dict[int, int] = {}
+        self.res_ns = array("i")
+        self.res_cnt = array("q")
+        self._grow()
         self.num_orphans = 0
         self.max_orphans = 0
         self.orphans_created = 0
         self.verdicts = {name: Verdict(name, True) for name in HARD}
 
     # -- residency bookkeeping ------------------------------------------------
+    def _grow(self) -> None:
+        """Slots for every hash in the parent table (it grows while a trace is read)."""
+        if self._parent is not None and len(self._parent) > len(self.res_ns):
+            more = len(self._parent) - len(self.res_ns)
+            self.res_ns.extend(array("i", [-1]) * more)
+            self.res_cnt.extend(array("q", [0]) * more)
+
+    def _count(self, k: int) -> int:
+        """copies | children << 32 of key k, wherever it is kept."""
+        if self._parent is not None:
+            h = k & ((1 << self._shift) - 1)
+            if h < len(self.res_ns) and self.res_ns[h] == k >> self._shift:
+                return self.res_cnt[h]
+        return self.res.get(k, 0)
+
+    def _tracked(self) -> dict[int, int]:
+        """Every key with resident copies -> their number."""
+        out = {k: v & _COPIES for k, v in self.res.items() if v & _COPIES}
+        for h, ns in enumerate(self.res_ns):
+            if ns >= 0 and self.res_cnt[h] & _COPIES:
+                out[(ns << self._shift) | h] = self.res_cnt[h] & _COPIES
+        return out
+
     def _parent_key(self, k: int) -> int:
         table = self._parent
         if table is None:
@@ -85,42 +114,47 @@ class InvariantChecker:
         p = table[k & ((1 << self._shift) - 1)]
         return NO_KEY if p < 0 else ((k >> self._shift) << self._shift) | p
 
+    def _store(self, k: int, v: int) -> None:
+        if self._parent is not None:
+            h = k & ((1 << self._shift) - 1)
+            if h < len(self.res_ns) and self.res_ns[h] in (k >> self._shift, -1):
+                self.res_ns[h] = k >> self._shift
+                self.res_cnt[h] = v
+                return
+        if v:
+            self.res[k] = v
+        else:
+            self.res.pop(k, None)
+
+    # The general forms of the inline loops in admitted and evicted_many.
     def _add_copy(self, k: int) -> None:
-        res = self.res
         p = self._parent_key(k)
         if p != NO_KEY:
-            v = res.get(p, 0)
-            res[p] = v + _CHILD
+            v = self._count(p)
+            self._store(p, v + _CHILD)
             if v & _COPIES == 0:
                 self.num_orphans += 1
-        v = res.get(k, 0)
-        res[k] = v + 1
+        v = self._count(k)
+        self._store(k, v + 1)
         if v & _COPIES == 0:
             self.num_orphans -= v >> 32
 
     def _drop_copy(self, k: int) -> None:
-        res = self.res
         p = self._parent_key(k)
         if p != NO_KEY:
-            v = res[p] - _CHILD
-            if v:
-                res[p] = v
-            else:
-                del res[p]
+            v = self._count(p) - _CHILD
+            self._store(p, v)
             if v & _COPIES == 0:
                 self.num_orphans -= 1
-        v = res[k] - 1
+        v = self._count(k) - 1
         if v & _COPIES == 0:
             orphaned = v >> 32
             self.num_orphans += orphaned
             self.orphans_created += orphaned
-        if v:
-            res[k] = v
-        else:
-            del res[k]
+        self._store(k, v)
 
     def copies(self, k: int) -> int:
-        return self.res.get(k, 0) & _COPIES
+        return self._count(k) & _COPIES
 
     # -- events ---------------------------------------------------------------
     def admitted(self, where, ns_keys: list[int], hits: list[int], max_hits: int,
@@ -161,22 +195,44 @@ class InvariantChecker:
             for b, k in cached:
                 key[b] = k
                 add_copy(k)
-        else:                            # _add_copy, inline
-            res = self.res
+        else:                            # _add_copy, inline, over the slots
+            if len(table) > len(self.res_ns):
+                self._grow()
+            res, rns, cnt = self.res, self.res_ns, self.res_cnt
             shift = self._shift
             mask = (1 << shift) - 1
             orphans = self.num_orphans
             for b, k in cached:
                 key[b] = k
-                p = table[k & mask]
+                h = k & mask
+                ns = k >> shift
+                p = table[h]
                 if p >= 0:
-                    p |= (k >> shift) << shift
-                    v = res.get(p, 0)
-                    res[p] = v + _CHILD
+                    o = rns[p]
+                    if o == ns:
+                        v = cnt[p]
+                        cnt[p] = v + _CHILD
+                    elif o < 0:
+                        rns[p] = ns
+                        v = 0
+                        cnt[p] = _CHILD
+                    else:
+                        p |= ns << shift
+                        v = res.get(p, 0)
+                        res[p] = v + _CHILD
                     if v & _COPIES == 0:
                         orphans += 1
-                v = res.get(k, 0)
-                res[k] = v + 1
+                o = rns[h]
+                if o == ns:
+                    v = cnt[h]
+                    cnt[h] = v + 1
+                elif o < 0:
+                    rns[h] = ns
+                    v = 0
+                    cnt[h] = 1
+                else:
+                    v = res.get(k, 0)
+                    res[k] = v + 1
                 if v & _COPIES == 0:
                     orphans -= v >> 32
             self.num_orphans = orphans
@@ -194,6 +250,7 @@ class InvariantChecker:
         n = self.num_blocks
         drop_copy = self._drop_copy
         table, res, shift = self._parent, self.res, self._shift
+        rns, cnt = self.res_ns, self.res_cnt
         mask = (1 << shift) - 1
         num_ok = 0
         for b in blocks:
@@ -206,26 +263,36 @@ class InvariantChecker:
                 v.checks += 1
                 if table is None:
                     drop_copy(k)
-                else:                    # _drop_copy, inline
-                    p = table[k & mask]
+                else:                    # _drop_copy, inline, over the slots
+                    h = k & mask
+                    ns = k >> shift
+                    p = table[h]
                     if p >= 0:
-                        p |= (k >> shift) << shift
-                        c = res[p] - _CHILD
-                        if c:
-                            res[p] = c
+                        if rns[p] == ns:
+                            c = cnt[p] - _CHILD
+                            cnt[p] = c
                         else:
-                            del res[p]
+                            p |= ns << shift
+                            c = res[p] - _CHILD
+                            if c:
+                                res[p] = c
+                            else:
+                                del res[p]
                         if c & _COPIES == 0:
                             self.num_orphans -= 1
-                    c = res[k] - 1
+                    if rns[h] == ns:
+                        c = cnt[h] - 1
+                        cnt[h] = c
+                    else:
+                        c = res[k] - 1
+                        if c:
+                            res[k] = c
+                        else:
+                            del res[k]
                     if c & _COPIES == 0:
                         orphaned = c >> 32
                         self.num_orphans += orphaned
                         self.orphans_created += orphaned
-                    if c:
-                        res[k] = c
-                    else:
-                        del res[k]
                 key[b] = NO_KEY
                 self.num_candidates -= 1
                 self.num_resident -= 1
@@ -289,7 +356,7 @@ class InvariantChecker:
                 p = self._parent_of(k)
                 if p != NO_KEY and p not in resident_keys:
                     orphans += 1
-        tracked = {k: v & _COPIES for k, v in self.res.items() if v & _COPIES}
+        tracked = self._tracked()
         v.record(orphans == self.num_orphans and resident_keys == tracked,
                  lambda: f"{text_of(where)}: {orphans} orphans recounted, {self.num_orphans} tracked")
 

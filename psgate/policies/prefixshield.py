@@ -501,37 +501,39 @@ class PrefixShield(EvictionPolicy):
                 best = b
         return best
 
-    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
+    def _choose(self) -> tuple:
+        """(victim, responsible gid or -1, its P before and after, segment, runner-up gid
+        or -1, its P, ancestry fallback?): select_victim's choice before the Decision."""
         cache = self._rank_cache
         if cache is None:
             cache = self._rank_cache = self._ranked()
         top, top_p, runner, runner_p = cache
-        seg_name = self.seg_names
-        ancestry_fallback = False
         if top and top_p > self.eps:
             if len(top) > 1:     # equal P_g: best candidate's segment, then native order
                 top = sorted(top, key=lambda g: self._best_of(g)[:2])
                 runner, runner_p = top[1], top_p
             g = top[0]
             seg, _, b = self._best_of(g)
-            p_before = top_p
             debts = self._debt_cache.get(g) or self._debts(g)
-            p_after = p_before - 1.0 / debts[2]
+            return b, g, top_p, top_p - 1.0 / debts[2], seg, runner, runner_p, False
+        seg, b = self._global_best()
+        if b >= 0:
+            return b, -1, None, None, seg, -1, 0.0, False
+        b = self._oldest_nonleaf()     # no eligible leaf at all: guard, see the docstring
+        return b, -1, None, None, (self.cls[b] if self.params["segments"] else 0), -1, 0.0, True
+
+    def _decision(self, choice: tuple) -> Decision:
+        b, g, p_before, p_after, seg, runner, runner_p, ancestry_fallback = choice
+        seg_name = self.seg_names
+        if g >= 0:
             q = 3 * g
             queue = self.qnames[q + seg]
             live = self.gq.live
             counts = {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}
         else:
-            g, runner, p_before, p_after = -1, -1, None, None
-            seg, b = self._global_best()
-            if b < 0:     # no eligible leaf at all: guard, see the module docstring
-                b = self._oldest_nonleaf()
-                seg = self.cls[b] if self.params["segments"] else 0
-                ancestry_fallback = True
             queue = "ancestry-fallback" if ancestry_fallback else f"global/{seg_name[seg]}"
             live = self.glob.live
             counts = {"probationary": live[0], "normal": live[1], "reuse": live[2]}
-        self.pending = (b, g, p_after)
         og = self.owner[b]
         raw, norm, _ = self._debt_cache.get(og) or self._debts(og)
         rank = {"segment": seg_name[seg], "class": SEGMENTS[self.cls[b]],
@@ -545,6 +547,28 @@ class PrefixShield(EvictionPolicy):
             responsible=self.gnames[g] if g >= 0 else None, responsible_p_before=p_before,
             responsible_p_after=p_after, runner_up=self.gnames[runner] if runner >= 0 else None,
             runner_up_p=runner_p if runner >= 0 else None, segments=counts, rank=rank)
+
+    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
+        choice = self._choose()
+        self.pending = (choice[0], choice[1], choice[3])
+        return self._decision(choice)
+
+    def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
+                    decisions: list[Decision] | None) -> list[int]:
+        """select_victim + on_evict, without building decisions nobody records."""
+        choose, evict = self._choose, self.on_evict
+        victims: list[int] = []
+        for _ in range(num_blocks):
+            if self.num_cand == 0:
+                break
+            choice = choose()
+            if decisions is not None:
+                decisions.append(self._decision(choice))
+            b = choice[0]
+            self.pending = (b, choice[1], choice[3])
+            evict(b)
+            victims.append(b)
+        return victims
 
     def on_evict(self, block: int) -> None:
         pending, self.pending = self.pending, None
