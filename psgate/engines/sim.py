@@ -138,7 +138,7 @@ class SimEngine:
         self.other_lost: set[int] = set()
 
         self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
-                                  groups=tuple(groups)))
+                                  groups=tuple(groups), key_shift=_KEY_SHIFT))
         parent = hashes.parent
 
         def parent_of(k: int) -> int:

@@ -38,6 +38,9 @@ class PoolInfo:
     num_usable: int          # num_blocks - 1
     block_size: int
     groups: tuple[str, ...] = ()   # declared in the header, then as first named
+    # Content keys are (namespace << key_shift) | a dense hash index, and a namespace
+    # never spans groups (psgate's own engines); None: keys are opaque ints.
+    key_shift: int | None = None
 
 
 @dataclass(slots=True)

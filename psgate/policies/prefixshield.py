@@ -42,12 +42,12 @@ move to a small heap of their own.
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
 from heapq import heappop, heappush, heapreplace
 from typing import Any
 
 from psgate.policies import register
 from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policies.history import PrefixHistory
 from psgate.policies.queues import LeafTracker, SeqQueues
 
 NS_PER_S = 1_000_000_000
@@ -121,7 +121,7 @@ class PrefixShield(EvictionPolicy):
         self.gids: dict[str, int] = {}
         self.gnames: list[str] = []
         self.qnames: list[str] = []              # "group/segment" for queue 3*g + s
-        self.history: list[OrderedDict] = []
+        self.history = PrefixHistory(self.params["history_size"], pool.key_shift)
         self.num_eligible: list[int] = []
         # buckets: (gid, contract idx) -> index
         self.bidx: dict[tuple[int, int], int] = {}
@@ -158,7 +158,7 @@ class PrefixShield(EvictionPolicy):
             g = len(self.gnames)
             self.gids[group] = g
             self.gnames.append(group)
-            self.history.append(OrderedDict())
+            self.history.add_group()
             self.num_eligible.append(0)
             self.group_buckets.append([])
             self.S.append(0.0)
@@ -424,7 +424,7 @@ class PrefixShield(EvictionPolicy):
         if (self.owner[block] != g or self.contract[block] != self.cidx[req.contract]
                 or self.lprefix[block] != req.prefix or self.cls[block] == REUSE):
             return
-        debt = self.raw_debt(g, self.now_s)
+        debt = self._debts(g)[0]       # raw_debt(g, now_s), computed once per batch
         if not self.params["gate"] or debt <= self.eps:
             self.cls[block] = REUSE
             self.promoted += 1
@@ -625,11 +625,14 @@ class PrefixShield(EvictionPolicy):
             note["denied_reason"] = "group in debt"
         if not n:
             return note
-        hist = self.history[g]
+        hist = self.history
         label = req.prefix
         # "first admission" is judged against the history before this request
-        first = {key: (label if label is not None else key) not in hist
-                 for _, key in self.new_blocks}
+        keys = [k for _, k in self.new_blocks]
+        if label is not None:
+            first = dict.fromkeys(keys, not hist.contains(g, label))
+        else:
+            first = {k: not seen for k, seen in zip(keys, hist.contains_keys(g, keys))}
         classes = [0, 0, 0]
         in_debt = balance < -self.eps
         for b, key in self.new_blocks:
@@ -639,14 +642,10 @@ class PrefixShield(EvictionPolicy):
             self.contract[b] = c
             self.lprefix[b] = label
             classes[cls] += 1
-        bound = self.params["history_size"]
-        for hkey in ([label] if label is not None else [k for _, k in self.new_blocks]):
-            if hkey in hist:
-                hist.move_to_end(hkey)
-            else:
-                hist[hkey] = None
-                if len(hist) > bound:
-                    hist.popitem(last=False)
+        if label is not None:
+            hist.touch(g, label)
+        else:
+            hist.touch_keys(g, keys)
         note["new_class"] = {SEGMENTS[s]: classes[s] for s in range(3) if classes[s]}
         self.new_blocks = []
         return note
