@@ -32,11 +32,22 @@ class LRUPolicy(EvictionPolicy):
         self._freed_ns = array("q", [0]) * pool.num_blocks
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
-        q = self._q
+        if not blocks:
+            return
+        q = self._q                      # q.append(0, b) for each, inline
+        nxt, prv, where = q.next, q.prev, q.where
         freed = self._freed_ns
+        s = q.num_blocks
+        last = prv[s]
         for b in blocks:
-            q.append(0, b)
+            prv[b] = last
+            nxt[last] = b
+            where[b] = 0
             freed[b] = now_ns
+            last = b
+        nxt[last] = s
+        prv[s] = last
+        q.sizes[0] += len(blocks)
 
     def on_touch(self, block: int) -> None:
         self._q.remove(block)

@@ -555,8 +555,13 @@ class PrefixShield(EvictionPolicy):
 
     def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
                     decisions: list[Decision] | None) -> list[int]:
-        """select_victim + on_evict, without building decisions nobody records."""
-        choose, evict = self._choose, self.on_evict
+        """select_victim + on_evict, num_blocks times, with on_evict's body inline and no
+        decisions built when nobody records them."""
+        choose = self._choose
+        tree = self.tree
+        cand, owner, gver, ne = self.cand, self.owner, self.gver, self.num_eligible
+        gq, gl = self.gq, self.glob
+        batch_mod, bh = self.batch_mod, self.batch_heap
         victims: list[int] = []
         for _ in range(num_blocks):
             if self.num_cand == 0:
@@ -564,9 +569,55 @@ class PrefixShield(EvictionPolicy):
             choice = choose()
             if decisions is not None:
                 decisions.append(self._decision(choice))
-            b = choice[0]
-            self.pending = (b, choice[1], choice[3])
-            evict(b)
+            b, g = choice[0], choice[1]
+            self.pending = None
+            if g >= 0:                   # on_evict: the responsible group's projected P
+                p_after = choice[3]
+                batch_mod[g] = p_after
+                gver[g] += 1
+                entry = (-p_after, g, gver[g])
+                if bh and bh[0][1] == g:
+                    heapreplace(bh, entry)
+                else:
+                    heappush(bh, entry)
+                cache = self._rank_cache
+                if cache is not None and cache[0] == [g] and p_after > cache[3]:
+                    self._rank_cache = ([g], p_after, cache[2], cache[3])
+                else:
+                    self._rank_cache = None
+            if tree is None and not cand[b]:
+                victims.append(b)
+                continue
+            cand[b] = 0                  # _uncandidate, inline
+            self.num_cand -= 1
+            q = gq.where[b]
+            if q >= 0:
+                og = owner[b]
+                gq.where[b] = -1
+                live = gq.live[q] - 1
+                gq.live[q] = live
+                if len(gq.heaps[q]) > 2 * live + 32:
+                    gq._compact(q)
+                q = gl.where[b]
+                gl.where[b] = -1
+                live = gl.live[q] - 1
+                gl.live[q] = live
+                if len(gl.heaps[q]) > 2 * live + 32:
+                    gl._compact(q)
+                ne[og] -= 1
+                if ne[og] == 0:
+                    gver[og] += 1
+                    self._rank_cache = None
+            if tree is not None:         # LeafTracker.evicted, inline
+                tree.gen[b] += 1
+                p = tree.parent[b]
+                tree.parent[b] = -1
+                if p >= 0 and tree.parent_gen[b] == tree.gen[p]:
+                    n = tree.children[p] - 1
+                    tree.children[p] = n
+                    if n == 0 and cand[p]:
+                        self._eligible_push(p)
+            owner[b] = -1
             victims.append(b)
         return victims
 
