@@ -205,7 +205,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                                    paranoid=cfg.paranoid, label=label, trace_path=src.display,
                                    progress=tick, groups=summary.groups,
                                    max_in_flight=cfg.limits.max_in_flight, **extra)
-                with TraceReader(src, hashes, cfg.limits) as reader:
+                with TraceReader(src, hashes, cfg.limits, validated=summary) as reader:
                     result = engine.run(reader.events())
                     if reader.summary().sha256 != summary.sha256:
                         raise InputError("the trace changed while it was being replayed",

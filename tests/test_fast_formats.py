@@ -153,19 +153,28 @@ def test_ledger_rows_equal_csv_writer(tmp_path):
                                   contract=rng.choice(names))
             kind = rng.randrange(3)
             if kind == 0:
-                d = Decision(victim=1, num_candidates=rng.randrange(9), position=rng.randrange(3),
-                             queue=rng.choice(names), responsible=rng.choice([None] + names),
-                             responsible_p_before=rng.choice([None, 0.1 + 0.2, -0.0, 3.0]),
-                             responsible_p_after=rng.choice([None, 1e-7, 2.5]),
-                             runner_up=rng.choice([None, "r,u"]),
-                             runner_up_p=rng.choice([None, 1 / 3]),
-                             segments=rng.choice([None, {}, {"probationary": 2, "normal": 0}]),
-                             rank=rng.choice([{}, {"freed_t": 0.1 + 0.2, "s": 'a"b'},
-                                              {"z": -0.0, "w": 0.0}, {"n": 3, "f": False}]))
-                args = (now, req, d, rng.randrange(100), f"{rng.getrandbits(64):x}",
-                        rng.choice(names))
-                for x in (w, ref):
-                    x.eviction(*args)
+                rows = []
+                for _ in range(rng.choice([1, 1, 2, 5])):
+                    d = Decision(victim=1, num_candidates=rng.randrange(9),
+                                 position=rng.randrange(3), queue=rng.choice(names),
+                                 responsible=rng.choice([None] + names),
+                                 responsible_p_before=rng.choice([None, 0.1 + 0.2, -0.0, 3.0]),
+                                 responsible_p_after=rng.choice([None, 1e-7, 2.5]),
+                                 runner_up=rng.choice([None, "r,u"]),
+                                 runner_up_p=rng.choice([None, 1 / 3]),
+                                 segments=rng.choice([None, {}, {"probationary": 2,
+                                                                 "normal": 0}]),
+                                 rank=rng.choice([{}, {"freed_t": 0.1 + 0.2, "s": 'a"b'},
+                                                  {"z": -0.0, "w": 0.0}, {"n": 3, "f": False}]))
+                    rows.append((d, rng.randrange(100), f"{rng.getrandbits(64):x}",
+                                 rng.choice(names)))
+                for d, block, h, owner in rows:
+                    ref.eviction(now, req, d, block, h, owner)
+                if rng.random() < 0.5:            # one allocation's rows in one call
+                    w.eviction_batch(now, req, *(list(c) for c in zip(*rows)))
+                else:
+                    for d, block, h, owner in rows:
+                        w.eviction(now, req, d, block, h, owner)
             elif kind == 1:
                 args = (now, req, rng.randrange(5), rng.randrange(5), rng.randrange(5),
                         rng.choice([None, {}, {"charged": 3, "balance": -1.25, "x": "y,z"}]))

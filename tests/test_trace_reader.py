@@ -547,3 +547,93 @@ def test_schema_agreement_examples():
     # reader-only rules: the schema accepts these
     assert not list(REQUEST_VALIDATOR.iter_errors(req(tail=16)))
     assert not list(REQUEST_VALIDATOR.iter_errors(req(t=2, done_t=1)))
+
+
+# -- a later pass over a validated trace --------------------------------------------------
+_VARIED = jsonl(
+    {**HEADER, "partial": True},
+    req("a", 0.0, blocks=["aa", "ab"], done_t=1.0),
+    req("b", 0.5, blocks=["aa", "ac"], prefix="sys", role="victim", measure=False,
+        priority=2, priority_until=3.0, prefill_ms=1.5),
+    req("c", 0.75, blocks=["ad"], tail=0, done_t=0.75),
+    {"t": 0.8, "op": "cancel", "id": "b"},
+    {"t": 0.9, "op": "done", "id": "zz"},          # unknown in a partial trace: skipped
+    req("d", 1.0, blocks=["aa", "ab", "ae"], extra_field=1),
+    {"t": 2.0, "op": "done", "id": "d"},
+)
+
+
+def _events(path: Path, validated=None):
+    hashes = HashTable()
+    header, summary = validate_trace(str(path), hashes)
+    src = TraceSource(str(path), path)
+    with TraceReader(src, hashes, validated=summary if validated else None) as r:
+        events = list(r.events())
+        return events, r.summary(), summary
+
+
+@pytest.mark.parametrize("content", [_VARIED, jsonl(HEADER, req("x", blocks=["01"] * 1))])
+def test_a_validated_pass_reads_the_same_events(tmp_path, content):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(content)
+    checked, s1, _ = _events(p)
+    fast, s2, validated = _events(p, validated=True)
+    assert fast == checked and len(fast) >= 1
+    assert s2 == s1 == validated
+
+
+@settings(max_examples=50, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.booleans()),
+                      min_size=1, max_size=30))
+def test_a_validated_pass_agrees_on_random_traces(tmp_path, lines):
+    items = [HEADER]
+    for i, (g, n, done) in enumerate(lines):
+        kw = {"done_t": i + 0.5} if done else {}
+        items.append(req(f"r{i}", float(i), group=f"g{g}",
+                         blocks=[f"{g:x}{j:x}" for j in range(n)], **kw))
+        if not done and i % 3 == 0:
+            items.append({"t": i + 0.25, "op": "cancel", "id": f"r{i}"})
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(jsonl(*items))
+    checked, s1, _ = _events(p)
+    fast, s2, _ = _events(p, validated=True)
+    assert fast == checked and s2 == s1
+
+
+@pytest.mark.parametrize("change", [
+    (b'"ab"', b'"ff"'),                       # a hash the validation pass never saw
+    (b'"tail":1', b'"tail":"1"'),             # still JSON, no longer a valid field
+    (b'{"t":0.8', b'{"t":0.8,'),             # no longer JSON
+])
+def test_a_trace_changed_after_validation_is_an_input_error(tmp_path, change):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(_VARIED)
+    hashes = HashTable()
+    _, summary = validate_trace(str(p), hashes)
+    p.write_bytes(_VARIED.replace(*change))
+    with TraceReader(TraceSource(str(p), p), hashes, validated=summary) as r:
+        with pytest.raises(InputError, match="changed while it was being replayed"):
+            for _ in r.events():
+                pass
+
+
+def test_replay_refuses_a_trace_rewritten_between_passes(tmp_path, monkeypatch):
+    """Same length, same syntax, other bytes: only the file digest can tell."""
+    from psgate import api
+    p = tmp_path / "t.jsonl"
+    trace = _VARIED.replace(b'"contract":"c"', b'"contract":"standard"')
+    p.write_bytes(trace)
+    real = api.validate_trace
+
+    def validate_then_rewrite(*args, **kw):
+        out = real(*args, **kw)
+        p.write_bytes(trace.replace(b'"out":4', b'"out":5'))
+        return out
+
+    monkeypatch.setattr(api, "validate_trace", validate_then_rewrite)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="changed while it was being replayed"):
+        api.replay(api.ReplayConfig(trace=str(p), baseline="lru", candidate="lru",
+                                    capacity=8, out=out))
+    assert not out.exists()

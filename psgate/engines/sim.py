@@ -73,7 +73,10 @@ class _PolicyFault(Exception):
 
 
 class NullRecorder:
-    """Receives ledger events; the receipt layer supplies a real one."""
+    """Receives ledger events; the receipt layer supplies a real one. A recorder may
+    also have ``eviction_batch(now_ns, req, decisions, blocks, hash_names, owners)``, taking
+    one allocation's eviction rows in one call, after the policy evicted them all; one
+    that looks at the pool or the policy when called sets ``sequential = True``."""
 
     def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
         pass
@@ -154,7 +157,10 @@ class SimEngine:
         self._on_cached = None if cls.on_cached is EvictionPolicy.on_cached else policy.on_cached
         self._on_released = (None if cls.on_released is EvictionPolicy.on_released
                              else policy.on_released)
-        self.batch_evictions = cls.batches_evictions()
+        # A recorder that reads the pool at each eviction (``sequential``) needs it as it
+        # was just before that one: one select_victim/on_evict at a time then.
+        self.batch_evictions = (cls.batches_evictions()
+                                and not getattr(self.recorder, "sequential", False))
         # Decisions (the ranking fields of each eviction) are built only for a recorder
         # that writes them.
         self._records = type(self.recorder) is not NullRecorder
@@ -584,18 +590,28 @@ class SimEngine:
         names, gnames = self.hashes.names, self.group_names
         nb = self.num_blocks
         rec = self.recorder if decisions is not None else None
+        batch_rec = getattr(rec, "eviction_batch", None)
+        if batch_rec is not None:
+            rec = None
+            hash_names: list[str] = []
+            owners: list[str] = []
         now, preq = self.now, r.preq
         row = self.evict_matrix[r.gid]
         num_by_owner: dict[int, int] = {}
         for i, v in enumerate(victims):
             k = key[v] if 0 < v < nb else NO_KEY
             if i >= num_valid or k == NO_KEY or ref[v] != 0:
+                if batch_rec is not None:       # the rows of the victims before it
+                    batch_rec(now, preq, decisions[:i], victims[:i], hash_names, owners)
                 raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, "
                                    f"which is not an eviction candidate (pinned or holding no "
                                    f"content)")
             og = owner[v]
             if rec is not None:
                 rec.eviction(now, preq, decisions[i], v, names[k & 0xFFFFFFFF], gnames[og])
+            elif batch_rec is not None:
+                hash_names.append(names[k & 0xFFFFFFFF])
+                owners.append(gnames[og])
             h = k & 0xFFFFFFFF                     # _drop_content, inline
             if slot_ns[h] == k >> _KEY_SHIFT and slot_blk[h] == v and (not more
                                                                        or k not in more):
@@ -606,6 +622,8 @@ class SimEngine:
             key[v] = NO_KEY
             owner[v] = -1
             num_by_owner[og] = num_by_owner.get(og, 0) + 1
+        if batch_rec is not None:
+            batch_rec(now, preq, decisions, victims, hash_names, owners)
         if len(victims) != num_asked:
             raise _PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
                                f"{len(victims)} blocks where {num_asked} were asked for")

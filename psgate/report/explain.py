@@ -93,6 +93,8 @@ class _Stop(Exception):
 class _StopAt(NullRecorder):
     """Counts ledger rows as the ledger writer would, and stops at the target one."""
 
+    sequential = True          # reads the candidates as they were before each eviction
+
     def __init__(self, seq: int, hits: bool) -> None:
         self.seq = 0
         self.target = seq

@@ -132,11 +132,18 @@ class TraceReader:
 
     ``summary()`` is available once ``events()`` is exhausted. Pass the same
     :class:`HashTable` to later passes so block ids agree between them.
+
+    A later pass over a trace that a full pass already checked may say so with
+    ``validated`` (that pass's summary): it then skips what cannot have changed if
+    the bytes have not (the canonical digest, hash syntax, chain parents, field
+    checks) and only hashes the file, whose digest the caller compares with the
+    validated one. Anything it cannot read is reported as the trace having changed.
     """
 
     def __init__(self, source: TraceSource, hashes: HashTable | None = None,
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, validated: TraceSummary | None = None):
         self.source = source
+        self.validated = validated
         self.limits = limits or Limits()
         self.hashes = hashes if hashes is not None else HashTable()
         self.header: TraceHeader | None = None
@@ -238,6 +245,60 @@ class TraceReader:
 
     # -- the event stream ------------------------------------------------------
     def events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
+        if self.validated is not None:
+            return self._validated_events()
+        return self._checked_events()
+
+    def _validated_events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
+        """The events of a trace already validated by a full pass (see the class)."""
+        fh, sha, ids = self._fh, self._file_sha, self.hashes.ids
+        bs = self.header.block_size
+        partial = self.header.partial
+        known: set[str] = set()
+        loads = orjson.loads
+        try:
+            while True:
+                raw = fh.readline()
+                if not raw:
+                    break
+                self._line += 1
+                sha.update(raw)
+                obj = loads(raw)
+                t = obj["t"]
+                op = obj["op"]
+                rid = obj["id"]
+                if op == "request":
+                    blocks = obj["blocks"]
+                    tail = obj["tail"]
+                    t_ns = seconds_to_ns(t)
+                    ev = RequestEvent(line=self._line, t_ns=t_ns, id=rid, group=obj["group"],
+                                      contract=obj["contract"], scope=obj["scope"],
+                                      blocks=[ids[h] for h in blocks], tail=tail,
+                                      out=obj["out"], prompt_tokens=len(blocks) * bs + tail)
+                    num_fields = len(obj)     # 9 required; often done_t, seldom others
+                    if num_fields == 10 and "done_t" in obj:
+                        ev.done_ns = seconds_to_ns(obj["done_t"])
+                    elif num_fields > 9:
+                        self._optional_fields(obj, ev, t, t_ns)
+                    known.add(rid)
+                    yield ev
+                elif rid not in known and partial:
+                    continue
+                elif op == "cancel":
+                    yield CancelEvent(line=self._line, t_ns=seconds_to_ns(t), id=rid)
+                else:
+                    yield DoneEvent(line=self._line, t_ns=seconds_to_ns(t), id=rid)
+        except (KeyError, TypeError, ValueError, AttributeError, InputError):
+            raise self._err("the trace changed while it was being replayed (this line no "
+                            "longer reads as it did when the trace was validated)") from None
+        v = self.validated
+        self._summary = TraceSummary(
+            path=v.path, sha256=sha.hexdigest(), canonical_sha256=v.canonical_sha256,
+            num_lines=self._line, num_requests=v.num_requests, num_cancels=v.num_cancels,
+            num_dones=v.num_dones, num_distinct_blocks=v.num_distinct_blocks,
+            num_skipped_unknown=v.num_skipped_unknown, done_ids=v.done_ids, groups=v.groups)
+
+    def _checked_events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
         header = self.header
         bs = header.block_size
         groups = header.groups
