@@ -429,27 +429,26 @@ class SimEngine:
         if len(self.slot_ns) < len(self.hashes.names):
             self._grow_slots()
         slot_ns, slot_blk, other = self.slot_ns, self.slot_blk, self.other
+        evictable_hits = 0
         for i in range(max_hits):
             h = evb[i]
             if slot_ns[h] == ns:                  # copies_of(ns, h)[0], inline
                 b = slot_blk[h]
                 if b < 0:
                     break
-                hits.append(b)
             else:
                 v = other.get(base | h)
                 if v is None:
                     break
-                hits.append(v[0])
+                b = v[0]
+            hits.append(b)
+            if ref[b] == 0:
+                evictable_hits += 1
         num_hits = len(hits)
         num_new = r.num_total - num_hits
         preq = r.preq
         num_full = len(ev.blocks)
         preq.num_new_full_blocks = num_full - num_hits
-        evictable_hits = 0
-        for b in hits:
-            if ref[b] == 0:
-                evictable_hits += 1
         if not self.policy.admission_allowed(preq, num_new, evictable_hits):
             return "quota"
         if num_new > len(self.free) + self.policy.num_candidates - evictable_hits:

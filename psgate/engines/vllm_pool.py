@@ -143,7 +143,8 @@ class VllmPoolEngine(SimEngine):
         self.free = self.queue.free          # the truly free blocks, as sim names them
         self.ref = _RefView(pool.blocks)
         self.vreqs: dict[str, object] = {}
-        self.key_copies: dict[int, int] = {}
+        self.key_copies: dict[int, int] = {}     # content key -> blocks holding it in vLLM
+        self.lost: set[int] = set()              # content evicted with no copy left
         self._tokens: dict[int, list[int]] = {}
         self._cur: _Req | None = None
         self._begun = False

@@ -165,10 +165,14 @@ class InvariantChecker:
         ref, key = self.ref, self.key
         v = self.verdicts["hits_contiguous_in_namespace"]
         bad = None
+        num_unpinned = 0
         for i, b in enumerate(hits):
-            if key[b] != ns_keys[i]:
+            if bad is None and key[b] != ns_keys[i]:
                 bad = (i, b)
-                break
+            if ref[b] == 0:
+                num_unpinned += 1
+            ref[b] += 1
+        self.num_candidates -= num_unpinned
         if bad is None and len(hits) <= max_hits:
             v.checks += 1
         else:
@@ -176,10 +180,6 @@ class InvariantChecker:
                      f"{max_hits} allowed)" if bad is None else
                      f"{text_of(where)}: hit position {bad[0]} is block {bad[1]}, which does "
                      f"not hold this request's block in its namespace")
-        for b in hits:
-            if ref[b] == 0:
-                self.num_candidates -= 1
-            ref[b] += 1
         acc = self.verdicts["capacity_and_accounting"]
         for b in new_blocks:
             if ref[b] == 0 and key[b] == NO_KEY:

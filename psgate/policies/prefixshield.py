@@ -555,13 +555,9 @@ class PrefixShield(EvictionPolicy):
 
     def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
                     decisions: list[Decision] | None) -> list[int]:
-        """select_victim + on_evict, num_blocks times, with on_evict's body inline and no
-        decisions built when nobody records them."""
-        choose = self._choose
-        tree = self.tree
-        cand, owner, gver, ne = self.cand, self.owner, self.gver, self.num_eligible
-        gq, gl = self.gq, self.glob
-        batch_mod, bh = self.batch_mod, self.batch_heap
+        """select_victim + on_evict, num_blocks times, without building decisions that
+        nobody records."""
+        choose, evicted = self._choose, self._evicted
         victims: list[int] = []
         for _ in range(num_blocks):
             if self.num_cand == 0:
@@ -569,65 +565,25 @@ class PrefixShield(EvictionPolicy):
             choice = choose()
             if decisions is not None:
                 decisions.append(self._decision(choice))
-            b, g = choice[0], choice[1]
             self.pending = None
-            if g >= 0:                   # on_evict: the responsible group's projected P
-                p_after = choice[3]
-                batch_mod[g] = p_after
-                gver[g] += 1
-                entry = (-p_after, g, gver[g])
-                if bh and bh[0][1] == g:
-                    heapreplace(bh, entry)
-                else:
-                    heappush(bh, entry)
-                cache = self._rank_cache
-                if cache is not None and cache[0] == [g] and p_after > cache[3]:
-                    self._rank_cache = ([g], p_after, cache[2], cache[3])
-                else:
-                    self._rank_cache = None
-            if tree is None and not cand[b]:
-                victims.append(b)
-                continue
-            cand[b] = 0                  # _uncandidate, inline
-            self.num_cand -= 1
-            q = gq.where[b]
-            if q >= 0:
-                og = owner[b]
-                gq.where[b] = -1
-                live = gq.live[q] - 1
-                gq.live[q] = live
-                if len(gq.heaps[q]) > 2 * live + 32:
-                    gq._compact(q)
-                q = gl.where[b]
-                gl.where[b] = -1
-                live = gl.live[q] - 1
-                gl.live[q] = live
-                if len(gl.heaps[q]) > 2 * live + 32:
-                    gl._compact(q)
-                ne[og] -= 1
-                if ne[og] == 0:
-                    gver[og] += 1
-                    self._rank_cache = None
-            if tree is not None:         # LeafTracker.evicted, inline
-                tree.gen[b] += 1
-                p = tree.parent[b]
-                tree.parent[b] = -1
-                if p >= 0 and tree.parent_gen[b] == tree.gen[p]:
-                    n = tree.children[p] - 1
-                    tree.children[p] = n
-                    if n == 0 and cand[p]:
-                        self._eligible_push(p)
-            owner[b] = -1
-            victims.append(b)
+            evicted(choice[0], choice[1], choice[3])
+            victims.append(choice[0])
         return victims
 
     def on_evict(self, block: int) -> None:
         pending, self.pending = self.pending, None
-        if pending is not None and pending[0] == block and pending[1] >= 0:
-            g, p_after = pending[1], pending[2]
+        if pending is not None and pending[0] == block:
+            self._evicted(block, pending[1], pending[2])
+        else:
+            self._evicted(block, -1, None)
+
+    def _evicted(self, b: int, g: int, p_after: float | None) -> None:
+        """b is gone; g (>= 0) was responsible and is now projected at p_after."""
+        gver = self.gver
+        if g >= 0:
             self.batch_mod[g] = p_after
-            self.gver[g] += 1
-            entry = (-p_after, g, self.gver[g])
+            gver[g] += 1
+            entry = (-p_after, g, gver[g])
             bh = self.batch_heap
             if bh and bh[0][1] == g:
                 heapreplace(bh, entry)
@@ -639,20 +595,20 @@ class PrefixShield(EvictionPolicy):
                 self._rank_cache = ([g], p_after, cache[2], cache[3])
             else:
                 self._rank_cache = None
-        tree = self.tree
-        if tree is None and not self.cand[block]:
+        tree, cand = self.tree, self.cand
+        if tree is None and not cand[b]:
             return
-        self._uncandidate(block)
-        if tree is not None:
-            tree.gen[block] += 1                       # LeafTracker.evicted
-            p = tree.parent[block]
-            tree.parent[block] = -1
-            if p >= 0 and tree.parent_gen[block] == tree.gen[p]:
+        self._uncandidate(b)
+        if tree is not None:             # LeafTracker.evicted, inline
+            tree.gen[b] += 1
+            p = tree.parent[b]
+            tree.parent[b] = -1
+            if p >= 0 and tree.parent_gen[b] == tree.gen[p]:
                 n = tree.children[p] - 1
                 tree.children[p] = n
-                if n == 0 and self.cand[p]:            # p is a leaf now
+                if n == 0 and cand[p]:   # p is a leaf now
                     self._eligible_push(p)
-        self.owner[block] = -1
+        self.owner[b] = -1
 
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
                   key: int = -1) -> None:

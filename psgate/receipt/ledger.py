@@ -209,40 +209,12 @@ class LedgerWriter:
             self._fh.write("".join(buf))
             buf.clear()
 
-    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
-        d = decision
+    def _evict_fields(self, d, block, hash_name, owner) -> str:
+        """An eviction row from its block field on, newline included."""
         q, ff = self._q, self._ff
         nc, pos = d.num_candidates, d.position
         p1, p2, p3 = d.responsible_p_before, d.responsible_p_after, d.runner_up_p
-        self._write(
-            f"{self._prefix(now_ns, 'evict', req)},"
-            f"{block if type(block) is int else csv_field(block)},"
-            f"{csv_field(hash_name)},"
-            f"{q[owner] if type(owner) is str else csv_field(owner)},"
-            f"{nc if type(nc) is int else csv_field(nc)},"
-            f"{pos if type(pos) is int else csv_field(pos)},"
-            f"{q[d.queue] if type(d.queue) is str else csv_field(d.queue)},"
-            f"{csv_field(d.responsible or '')},"
-            f"{'' if p1 is None else ff[p1]},{'' if p2 is None else ff[p2]},"
-            f"{csv_field(d.runner_up or '')},{'' if p3 is None else ff[p3]},"
-            f"{csv_json(d.segments)},,,,{csv_json(d.rank)}\n")
-
-    def eviction_batch(self, now_ns, req, decisions, blocks, hash_names, owners) -> None:
-        """eviction() for each of one allocation's victims, in order, in one call."""
-        q, ff = self._q, self._ff
-        self._prefix(now_ns, "evict", req)          # the batch's time and request fields
-        self.seq -= 1
-        lead = f"{self._t_s},evict,{self._req_s},"
-        head = self._head
-        rows = []
-        seq = self.seq
-        for d, block, hash_name, owner in zip(decisions, blocks, hash_names, owners):
-            seq += 1
-            nc, pos = d.num_candidates, d.position
-            p1, p2, p3 = d.responsible_p_before, d.responsible_p_after, d.runner_up_p
-            rows.append(
-                f"{head}{seq},{lead}"
-                f"{block if type(block) is int else csv_field(block)},"
+        return (f"{block if type(block) is int else csv_field(block)},"
                 f"{csv_field(hash_name)},"
                 f"{q[owner] if type(owner) is str else csv_field(owner)},"
                 f"{nc if type(nc) is int else csv_field(nc)},"
@@ -252,6 +224,23 @@ class LedgerWriter:
                 f"{'' if p1 is None else ff[p1]},{'' if p2 is None else ff[p2]},"
                 f"{csv_field(d.runner_up or '')},{'' if p3 is None else ff[p3]},"
                 f"{csv_json(d.segments)},,,,{csv_json(d.rank)}\n")
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        self._write(f"{self._prefix(now_ns, 'evict', req)},"
+                    f"{self._evict_fields(decision, block, hash_name, owner)}")
+
+    def eviction_batch(self, now_ns, req, decisions, blocks, hash_names, owners) -> None:
+        """eviction() for each of one allocation's victims, in order, in one call."""
+        self._prefix(now_ns, "evict", req)          # the batch's time and request fields
+        self.seq -= 1
+        lead = f"{self._t_s},evict,{self._req_s},"
+        head = self._head
+        fields = self._evict_fields
+        seq = self.seq
+        rows = []
+        for d, block, hash_name, owner in zip(decisions, blocks, hash_names, owners):
+            seq += 1
+            rows.append(f"{head}{seq},{lead}{fields(d, block, hash_name, owner)}")
         self.seq = seq
         buf = self._buf
         buf.extend(rows)
