@@ -131,6 +131,9 @@ class PrefixShield(EvictionPolicy):
         self.bver: list[int] = []
         self.bucket_group: list[int] = []
         self.bucket_contract: list[int] = []
+        self.bucket_rho: list[float] = []        # the bucket's contract's rho, beta and w
+        self.bucket_beta: list[float] = []
+        self.bucket_w: list[float] = []
         self.group_buckets: list[list[int]] = []
         # kinetic index of groups by normalized debt
         self.S: list[float] = []
@@ -180,13 +183,16 @@ class PrefixShield(EvictionPolicy):
             self.bver.append(0)
             self.bucket_group.append(g)
             self.bucket_contract.append(c)
+            cname = self.contract_names[c]
+            self.bucket_rho.append(self.rho[cname])
+            self.bucket_beta.append(self.beta[cname])
+            self.bucket_w.append(self.weight[cname])
             self.group_buckets[g].append(i)
         return i
 
     # -- bucket arithmetic ----------------------------------------------------------
     def bhat(self, i: int, t: float) -> float:
-        c = self.contract_names[self.bucket_contract[i]]
-        return min(self.beta[c], self.B[i] + self.rho[c] * (t - self.t0[i]))
+        return min(self.bucket_beta[i], self.B[i] + self.bucket_rho[i] * (t - self.t0[i]))
 
     def raw_debt(self, g: int, t: float) -> float:
         return sum(max(0.0, -self.bhat(i, t)) for i in self.group_buckets[g])
@@ -407,14 +413,14 @@ class PrefixShield(EvictionPolicy):
             t = self.now_s
             raw = norm = 0             # sum() starts from int 0 too
             w = None
-            names, weight, bc = self.contract_names, self.weight, self.bucket_contract
+            B, t0, zero_t = self.B, self.t0, self.zero_t
+            rho, beta, weight = self.bucket_rho, self.bucket_beta, self.bucket_w
             for i in self.group_buckets[g]:
-                c = names[bc[i]]
-                owed = max(0.0, -self.bhat(i, t))
+                owed = max(0.0, -min(beta[i], B[i] + rho[i] * (t - t0[i])))    # bhat, inline
                 raw += owed
-                norm += owed / weight[c]
-                if self.zero_t[i] > t and (w is None or weight[c] > w):
-                    w = weight[c]
+                norm += owed / weight[i]
+                if zero_t[i] > t and (w is None or weight[i] > w):
+                    w = weight[i]
             d = (raw, norm, 1.0 if w is None else w)
             self._debt_cache[g] = d
         return d
