@@ -1022,3 +1022,32 @@ def test_same_trace_twice_gives_identical_ledgers(tmp_path):
                      log.block_ids, result.counts, result.evictions_by))
     assert runs[0] == runs[1]
     assert len(runs[0][0]) > 50
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fallback_queues_dropped_and_rebuilt_decide_the_same(tmp_path, seed):
+    """The all-groups fallback queues are dropped after a run of debt-picked victims and
+    rebuilt at the next fallback: the decisions are those of queues kept all along."""
+    path = _random_trace(tmp_path, seed)
+    rebuilds = []
+
+    def patience(n):
+        def setup(engine, log):
+            pol = engine.policy
+            pol.glob_budget = pol.glob_patience = n
+            glob = pol._glob
+
+            def counted():
+                rebuilds.append(not pol.glob_on)
+                return glob()
+            pol._glob = counted
+        return setup
+
+    _, kept, _ = replay(path, 41, params={"contracts": KC}, setup=patience(10 ** 9))
+    assert not any(rebuilds)
+    rebuilds.clear()
+    result, dropped, _ = replay(path, 41, params={"contracts": KC}, paranoid=True,
+                                setup=patience(1))
+    holds_all(result)
+    assert sum(rebuilds) >= 5            # dropped and rebuilt, more than once
+    assert dropped.victims == kept.victims and dropped.decisions == kept.decisions

@@ -42,7 +42,7 @@ move to a small heap of their own.
 from __future__ import annotations
 
 from array import array
-from heapq import heappop, heappush, heapreplace
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
 from psgate.policies import register
@@ -116,7 +116,14 @@ class PrefixShield(EvictionPolicy):
         self.free_seq = 0
         self.tree = LeafTracker(n) if self.params["leaf_only"] else None
         self.gq = SeqQueues(n)                   # per (group, segment): q = 3*g + s
-        self.glob = SeqQueues(n, 3)              # all groups, per segment (fallback)
+        # All groups' eligible blocks per segment, for the fallback when nobody is in
+        # debt. Kept up to date only while it may be needed: after a run of evictions
+        # that never used it as long as the pool (debt picked every victim), it is
+        # dropped, and the next fallback rebuilds it from the group queues, so its upkeep
+        # costs nothing where debt decides and the rebuild is paid for by that run.
+        self.glob = SeqQueues(n, 3)
+        self.glob_on = True
+        self.glob_budget = self.glob_patience = n
         # groups
         self.gids: dict[str, int] = {}
         self.gnames: list[str] = []
@@ -385,11 +392,34 @@ class PrefixShield(EvictionPolicy):
                 heappop(h)
         return 3, 0, -1
 
+    def _glob(self) -> SeqQueues:
+        """The all-groups queues, rebuilt if they were dropped; a use keeps them."""
+        n = self.pool.num_blocks
+        self.glob_budget = self.glob_patience
+        if not self.glob_on:
+            gl = SeqQueues(n, 3)
+            where, seq = self.gq.where, self.gq.seq
+            heaps = gl.heaps
+            for b in range(n):
+                q = where[b]
+                if q >= 0:
+                    s = q % 3
+                    gl.where[b] = s
+                    gl.seq[b] = seq[b]
+                    heaps[s].append((seq[b] << _SHIFT) | b)
+            for s in range(3):
+                heapify(heaps[s])
+                gl.live[s] = len(heaps[s])
+            self.glob = gl
+            self.glob_on = True
+        return self.glob
+
     def _global_best(self) -> tuple[int, int]:
         """(segment, block) of the best eligible candidate over all groups; block -1
         when no leaf is eligible."""
+        glob = self._glob()
         for s in range(3):
-            b = self.glob.head(s)
+            b = glob.head(s)
             if b >= 0:
                 return s, b
         return 2, -1
@@ -450,11 +480,12 @@ class PrefixShield(EvictionPolicy):
         gq.seq[b] = seq
         heappush(gq.heaps[q], e)
         gq.live[q] += 1
-        gl = self.glob
-        gl.where[b] = s
-        gl.seq[b] = seq
-        heappush(gl.heaps[s], e)
-        gl.live[s] += 1
+        if self.glob_on:
+            gl = self.glob
+            gl.where[b] = s
+            gl.seq[b] = seq
+            heappush(gl.heaps[s], e)
+            gl.live[s] += 1
         ne = self.num_eligible
         ne[g] += 1
         if ne[g] == 1:
@@ -472,13 +503,14 @@ class PrefixShield(EvictionPolicy):
             gq.live[q] = live
             if len(gq.heaps[q]) > 2 * live + 32:
                 gq._compact(q)
-            gl = self.glob
-            q = gl.where[b]
-            gl.where[b] = -1
-            live = gl.live[q] - 1
-            gl.live[q] = live
-            if len(gl.heaps[q]) > 2 * live + 32:
-                gl._compact(q)
+            if self.glob_on:
+                gl = self.glob
+                q = gl.where[b]
+                gl.where[b] = -1
+                live = gl.live[q] - 1
+                gl.live[q] = live
+                if len(gl.heaps[q]) > 2 * live + 32:
+                    gl._compact(q)
             self.num_eligible[g] -= 1
             if self.num_eligible[g] == 0:
                 self.gver[g] += 1          # its heap entries are stale now
@@ -521,6 +553,11 @@ class PrefixShield(EvictionPolicy):
             g = top[0]
             seg, _, b = self._best_of(g)
             debts = self._debt_cache.get(g) or self._debts(g)
+            if self.glob_on:
+                self.glob_budget -= 1
+                if self.glob_budget <= 0:       # unused for a pool's worth: drop it
+                    self.glob_on = False
+                    self.glob = SeqQueues(0, 3)
             return b, g, top_p, top_p - 1.0 / debts[2], seg, runner, runner_p, False
         seg, b = self._global_best()
         if b >= 0:
@@ -538,7 +575,7 @@ class PrefixShield(EvictionPolicy):
             counts = {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}
         else:
             queue = "ancestry-fallback" if ancestry_fallback else f"global/{seg_name[seg]}"
-            live = self.glob.live
+            live = self._glob().live
             counts = {"probationary": live[0], "normal": live[1], "reuse": live[2]}
         og = self.owner[b]
         raw, norm, _ = self._debt_cache.get(og) or self._debts(og)

@@ -128,7 +128,7 @@ class PrefixShieldB(PrefixShield):
     def _pick(self, g: int, segments: bool) -> tuple[int, int]:
         """(segment, block) of g's first eligible candidate (g < 0: over all groups) in
         segment order or in native order; block -1 when there is none."""
-        queues, base = (self.gq, 3 * g) if g >= 0 else (self.glob, 0)
+        queues, base = (self.gq, 3 * g) if g >= 0 else (self._glob(), 0)
         best = (2, -1)
         for s in range(3):
             b = queues.head(base + s)
