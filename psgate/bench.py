@@ -9,8 +9,10 @@ one process, one core (the memory measurement uses a fresh child process per pol
 Replays are timed in CPU seconds of this process (``time.process_time``), so other load
 on a shared machine does not count against either side of a ratio; per-victim selection
 time is wall time (``perf_counter``) around each call. Each timing is repeated ``repeats``
-times; the table shows min and median, ratios are computed from the mins (the least
-disturbed run of each side) and, beside them, from the medians. Targets:
+times, in rounds that measure every side of a ratio once (vLLM included), so both sides
+sample the same stretch of a machine whose speed drifts; the table shows min and median,
+ratios are computed from the mins (the least disturbed run of each side) and, beside
+them, from the medians. Targets:
 
 - ``e2e_vs_vllm``: ``psgate replay`` with ``sim``, LRU and the full ledger (validation,
   two runs, ledger and receipt writing; blocks/s counts the blocks of both runs) over
@@ -78,6 +80,7 @@ WARMUP_ROUNDS = 10
 SELECT_TARGET_US = 5.0
 BYTES_TARGET = 200.0
 Progress = Callable[[str], None]
+POLICIES = ("lru", "prefixshield")
 CLOCK = time.process_time       # replays: CPU seconds of this process
 
 
@@ -386,11 +389,15 @@ def vllm_replay(loaded: Loaded, capacity: int, prebuilt: bool) -> tuple[float, i
 
 
 def vllm_measure(trace: Path, capacity: int, repeats: int) -> dict:
-    """vLLM's two timings on one trace, ``repeats`` times each."""
+    """vLLM's two timings on one trace, ``repeats`` times each, after one untimed pass of
+    each (a fresh process's first replay pays for warming up, as sim's first round in
+    the bench process does not)."""
     version, why = vllm_status()
     if version is None:
         return {"version": None, "note": why}
     loaded = load(trace)
+    vllm_replay(loaded, capacity, prebuilt=False)
+    vllm_replay(loaded, capacity, prebuilt=True)
     e2e, loop, hits = [], [], set()
     for _ in range(repeats):
         t, h = vllm_replay(loaded, capacity, prebuilt=False)
@@ -401,6 +408,17 @@ def vllm_measure(trace: Path, capacity: int, repeats: int) -> dict:
         hits.add(h)
     return {"version": version, "note": None, "e2e_s": e2e, "loop_s": loop,
             "hit_blocks": sorted(hits)}
+
+
+def _merge_vllm(acc: dict, one: dict) -> dict:
+    """Rounds of vLLM measurements as one: the first round that could not measure wins."""
+    if not acc:
+        return dict(one)
+    if not acc.get("version") or not one.get("version"):
+        return acc if not acc.get("version") else dict(one)
+    return {"version": acc["version"], "note": None, "e2e_s": acc["e2e_s"] + one["e2e_s"],
+            "loop_s": acc["loop_s"] + one["loop_s"],
+            "hit_blocks": sorted(set(acc["hit_blocks"]) | set(one["hit_blocks"]))}
 
 
 def vllm_in_child(python: str, trace: Path, capacity: int, repeats: int) -> dict:
@@ -450,36 +468,38 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
     info: dict[str, dict] = {}
     traces: dict[str, dict] = {}
     try:
-        # reuse and cold traces: hot loop and end to end, lru and prefixshield
+        # Reuse and cold traces: hot loop and end to end, lru and prefixshield, and vLLM
+        # on the reuse trace. Each round measures every side once, so the sides of a ratio
+        # sample the same stretch of a machine whose speed drifts.
+        vl: dict = {}
         for name, (n, blocks, cap), cold in (("reuse", scale.reuse, False),
                                              ("cold", scale.cold, True)):
             path = work / f"{name}.jsonl"
             traces[name] = write_reuse_trace(path, n, blocks, cap, cold=cold)
             loaded = load(path)
             nb = traces[name]["blocks"]
-            for pol in ("lru", "prefixshield"):
-                hot, e2e = [], []
-                for _ in range(repeats):
-                    dt, counts = hot_loop(loaded, pol, cap)
-                    hot.append(dt)
-                    e2e.append(end_to_end(path, pol, cap, work / "out"))
+            hot: dict[str, list[float]] = {pol: [] for pol in POLICIES}
+            e2e: dict[str, list[float]] = {pol: [] for pol in POLICIES}
+            for _ in range(repeats):
+                for pol in POLICIES:
+                    dt, info[f"{name}_{pol}"] = hot_loop(loaded, pol, cap)
+                    hot[pol].append(dt)
+                    e2e[pol].append(end_to_end(path, pol, cap, work / "out"))
+                if name == "reuse":
+                    vl = _merge_vllm(vl, vllm_in_child(cfg.vllm_python, path, cap, 1)
+                                     if cfg.vllm_python else vllm_measure(path, cap, 1))
+            for pol in POLICIES:
                 m[f"{name}_hot_{pol}"] = {"what": f"{name} trace, sim hot loop, {pol}",
-                                          "unit": "s", **_stats(hot),
-                                          "blocks_per_s": nb / min(hot)}
+                                          "unit": "s", **_stats(hot[pol]),
+                                          "blocks_per_s": nb / min(hot[pol])}
                 m[f"{name}_e2e_{pol}"] = {"what": f"{name} trace, replay end to end, {pol} "
                                                   f"x2",
-                                          "unit": "s", **_stats(e2e),
-                                          "blocks_per_s": 2 * nb / min(e2e)}
-                info[f"{name}_{pol}"] = counts
-                say(f"{name} {pol}: hot loop {nb / min(hot):,.0f} blocks/s, end to end "
-                    f"{2 * nb / min(e2e):,.0f} blocks/s (two runs)")
+                                          "unit": "s", **_stats(e2e[pol]),
+                                          "blocks_per_s": 2 * nb / min(e2e[pol])}
+                say(f"{name} {pol}: hot loop {nb / min(hot[pol]):,.0f} blocks/s, end to end "
+                    f"{2 * nb / min(e2e[pol]):,.0f} blocks/s (two runs)")
             del loaded
 
-        # vLLM on the reuse trace
-        if cfg.vllm_python:
-            vl = vllm_in_child(cfg.vllm_python, work / "reuse.jsonl", scale.reuse[2], repeats)
-        else:
-            vl = vllm_measure(work / "reuse.jsonl", scale.reuse[2], repeats)
         if vl.get("version"):
             nb = traces["reuse"]["blocks"]
             m["vllm_e2e"] = {"what": "reuse trace, vLLM Request build + allocate/free",
@@ -495,29 +515,38 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
             info["vllm"] = {"version": None, "note": vl["note"]}
             say(f"{vl['note']}: sim measured alone")
 
-        # victim selection inside a full replay, every group in debt
+        # victim selection inside a full replay, every group in debt; rounds interleave
+        # the scales, as above
+        sel_loaded = {}
         for cap, groups, turnovers in scale.select:
             path = work / f"debt_{cap}.jsonl"
             traces[f"debt_{cap}"] = write_debt_trace(path, cap, groups, turnovers)
-            loaded = load(path)
-            for pol in ("lru", "prefixshield"):
-                runs = [time_selection(loaded, pol, cap, groups) for _ in range(repeats)]
+            sel_loaded[cap] = load(path)
+        runs: dict[tuple[int, str], list[dict]] = {}
+        for _ in range(repeats):
+            for cap, groups, _t in scale.select:
+                for pol in POLICIES:
+                    runs.setdefault((cap, pol), []).append(
+                        time_selection(sel_loaded[cap], pol, cap, groups))
+        del sel_loaded
+        for cap, groups, _t in scale.select:
+            for pol in POLICIES:
+                got = runs[(cap, pol)]
                 m[f"select_{cap}_{pol}"] = {
                     "what": f"select+evict per victim, {cap} / {groups} groups, {pol}",
                     "unit": "us",
-                    **_stats([r["us_per_victim"] for r in runs])}
-                info[f"select_{cap}_{pol}"] = {k: v for k, v in runs[-1].items()
+                    **_stats([r["us_per_victim"] for r in got])}
+                info[f"select_{cap}_{pol}"] = {k: v for k, v in got[-1].items()
                                                if k != "us_per_victim"}
                 say(f"selection {cap}/{groups} {pol}: "
                     f"{m[f'select_{cap}_{pol}']['min']:.2f} us/victim")
-            del loaded
 
         # metadata bytes per resident block, fresh process per policy
         cap = scale.memory_blocks
         path = work / "fill.jsonl"
         traces["fill"] = write_debt_trace(path, cap, 1024 if cap >= 1 << 20 else 64,
                                           turnovers=0.999, warmup_rounds=0)
-        for pol in ("lru", "prefixshield"):
+        for pol in POLICIES:
             r = memory(pol, path, cap)
             info[f"memory_{pol}"] = r
             if r["bytes"] is not None:
