@@ -27,6 +27,19 @@ class _PinnedVictimLRU(LRUPolicy):
         return d
 
 
+class _PinnedInBatchLRU(LRUPolicy):
+    """Batches its evictions, and slips a pinned block in after the first victim."""
+
+    name = "test-pinned-in-batch"
+    defaults = {}
+
+    def evict_batch(self, req, now_ns, num_blocks, decisions):
+        victims = super().evict_batch(req, now_ns, num_blocks, decisions)
+        if len(victims) > 1:
+            victims[1] = 1    # pinned by the long-running request in the trace
+        return victims
+
+
 class _LyingCountLRU(LRUPolicy):
     name = "test-lying-count"
     defaults = {}
@@ -48,10 +61,10 @@ class _LostCandidateLRU(LRUPolicy):
 
 @pytest.fixture(autouse=True, scope="module")
 def _register_broken():
-    for cls in (_PinnedVictimLRU, _LyingCountLRU, _LostCandidateLRU):
+    for cls in (_PinnedVictimLRU, _PinnedInBatchLRU, _LyingCountLRU, _LostCandidateLRU):
         register(cls)
     yield
-    for cls in (_PinnedVictimLRU, _LyingCountLRU, _LostCandidateLRU):
+    for cls in (_PinnedVictimLRU, _PinnedInBatchLRU, _LyingCountLRU, _LostCandidateLRU):
         _REGISTRY.pop(cls.name)
 
 
@@ -71,6 +84,17 @@ def test_pinned_eviction_is_caught_and_run_aborted(tmp_path):
     assert "evicted block 1, which was pinned by a running request" in v.first_violation
     assert "request B" in v.first_violation
     assert result.aborted and "not an eviction candidate" in result.aborted
+
+
+def test_pinned_block_in_a_batch_is_caught_after_the_good_ones(tmp_path):
+    result, log, engine = replay_file(_pressure_trace(tmp_path), capacity=6,
+                                      policy="test-pinned-in-batch")
+    assert engine.batch_evictions
+    v = result.invariants["no_pinned_eviction"]
+    assert v.violations == 1 and "evicted block 1, which was pinned" in v.first_violation
+    assert result.aborted and "not an eviction candidate" in result.aborted
+    # the victim before it was evicted, recorded and counted
+    assert len(log.victims) == result.evictions == 1 and log.victims[0] != 1
 
 
 def test_lying_candidate_count_breaks_accounting(tmp_path):

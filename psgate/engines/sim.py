@@ -597,39 +597,41 @@ class SimEngine:
         now, preq = self.now, r.preq
         row = self.evict_matrix[r.gid]
         num_by_owner: dict[int, int] = {}
-        for i, v in enumerate(victims):
-            k = key[v] if 0 < v < nb else NO_KEY
-            if i >= num_valid or k == NO_KEY or ref[v] != 0:
-                if batch_rec is not None:       # the rows of the victims before it
-                    batch_rec(now, preq, decisions[:i], victims[:i], hash_names, owners)
-                raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, "
-                                   f"which is not an eviction candidate (pinned or holding no "
-                                   f"content)")
-            og = owner[v]
-            if rec is not None:
-                rec.eviction(now, preq, decisions[i], v, names[k & 0xFFFFFFFF], gnames[og])
-            elif batch_rec is not None:
-                hash_names.append(names[k & 0xFFFFFFFF])
-                owners.append(gnames[og])
-            h = k & 0xFFFFFFFF                     # _drop_content, inline
-            if slot_ns[h] == k >> _KEY_SHIFT and slot_blk[h] == v and (not more
-                                                                       or k not in more):
-                slot_blk[h] = -1
-                slot_lost[h] = 1
-            else:
-                index_drop(k, v)
-            key[v] = NO_KEY
-            owner[v] = -1
-            num_by_owner[og] = num_by_owner.get(og, 0) + 1
+        try:
+            for i, v in enumerate(victims):
+                k = key[v] if 0 < v < nb else NO_KEY
+                if i >= num_valid or k == NO_KEY or ref[v] != 0:
+                    if batch_rec is not None:       # the rows of the victims before it
+                        batch_rec(now, preq, decisions[:i], victims[:i], hash_names, owners)
+                    raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
+                                       f"{v}, which is not an eviction candidate (pinned or "
+                                       f"holding no content)")
+                og = owner[v]
+                if rec is not None:
+                    rec.eviction(now, preq, decisions[i], v, names[k & 0xFFFFFFFF], gnames[og])
+                elif batch_rec is not None:
+                    hash_names.append(names[k & 0xFFFFFFFF])
+                    owners.append(gnames[og])
+                h = k & 0xFFFFFFFF                     # _drop_content, inline
+                if (slot_ns[h] == k >> _KEY_SHIFT and slot_blk[h] == v
+                        and (not more or k not in more)):
+                    slot_blk[h] = -1
+                    slot_lost[h] = 1
+                else:
+                    index_drop(k, v)
+                key[v] = NO_KEY
+                owner[v] = -1
+                num_by_owner[og] = num_by_owner.get(og, 0) + 1
+        finally:                  # what was evicted counts, even when the run aborts here
+            for og, num in num_by_owner.items():
+                self._occ_add(og, -num)
+                row[og] += num
+                self.num_evictions += num
         if batch_rec is not None:
             batch_rec(now, preq, decisions, victims, hash_names, owners)
         if len(victims) != num_asked:
             raise _PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
                                f"{len(victims)} blocks where {num_asked} were asked for")
-        for og, num in num_by_owner.items():
-            self._occ_add(og, -num)
-            row[og] += num
-        self.num_evictions += num_asked
 
     def _evict(self, d, r: _Req) -> None:
         v = d.victim
