@@ -1038,7 +1038,7 @@ def test_fallback_queues_dropped_and_rebuilt_decide_the_same(tmp_path, seed):
             glob = pol._glob
 
             def counted():
-                rebuilds.append(not pol.glob_on)
+                rebuilds.append(pol.glob is None)
                 return glob()
             pol._glob = counted
         return setup

@@ -572,7 +572,7 @@ def _events(path: Path, validated=None):
         return events, r.summary(), summary
 
 
-@pytest.mark.parametrize("content", [_VARIED, jsonl(HEADER, req("x", blocks=["01"] * 1))])
+@pytest.mark.parametrize("content", [_VARIED, jsonl(HEADER, req("x", blocks=["01"]))])
 def test_a_validated_pass_reads_the_same_events(tmp_path, content):
     p = tmp_path / "t.jsonl"
     p.write_bytes(content)

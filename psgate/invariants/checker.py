@@ -323,8 +323,8 @@ class InvariantChecker:
         resident = self.num_resident
         ok = (resident <= self.num_usable and num_truly_free == self.num_usable - resident
               and num_candidates == self.num_candidates)
-        v.record(ok, lambda: f"{text_of(where)}: occupancy {resident} of {self.num_usable} usable; the "
-                 f"engine has {num_truly_free} truly free blocks (expected "
+        v.record(ok, lambda: f"{text_of(where)}: occupancy {resident} of {self.num_usable} "
+                 f"usable; the engine has {num_truly_free} truly free blocks (expected "
                  f"{self.num_usable - resident}) and the policy {num_candidates} candidates "
                  f"(expected {self.num_candidates})")
         if self.paranoid and engine is not None:
@@ -335,8 +335,8 @@ class InvariantChecker:
         v = self.verdicts["capacity_and_accounting"]
         mism = [b for b in range(1, self.num_blocks)
                 if engine.ref[b] != self.ref[b] or engine.key[b] != self.key[b]]
-        v.record(not mism, lambda: f"{text_of(where)}: engine and checker disagree on block {mism[0]} "
-                 f"(ref {engine.ref[mism[0]]} vs {self.ref[mism[0]]}, content "
+        v.record(not mism, lambda: f"{text_of(where)}: engine and checker disagree on block "
+                 f"{mism[0]} (ref {engine.ref[mism[0]]} vs {self.ref[mism[0]]}, content "
                  f"{engine.key[mism[0]]} vs {self.key[mism[0]]})")
         expected = sorted(b for b in range(1, self.num_blocks)
                           if self.ref[b] == 0 and self.key[b] != NO_KEY)
@@ -358,7 +358,8 @@ class InvariantChecker:
                     orphans += 1
         tracked = self._tracked()
         v.record(orphans == self.num_orphans and resident_keys == tracked,
-                 lambda: f"{text_of(where)}: {orphans} orphans recounted, {self.num_orphans} tracked")
+                 lambda: f"{text_of(where)}: {orphans} orphans recounted, {self.num_orphans} "
+                 f"tracked")
 
     # -- results --------------------------------------------------------------
     def orphan_stats(self) -> dict:

@@ -39,8 +39,8 @@ class BucketAudit:
             if promoted:
                 debt = self.raw_debt(group, t)
                 v.record(debt <= self.eps,
-                         lambda: f"{text_of(where)}: {promoted} block(s) promoted to Reuse while group "
-                         f"'{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
+                         lambda: f"{text_of(where)}: {promoted} block(s) promoted to Reuse "
+                         f"while group '{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
             else:
                 v.checks += 1
         if "I1" in self.verdicts:

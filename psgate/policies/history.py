@@ -15,7 +15,8 @@ Where the engine's content keys are ``(namespace << key_shift) | hash index`` wi
 namespaces that never span groups (``PoolInfo.key_shift``), a key's stamp sits in a flat
 slot per hash index, owned by the first namespace to use it (12 bytes per distinct
 hash); other keys, labels (given negative ids) and every key without that layout are
-in a dict keyed by (group, key). The order and the verdicts are exactly those of one OrderedDict per group.
+in a dict keyed by (group, key). The order and the verdicts are exactly those of one
+OrderedDict per group.
 """
 
 from __future__ import annotations

@@ -52,10 +52,12 @@ class LRUPolicy(EvictionPolicy):
     def on_touch(self, block: int) -> None:
         self._q.remove(block)
 
-    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        b = self._q.head(0)
-        return Decision(victim=b, num_candidates=self._q.sizes[0], position=0, queue="lru",
+    def _decision(self, b: int, num_candidates: int) -> Decision:
+        return Decision(victim=b, num_candidates=num_candidates, position=0, queue="lru",
                         rank={"freed_t": self._freed_ns[b] / NS_PER_S})
+
+    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
+        return self._decision(self._q.head(0), self._q.sizes[0])
 
     def on_evict(self, block: int) -> None:
         self._q.remove(block)
@@ -67,14 +69,11 @@ class LRUPolicy(EvictionPolicy):
         nxt, prv, where = q.next, q.prev, q.where
         s = q.num_blocks
         size = q.sizes[0]
-        freed = self._freed_ns
         victims: list[int] = []
         b = nxt[s]
         while len(victims) < num_blocks and b != s:
             if decisions is not None:
-                decisions.append(Decision(victim=b, num_candidates=size - len(victims),
-                                          position=0, queue="lru",
-                                          rank={"freed_t": freed[b] / NS_PER_S}))
+                decisions.append(self._decision(b, size - len(victims)))
             victims.append(b)
             where[b] = -1
             b = nxt[b]

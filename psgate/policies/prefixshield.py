@@ -119,10 +119,9 @@ class PrefixShield(EvictionPolicy):
         # All groups' eligible blocks per segment, for the fallback when nobody is in
         # debt. Kept up to date only while it may be needed: after a run of evictions
         # that never used it as long as the pool (debt picked every victim), it is
-        # dropped, and the next fallback rebuilds it from the group queues, so its upkeep
-        # costs nothing where debt decides and the rebuild is paid for by that run.
-        self.glob = SeqQueues(n, 3)
-        self.glob_on = True
+        # dropped (None), and the next fallback rebuilds it from the group queues, so its
+        # upkeep costs nothing where debt decides and the rebuild is paid for by that run.
+        self.glob: SeqQueues | None = SeqQueues(n, 3)
         self.glob_budget = self.glob_patience = n
         # groups
         self.gids: dict[str, int] = {}
@@ -205,12 +204,10 @@ class PrefixShield(EvictionPolicy):
         return sum(max(0.0, -self.bhat(i, t)) for i in self.group_buckets[g])
 
     def norm_debt(self, g: int, t: float) -> float:
-        return sum(max(0.0, -self.bhat(i, t)) / self.weight[self.contract_names[
-            self.bucket_contract[i]]] for i in self.group_buckets[g])
+        return sum(max(0.0, -self.bhat(i, t)) / self.bucket_w[i] for i in self.group_buckets[g])
 
     def _w(self, g: int, t: float) -> float:
-        ws = [self.weight[self.contract_names[self.bucket_contract[i]]]
-              for i in self.group_buckets[g] if self.zero_t[i] > t]
+        ws = [self.bucket_w[i] for i in self.group_buckets[g] if self.zero_t[i] > t]
         return max(ws) if ws else 1.0
 
     def _charge(self, g: int, c: int, n: int, t: float) -> float:
@@ -396,7 +393,7 @@ class PrefixShield(EvictionPolicy):
         """The all-groups queues, rebuilt if they were dropped; a use keeps them."""
         n = self.pool.num_blocks
         self.glob_budget = self.glob_patience
-        if not self.glob_on:
+        if self.glob is None:
             gl = SeqQueues(n, 3)
             where, seq = self.gq.where, self.gq.seq
             heaps = gl.heaps
@@ -411,7 +408,6 @@ class PrefixShield(EvictionPolicy):
                 heapify(heaps[s])
                 gl.live[s] = len(heaps[s])
             self.glob = gl
-            self.glob_on = True
         return self.glob
 
     def _global_best(self) -> tuple[int, int]:
@@ -443,10 +439,9 @@ class PrefixShield(EvictionPolicy):
             t = self.now_s
             raw = norm = 0             # sum() starts from int 0 too
             w = None
-            B, t0, zero_t = self.B, self.t0, self.zero_t
-            rho, beta, weight = self.bucket_rho, self.bucket_beta, self.bucket_w
+            bhat, zero_t, weight = self.bhat, self.zero_t, self.bucket_w
             for i in self.group_buckets[g]:
-                owed = max(0.0, -min(beta[i], B[i] + rho[i] * (t - t0[i])))    # bhat, inline
+                owed = max(0.0, -bhat(i, t))
                 raw += owed
                 norm += owed / weight[i]
                 if zero_t[i] > t and (w is None or weight[i] > w):
@@ -480,8 +475,8 @@ class PrefixShield(EvictionPolicy):
         gq.seq[b] = seq
         heappush(gq.heaps[q], e)
         gq.live[q] += 1
-        if self.glob_on:
-            gl = self.glob
+        gl = self.glob
+        if gl is not None:
             gl.where[b] = s
             gl.seq[b] = seq
             heappush(gl.heaps[s], e)
@@ -503,8 +498,8 @@ class PrefixShield(EvictionPolicy):
             gq.live[q] = live
             if len(gq.heaps[q]) > 2 * live + 32:
                 gq._compact(q)
-            if self.glob_on:
-                gl = self.glob
+            gl = self.glob
+            if gl is not None:
                 q = gl.where[b]
                 gl.where[b] = -1
                 live = gl.live[q] - 1
@@ -553,11 +548,10 @@ class PrefixShield(EvictionPolicy):
             g = top[0]
             seg, _, b = self._best_of(g)
             debts = self._debt_cache.get(g) or self._debts(g)
-            if self.glob_on:
+            if self.glob is not None:
                 self.glob_budget -= 1
                 if self.glob_budget <= 0:       # unused for a pool's worth: drop it
-                    self.glob_on = False
-                    self.glob = SeqQueues(0, 3)
+                    self.glob = None
             return b, g, top_p, top_p - 1.0 / debts[2], seg, runner, runner_p, False
         seg, b = self._global_best()
         if b >= 0:
