@@ -34,6 +34,7 @@ def test_registered_with_its_parameters_and_the_family_claims():
     assert "prefixshield-b" in policy_names()
     p = make_policy("prefixshield-b")
     assert p.params["probationary_bound"] == "adaptive" and p.params["initial_bound"] == 0.0
+    assert p.params["evidence_fill"] == 0.5
     assert p.claims() == ("I1", "I2") and p.params["leaf_only"] is True
     assert make_policy("prefixshield-b", {"probationary_bound": 0.25}).adaptive is False
 
@@ -43,6 +44,7 @@ def test_registered_with_its_parameters_and_the_family_claims():
     ({"probationary_bound": 1.5}, "'probationary_bound' must be a number in [0, 1]"),
     ({"probationary_bound": True}, "'probationary_bound' must be a number"),
     ({"initial_bound": -0.1}, "'initial_bound' must be a number in [0, 1]"),
+    ({"evidence_fill": 2}, "'evidence_fill' must be a number in [0, 1], found 2"),
     ({"bound": 0.1}, "unknown parameter(s) for policy 'prefixshield-b': bound"),
 ])
 def test_bad_parameters_are_input_errors(params, needle):
@@ -57,7 +59,7 @@ def _bound_trace(tmp_path, debt: bool):
     """g's candidates: a1 <- a2 (Reuse, freed at 1.5) and c1 <- c2 (Probationary, freed at
     2.5); then h needs 4 of them. With ``debt`` g also holds 12 pinned blocks charged
     beyond its burst, so g is the responsible group for every victim; without, nobody
-    owes anything and the order is the global one."""
+    owes anything and the order is the global one, the only one the bound governs."""
     events = [
         {"t": 0, "id": "A", "prefix": "p", "blocks": ["a1", "a2"], "tail": 1, "done_t": 0.5},
         {"t": 1, "id": "B", "prefix": "p", "blocks": ["a1", "a2"], "tail": 1, "done_t": 1.5},
@@ -86,7 +88,9 @@ def test_segment_order_only_while_probationary_candidates_reach_the_bound(
         tmp_path, debt, bound, expect, orders):
     params = {"probationary_bound": bound}
     if debt:
+        # a responsible group gives up its blocks in prefixshield's order, whatever T
         params["contracts"] = C
+        expect, orders = ["c2", "c1", "a2", "a1"], ["segments"] * 4
     result, log, engine = _checked(_bound_trace(tmp_path, debt), 21, params)
     assert log.evictions == [f"g:{x}" for x in expect]
     assert [d.rank["order"] for d in log.decisions] == orders
@@ -159,41 +163,76 @@ def _setup(d):
     return a0, b
 
 
-def test_regrets_of_each_order_move_the_bound_and_debt_makes_them_ignored():
-    d = Driver("prefixshield-b", num_blocks=101, contracts=C)     # 100 usable; T starts at 0
+def test_regrets_of_each_order_move_the_bound():
+    d = Driver("prefixshield-b", num_blocks=101, initial_bound=0.01)     # 100 usable; T = 1
     p = d.p
-    assert p.adaptive and p.bound == 0
+    assert p.adaptive and p.bound == 1
     a0, b = _setup(d)
-    # segment order takes b's leaf where native order would take a0: a pair (13, a0)
+    # 2 Probationary candidates >= T: segment order takes b's leaf where native order
+    # would take a0: a pair (13, a0)
     assert _evict(d, 1, 0.75) == [b[1]]
     assert p.ghost_tags() == [(13, SEGMENT_CHOICE)] and list(p.spared) == [a0]
     # g recomputes it before anyone reuses a0: a regret of segment order, so T rises
     (c,), note = d.admit(1.0, "g", new=1, hits=[b[0]], keys=[13])
     assert note["evidence"] == _ev(regret_segment=1)
-    assert note["probationary_bound"] == 1 and p.bound == 1 and not p.ghost and not p.spared
+    assert note["probationary_bound"] == 2 and p.bound == 2 and not p.ghost and not p.spared
     assert (p.cls[b[0]], p.cls[c]) == (REUSE, NORMAL)            # c is a re-admission
     d.free([b[0], c], 1.0)
-    # no Probationary candidate (0 < T = 1): native order takes a0, segment order would
-    # have taken the Normal leaf c
-    assert _evict(d, 1, 1.5) == [a0]
-    assert p.ghost_tags() == [(11, NATIVE_CHOICE)] and list(p.spared) == [c]
+    # no Probationary candidate: nothing for native order to keep, so segment order
+    # takes the Normal leaf c, not a0 (proven reuse, freed earliest), even below T
+    assert p.num_prob == 0 and _evict(d, 1, 1.25) == [c]
+    assert p.ghost_tags() == [(13, SEGMENT_CHOICE)] and list(p.spared) == [a0]
+    # one Probationary candidate e, 0 < 1 < T: native order takes a0 and spares e; the
+    # pair over c keeps its X side
+    (e,), _ = d.admit(1.5, "g", new=1, keys=[14])
+    d.free([e], 1.5)
+    assert _evict(d, 1, 1.75) == [a0]
+    assert p.ghost_tags() == [(13, SEGMENT_CHOICE), (11, NATIVE_CHOICE)]
+    assert list(p.spared) == [e]
+    # g recomputes a0's content first: native order's regret, T falls
     _, note = d.admit(2.0, "g", new=1, keys=[11])
     assert note["evidence"] == _ev(regret_native=1)
-    assert p.bound == 0
-    # h: x proven reuse, y Probationary; segment order takes y, native order another block
-    (x,), _ = d.admit(3.0, "h", new=1, keys=[31])
-    d.free([x], 3.0)
-    d.admit(3.0, "h", hits=[x])
-    d.free([x], 3.0)
-    (y,), _ = d.admit(3.0, "h", new=1, keys=[32])
-    d.free([y], 3.0)
-    assert _evict(d, 1, 3.25) == [y] and list(p.ghost) == [32]
-    # a group in debt recomputing its evicted block moves nothing
-    _, note = d.admit(3.5, "h", new=6, keys=[41, 42, 43, 44, 45, 46])
+    assert p.bound == 1 and p.evidence_totals == [1, 1, 0, 0, 0]
+
+
+def test_evidence_against_the_defence_counts_only_from_a_group_in_good_standing():
+    # h's standard contract: rho 1, beta 4 blocks; 100 usable blocks, T = 1
+    d = Driver("prefixshield-b", num_blocks=101, contracts=C, initial_bound=0.01)
+    p = d.p
+    assert p.evidence_fill == 0.5
+    (x,), _ = d.admit(0.0, "h", new=1, keys=[31])
+    d.free([x], 0.0)
+    d.admit(0.0, "h", hits=[x])                                  # proven reuse
+    d.free([x], 0.0)
+    (y,), _ = d.admit(0.0, "h", new=1, keys=[32])                # Probationary
+    d.free([y], 0.0)
+    # nobody owes anything; 1 Probationary candidate >= T: segment order takes y where
+    # native order would take x
+    assert _evict(d, 1, 0.25) == [y] and p.ghost_tags() == [(32, SEGMENT_CHOICE)]
+    (z,), _ = d.admit(0.25, "h", new=1, keys=[41])
+    d.free([z], 0.25)
+    # h owes nothing but has 1.5 of its 4-block burst left (below half): its regret of
+    # segment order, evidence against the defence, is ignored
+    assert p.bhat(p.bidx[(p.gids["h"], p.cidx["standard"])], 0.5) == 1.5
+    (y2,), note = d.admit(0.5, "h", new=1, keys=[32])
+    assert note["raw_debt"] == 0
+    assert note["evidence"] == _ev(ignored=1) and p.bound == 1 and not p.pairs
+    d.free([y2], 0.5)
+    # segment order takes z (Probationary) and spares x
+    assert _evict(d, 1, 0.6) == [z] and list(p.spared) == [x]
+    # h overdraws; reusing x first is a credit of segment order, evidence for the
+    # defence: it counts although h is in debt
+    w, note = d.admit(0.75, "h", new=6, keys=[51, 52, 53, 54, 55, 56])
     assert note["raw_debt"] > 0
-    _, note = d.admit(3.75, "h", new=1, keys=[32])
-    assert note["evidence"] == _ev(ignored_in_debt=1)
-    assert p.bound == 0 and p.evidence_totals == [1, 1, 0, 0, 1] and not p.pairs
+    _, note = d.admit(1.0, "h", hits=[x])
+    assert note["evidence"] == _ev(credit_segment=1) and p.bound == 0
+    d.free(w, 1.0)
+    # h is responsible now: its own segment order takes its Probationary leaf where its
+    # native order would take y2; recomputing that leaf in debt moves nothing
+    assert _evict(d, 1, 1.25) == [w[-1]] and list(p.spared) == [y2]
+    _, note = d.admit(1.5, "h", new=1, hits=w[:-1], keys=[56])
+    assert note["evidence"] == _ev(ignored=1)
+    assert p.bound == 0 and p.evidence_totals == [0, 0, 1, 0, 2] and not p.pairs
 
 
 def test_credits_when_the_spared_block_is_reused_first():

@@ -1,12 +1,14 @@
 """prefixshield-b: PrefixShield with a bounded Probationary segment (psgate's extension).
 
-    as prefixshield (buckets, debt, classes, I1, I2, leaf-only), except the block order:
-        segment order  iff  Probationary candidates >= T   (T in blocks)
+    as prefixshield (buckets, debt, classes, I1, I2, leaf-only), except the block order
+    when nobody is responsible:
         reclaim, per victim:
             g* = candidate-owning group with the largest projected debt P_g > eps
-            segment order: g*'s first block in Probationary, then Normal, then Reuse
-            otherwise:     g*'s oldest eligible block (native free-queue order)
-            nobody with P_g > eps: the same order over all groups
+            g* exists:  g*'s first block in Probationary, then Normal, then Reuse
+                        (prefixshield's segment order, always)
+            otherwise:  over all groups, segment order iff Probationary candidates
+                        >= T or there are none; else native order (the eligible
+                        block freed earliest, whatever its segment)
     T fixed:    T = round(probationary_bound x usable)
     T adaptive: T starts at round(initial_bound x usable) (default 0: prefixshield's
                 order). An eviction where the two orders disagree (the order in force
@@ -17,17 +19,22 @@
         group g computes X's content again (a ghost hit):  a regret for that order
         group g hits Y (reuses it while it is resident):   a credit for that order
         Y is evicted first:                                 the pair keeps only its X side
-            g owes anything (raw debt D_g > eps):           ignored (counted, no change)
-            regret of segment order, credit of native:      T = min(usable, T + 1)
             regret of native order, credit of segment:      T = max(0, T - 1)
+            regret of segment order, credit of native:      T = min(usable, T + 1),
+                only if g owes nothing (raw debt D_g <= eps) and each of g's buckets
+                is at least evidence_fill (default 1/2) of its burst; else ignored
+                (counted, no change)
 
 This policy is not in the PrefixShield paper. The paper evicts every Probationary
 block before any Normal or Reuse block; in conversational traffic the freshest,
 never-yet-hit blocks are what the next turn re-reads, so that order loses hits to
 plain LRU. Here the Probationary-first order is a defence that switches on only
-while Probationary candidates number at least T, as S3-FIFO bounds its small queue;
-debt still picks the responsible group first, so a flooding group in debt gives up
-its own blocks whatever the order.
+while Probationary candidates number at least T, as S3-FIFO bounds its small queue.
+It is bounded only where nobody is responsible: a group in debt gives up its own
+blocks in the paper's order, its overdraft (Probationary) first, so debt keeps
+exactly the protection it has in prefixshield. And with no Probationary candidate
+at all there is nothing for native order to keep, so Normal blocks still go before
+proven reuse.
 
 The adaptive rule, in words: each disagreement is a bet that X will be needed later
 than Y, and Belady's criterion settles it by which of the two is needed first. X's
@@ -39,11 +46,17 @@ T (more native order), the converse lowers it; each settled bet moves T by one b
 so T settles where the two orders' mistakes balance. Counting only regrets (an earlier
 version of this rule) charged segment order for every recomputed Probationary block even
 when the block native order would have taken instead was needed sooner still, and drifted
-too far toward native order on conversational traces (the paper reproduction's report
-compares the two on its benign rows). Evidence from a group in debt is ignored, for the
-reason I2 ignores its reuse: a flooding group could otherwise recompute its own evicted
-Probationary blocks to switch the defence off. Everything is integer arithmetic on
-trace events, so it is deterministic.
+too far toward native order on conversational traces.
+
+Evidence is weighed by which way it moves T. Evidence for the defence (toward segment
+order) counts from any group. Evidence against it counts only from a group in good
+standing: one that owes nothing and has at least ``evidence_fill`` of every bucket's
+burst left. A flooding group could otherwise recompute its own evicted Probationary
+blocks to switch the defence off, and it is such a group until its burst is nearly
+spent, which is when its requests start to overdraw and, debt being reckoned before a
+request's own charge, evict through the global order. I2 ignores a group's reuse while
+it is in debt for the same reason. Everything is integer arithmetic on trace events, so
+it is deterministic.
 
 Choices (stated here, each visible in the ledger):
 - "Probationary candidates" counts every unpinned cached Probationary block, leaves
@@ -51,18 +64,20 @@ Choices (stated here, each visible in the ledger):
   about blocks); ``rank`` records it with T, the order used and whether the
   other order would have chosen the same victim (``orders_agree``).
 - In native order the victim is the eligible leaf freed earliest, whatever its
-  segment; equal P_g is still broken by each group's best candidate's (segment,
-  native position), as in prefixshield.
+  segment.
+- A responsible group's evictions open pairs as well (its segment-order pick against
+  its own native-order pick): they are evidence about the two orders like any other.
 - X is remembered by its content key (chain hash in its namespace), Y by its
   block, which is only ever reused while resident. A key whose other copy stays
   resident keeps its pair until it is recomputed, Y settles it or it is pushed out.
 - Pairs are kept only in adaptive mode; an admission that settles any reports them
   (``evidence``: regrets and credits of each order, and those ignored because the
-  group was in debt) and T in its ledger note.
+  group was not in good standing) and T in its ledger note.
 - ``probationary_bound=0`` is prefixshield's order exactly, and the adaptive mode
-  starts there: it leaves that order only on evidence from groups that owe nothing.
-  ``probationary_bound=1`` is native order (segment order would need every usable
-  block to be a Probationary candidate, where the two orders agree).
+  starts there: it leaves that order only on evidence from groups in good standing.
+  ``probationary_bound=1`` is native order whenever nobody is responsible and some
+  Probationary block is a candidate (segment order would need every usable block to
+  be a Probationary candidate, where the two orders agree).
 """
 
 from __future__ import annotations
@@ -79,7 +94,7 @@ ADAPTIVE = "adaptive"
 SEGMENT_CHOICE, NATIVE_CHOICE = 1, -1     # pair tags: the order that chose the victim
 # settled pairs, as counted in a ledger note's "evidence"
 EVIDENCE = ("regret_segment", "regret_native", "credit_segment", "credit_native",
-            "ignored_in_debt")
+            "ignored")
 IGNORED = 4
 
 
@@ -94,16 +109,18 @@ def _fraction(name: str, v: Any) -> float:
 @register
 class PrefixShieldB(PrefixShield):
     name = "prefixshield-b"
-    summary = ("psgate's extension of PrefixShield: Probationary-first only while Probationary "
-               "candidates exceed a bound, adapted from ghost hits")
+    summary = ("psgate's extension of PrefixShield: where nobody is responsible, "
+               "Probationary-first only while Probationary candidates reach a bound, adapted "
+               "from ghost hits")
     defaults: dict[str, Any] = {**PrefixShield.defaults, "probationary_bound": ADAPTIVE,
-                                "initial_bound": 0.0}
+                                "initial_bound": 0.0, "evidence_fill": 0.5}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         bound = self.params["probationary_bound"]
         self.adaptive = bound == ADAPTIVE
         initial = _fraction("initial_bound", self.params["initial_bound"])
+        self.evidence_fill = _fraction("evidence_fill", self.params["evidence_fill"])
         self.bound_fraction = initial if self.adaptive else _fraction("probationary_bound",
                                                                       bound)
 
@@ -122,7 +139,8 @@ class PrefixShieldB(PrefixShield):
         self.evidence_totals = [0] * 5        # the whole run
 
     def segment_order(self) -> bool:
-        return self.num_prob >= self.bound
+        """The order over all groups when nobody is responsible."""
+        return self.num_prob >= self.bound or self.num_prob == 0
 
     # -- block order ------------------------------------------------------------------
     def _pick(self, g: int, segments: bool) -> tuple[int, int]:
@@ -139,17 +157,13 @@ class PrefixShieldB(PrefixShield):
                     best = (s, b)
         return best
 
-    def _best_of(self, g: int) -> tuple[int, int, int]:
-        s, b = self._pick(g, self.segment_order())
-        return (s, self.gq.seq[b], b) if b >= 0 else (3, 0, -1)
-
     def _global_best(self) -> tuple[int, int]:
         return self._pick(-1, self.segment_order())
 
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        segments = self.segment_order()
         d = super().select_victim(req, now_ns)
         g = self.gids[d.responsible] if d.responsible is not None else -1
+        segments = g >= 0 or self.segment_order()
         other = -1 if d.rank.get("ancestry_fallback") else self._pick(g, not segments)[1]
         # which order's choice this is, when the other order would have chosen another block
         self.pending_regret = (d.victim, 0 if other in (-1, d.victim) else
@@ -186,12 +200,19 @@ class PrefixShieldB(PrefixShield):
                 del self.spared[y]
         return key, y, order
 
+    def in_good_standing(self, g: int) -> bool:
+        """g owes nothing and has at least evidence_fill of every bucket's burst left."""
+        if self._debts(g)[0] > self.eps:
+            return False
+        t, fill, beta = self.now_s, self.evidence_fill, self.bucket_beta
+        return all(self.bhat(i, t) >= fill * beta[i] for i in self.group_buckets[g])
+
     def _settle(self, group: str, order: int, regret: bool) -> None:
         """One settled pair: a regret or a credit of ``order``, from ``group``."""
-        if self._debts(self.gids[group])[0] > self.eps:
+        up = (order == SEGMENT_CHOICE) == regret         # toward native order
+        if up and not self.in_good_standing(self.gids[group]):
             kind = IGNORED
         else:
-            up = (order == SEGMENT_CHOICE) == regret
             self.bound = min(self.max_bound, self.bound + 1) if up else max(0, self.bound - 1)
             kind = (0 if regret else 2) + (order == NATIVE_CHOICE)
         self.evidence[kind] += 1
