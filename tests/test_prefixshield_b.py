@@ -178,21 +178,46 @@ def test_regrets_of_each_order_move_the_bound():
     assert note["probationary_bound"] == 2 and p.bound == 2 and not p.ghost and not p.spared
     assert (p.cls[b[0]], p.cls[c]) == (REUSE, NORMAL)            # c is a re-admission
     d.free([b[0], c], 1.0)
-    # no Probationary candidate: nothing for native order to keep, so segment order
-    # takes the Normal leaf c, not a0 (proven reuse, freed earliest), even below T
-    assert p.num_prob == 0 and _evict(d, 1, 1.25) == [c]
-    assert p.ghost_tags() == [(13, SEGMENT_CHOICE)] and list(p.spared) == [a0]
-    # one Probationary candidate e, 0 < 1 < T: native order takes a0 and spares e; the
-    # pair over c keeps its X side
-    (e,), _ = d.admit(1.5, "g", new=1, keys=[14])
-    d.free([e], 1.5)
-    assert _evict(d, 1, 1.75) == [a0]
-    assert p.ghost_tags() == [(13, SEGMENT_CHOICE), (11, NATIVE_CHOICE)]
-    assert list(p.spared) == [e]
+    # no Probationary candidate, 0 < T, and the requester owes nothing: native order
+    # takes a0 (proven reuse, freed earliest) and spares the Normal leaf c
+    assert p.num_prob == 0 and _evict(d, 1, 1.25) == [a0]
+    assert p.ghost_tags() == [(11, NATIVE_CHOICE)] and list(p.spared) == [c]
     # g recomputes a0's content first: native order's regret, T falls
-    _, note = d.admit(2.0, "g", new=1, keys=[11])
+    _, note = d.admit(1.5, "g", new=1, keys=[11])
     assert note["evidence"] == _ev(regret_native=1)
     assert p.bound == 1 and p.evidence_totals == [1, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("requester,standing", [("n", True), ("h", False)])
+def test_with_no_probationary_candidate_a_requester_not_in_good_standing_gets_segments(
+        requester, standing):
+    # fixed T = 5; g's candidates: a0 (Reuse, freed first) and m (Normal); p stays pinned
+    d = Driver("prefixshield-b", num_blocks=101, contracts=C, probationary_bound=0.05)
+    p = d.p
+    (a0,), _ = d.admit(0.0, "g", new=1, keys=[11])
+    d.free([a0], 0.0)
+    d.admit(0.0, "g", hits=[a0])
+    d.free([a0], 0.0)
+    d.admit(0.0, "g", new=1, prefix="p", keys=[21])
+    (m,), _ = d.admit(0.0, "g", new=1, prefix="p", keys=[22])
+    d.free([m], 0.0)
+    assert (p.cls[a0], p.cls[m], p.num_prob) == (REUSE, NORMAL, 0)
+    # h has spent 3 of its 4-block burst (owes nothing, below half); n has spent nothing
+    d.admit(0.0, "h", new=3, keys=[31, 32, 33])
+    seen = []
+
+    def during():
+        dec = p.select_victim(None, round(0.1 * 1e9))
+        p.on_evict(dec.victim)
+        seen.append(dec)
+
+    d.admit(0.1, requester, during=during)
+    (dec,) = seen
+    assert dec.responsible is None and dec.rank["requester_in_good_standing"] is standing
+    # n: native order, the Reuse block freed first; h: the paper's order, Normal first
+    assert dec.victim == (a0 if standing else m)
+    assert dec.rank["order"] == ("native" if standing else "segments")
+    assert dec.rank["orders_agree"] is False
 
 
 def test_evidence_against_the_defence_counts_only_from_a_group_in_good_standing():

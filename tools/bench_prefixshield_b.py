@@ -3,6 +3,7 @@
     python tools/bench_prefixshield_b.py            # 5 seeds per paper workload (several minutes)
     python tools/bench_prefixshield_b.py --quick    # 2 seeds, one capacity per real trace
     python tools/bench_prefixshield_b.py --json out.json
+    python tools/bench_prefixshield_b.py --variant 'fill 0.25={"evidence_fill": 0.25}'
 
 Attack rows (the paper's workloads, 512 configured blocks, default cost model): the
 victim's mean hit fraction (role ``victim``), mean over seeds with [min, max]; one-touch,
@@ -19,6 +20,10 @@ as above; and real traces from ``--traces`` (default ../shared/traces):
 each request holding its blocks 50 ms + 0.2 ms per output token (``done_t``) with zero
 modeled service time, at the capacities in ``REAL``. Policies: lru, s3fifo,
 prefixshield and prefixshield-b at probationary_bound 0.05, 0.1, 0.2 and adaptive.
+``--variant 'LABEL=JSON'`` (repeatable) adds prefixshield-b with those parameters as
+column ``ps-b LABEL``. After the table, each prefixshield-b column's paired difference from
+prefixshield on the attack rows (victim hit, pp, mean over seeds with its 95% percentile
+bootstrap interval) and its gap to the better of lru and s3fifo on the benign rows.
 Every replay is checked: a run with a violated hard invariant is reported as such.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -129,13 +135,48 @@ def fmt(vs: list[dict], metric: str) -> str:
     return f"{statistics.fmean(xs):.3f} [{min(xs):.3f},{max(xs):.3f}]{bad}"
 
 
+def paired(a: list[float], b: list[float], resamples: int = 2000) -> str:
+    """Mean of a - b in pp with a seeded 95% percentile-bootstrap interval."""
+    d = [100 * (x - y) for x, y in zip(a, b)]
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(d, k=len(d))) for _ in range(resamples))
+    return (f"{statistics.fmean(d):+.3f} [{means[int(0.025 * resamples)]:+.3f}, "
+            f"{means[int(0.975 * resamples) - 1]:+.3f}]")
+
+
+def summary(out: list[dict], labels: list[str]) -> None:
+    psb = [x for x in labels if x.startswith("ps-b")]
+    print("\n# prefixshield-b columns: attack rows, victim hit minus prefixshield's, pp "
+          "[95% CI]; benign rows, mean hit minus the better of lru and s3fifo, pp")
+    for row in out:
+        v = row["values"]
+        if row["metric"] == "victim":
+            cells = [paired(v[x], v["prefixshield"]) for x in psb]
+        else:
+            best = max(statistics.fmean(v["lru"]), statistics.fmean(v["s3fifo"]))
+            cells = [f"{100 * (statistics.fmean(v[x]) - best):+.2f}" for x in psb]
+        print(f"{row['trace']:<16}{row['usable']:>7}  " + "   ".join(
+            f"{x}: {c}" for x, c in zip(psb, cells)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 seeds, one capacity per real trace")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per paper workload (5)")
     ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
     ap.add_argument("--json", type=Path, default=None, help="also write every value here")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
+                    help="also prefixshield-b with these parameters, column 'ps-b LABEL'")
     args = ap.parse_args()
+    for v in args.variant:
+        label, sep, params = v.partition("=")
+        try:
+            parsed = json.loads(params) if sep else None
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict) or not label:
+            ap.error(f"--variant takes LABEL=JSON object, found {v!r}")
+        POLICIES.append((f"ps-b {label}", parsed))
     if args.seeds is None:
         args.seeds = 2 if args.quick else 5
     labels = [label for label, _ in POLICIES]
@@ -151,6 +192,7 @@ def main() -> None:
                         "invariants_hold": all(v["ok"] for x in labels for v in vals[x]),
                         "adaptive_final_bound": [v["bound"] for v in vals["ps-b adaptive"]]})
     print(f"# {time.perf_counter() - t0:.0f} s; '!' marks a run whose invariants failed")
+    summary(out, labels)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

@@ -7,7 +7,8 @@
             g* exists:  g*'s first block in Probationary, then Normal, then Reuse
                         (prefixshield's segment order, always)
             otherwise:  over all groups, segment order iff Probationary candidates
-                        >= T or there are none; else native order (the eligible
+                        >= T, or there are none and the requesting group is not
+                        in good standing (below); else native order (the eligible
                         block freed earliest, whatever its segment)
     T fixed:    T = round(probationary_bound x usable)
     T adaptive: T starts at round(initial_bound x usable) (default 0: prefixshield's
@@ -21,9 +22,9 @@
         Y is evicted first:                                 the pair keeps only its X side
             regret of native order, credit of segment:      T = max(0, T - 1)
             regret of segment order, credit of native:      T = min(usable, T + 1),
-                only if g owes nothing (raw debt D_g <= eps) and each of g's buckets
-                is at least evidence_fill (default 1/2) of its burst; else ignored
-                (counted, no change)
+                only if g is in good standing: it owes nothing (raw debt D_g <= eps)
+                and each of its buckets holds at least evidence_fill (default 1/2)
+                of its burst; else ignored (counted, no change)
 
 This policy is not in the PrefixShield paper. The paper evicts every Probationary
 block before any Normal or Reuse block; in conversational traffic the freshest,
@@ -32,9 +33,12 @@ plain LRU. Here the Probationary-first order is a defence that switches on only
 while Probationary candidates number at least T, as S3-FIFO bounds its small queue.
 It is bounded only where nobody is responsible: a group in debt gives up its own
 blocks in the paper's order, its overdraft (Probationary) first, so debt keeps
-exactly the protection it has in prefixshield. And with no Probationary candidate
-at all there is nothing for native order to keep, so Normal blocks still go before
-proven reuse.
+exactly the protection it has in prefixshield. With no Probationary candidate at all
+the two orders differ only in whether Normal blocks go before proven reuse (Reuse):
+there native order is what the evidence chose for requests from groups in good
+standing, and a request from any other group gets the paper's order, so a tenant
+about to overdraw cannot take others' proven reuse ahead of their Normal blocks on
+the strength of a bound that its own earlier requests may have raised.
 
 The adaptive rule, in words: each disagreement is a bet that X will be needed later
 than Y, and Belady's criterion settles it by which of the two is needed first. X's
@@ -76,8 +80,11 @@ Choices (stated here, each visible in the ledger):
 - ``probationary_bound=0`` is prefixshield's order exactly, and the adaptive mode
   starts there: it leaves that order only on evidence from groups in good standing.
   ``probationary_bound=1`` is native order whenever nobody is responsible and some
-  Probationary block is a candidate (segment order would need every usable block to
-  be a Probationary candidate, where the two orders agree).
+  Probationary block is a candidate, or none is and the requester is in good standing
+  (segment order would need every usable block to be a Probationary candidate, where
+  the two orders agree).
+- Good standing is read at the start of each admission, before its own charge, as
+  debt is; ``rank`` records the requester's (``requester_in_good_standing``).
 """
 
 from __future__ import annotations
@@ -137,10 +144,12 @@ class PrefixShieldB(PrefixShield):
         self.pending_regret = (-1, 0, -1)     # (victim, order, Y) from select_victim
         self.evidence = [0] * 5               # this batch: EVIDENCE
         self.evidence_totals = [0] * 5        # the whole run
+        self.requester_in_good_standing = True    # of the admission under way
 
     def segment_order(self) -> bool:
         """The order over all groups when nobody is responsible."""
-        return self.num_prob >= self.bound or self.num_prob == 0
+        return self.num_prob >= self.bound or (self.num_prob == 0
+                                               and not self.requester_in_good_standing)
 
     # -- block order ------------------------------------------------------------------
     def _pick(self, g: int, segments: bool) -> tuple[int, int]:
@@ -171,7 +180,8 @@ class PrefixShieldB(PrefixShield):
         d.rank.update({"order": "segments" if segments else "native",
                        "orders_agree": other in (-1, d.victim),
                        "probationary_candidates": self.num_prob,
-                       "probationary_bound": self.bound})
+                       "probationary_bound": self.bound,
+                       "requester_in_good_standing": self.requester_in_good_standing})
         return d
 
     # -- the Probationary candidate count ------------------------------------------------
@@ -221,6 +231,7 @@ class PrefixShieldB(PrefixShield):
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
         super().on_admit(req, now_ns)
         self.evidence = [0] * 5
+        self.requester_in_good_standing = self.in_good_standing(self.gids[req.group])
 
     def on_evict(self, block: int) -> None:
         key = self.key[block]
