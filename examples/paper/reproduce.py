@@ -60,36 +60,51 @@ PAPER_PRESSURE = {0.54: (0.0, 0.0), 1.02: (5.11, 5.69), 2.14: (24.38, 260.90),
                   4.23: (59.07, 901.91)}
 PRESSURES_BEYOND = (10.0, 20.0)     # between the paper's range and one-touch's default
 
-WHY_PSB_LOSES = (
-    "Why, as the ledgers show it (`psgate explain` on a cell's runs). On the attack traces: "
-    "the adaptive bound moves on evidence from groups that owe nothing, and the attacker is "
-    "such a group until its burst is spent. Early in the attack window it re-sends a prefix "
-    "whose blocks segment order had just evicted where native order would have evicted a "
-    "block nobody read again (a victim's unique suffix): a genuine regret of segment order, "
-    "so the bound rises above the Probationary candidates. The attacker's next request is "
-    "the one that overdraws its bucket, but debt is reckoned before a request's own charge "
-    "(the paper's rule), so no group is responsible for its evictions and the global native "
-    "order takes the victim's least recently read hot prefix (proven reuse) where segment "
-    "order would have taken Normal blocks; the victim recomputes it and native order's "
-    "regret brings the bound back down. Later swings come from the victim's own evidence. "
-    "Each swing costs the victim a prefix's worth of blocks or less, which is the size of "
-    "the differences above. Changes tried on the same traces (never per trace) and "
-    "rejected: keeping Reuse blocks last in native order removes the attack gap but gives "
-    "back most of the benign gain; segment order for every request whose own charge "
-    "overdraws its bucket narrows it but costs the ShareGPT-like traces more than the 1-pp "
-    "budget; ignoring evidence about blocks whose owner was in debt when evicted, or one "
-    "step per admission instead of per block, change nothing measurable. Settling each "
-    "disagreement by which block is needed first (the rule in use) replaced counting "
-    "regrets only: the same protection, a smaller benign loss. On the benign traces two "
-    "things remain of PrefixShield. Creation debt still picks the group: a tenant whose "
-    "traffic creates blocks faster than its contract refills (the ShareGPT-like traces' "
-    "best-effort tenant; a WEKA session's first, very long prompts) gives up its own "
-    "blocks first, however recently they were used, which LRU never does; the bound only "
-    "orders blocks inside a group, and evidence from a group in debt is ignored by design "
-    "(otherwise a flooding group could argue its way out of the defence), so this loss is "
-    "the price of the protection, not of the bound. And the bound starts at PrefixShield's "
-    "order and leaves it one block per settled disagreement, so early in a trace fresh "
-    "blocks that a later turn re-reads still go first.")
+# What the ledgers show behind prefixshield-b's losses (`psgate explain` on a cell's runs),
+# printed under "Where prefixshield-b still loses" for whichever kind of row has some.
+WHY_PSB_ATTACK = (
+    "Attack traces, as the ledgers show it (`psgate explain` on a cell's runs): the runs "
+    "below PrefixShield lose a few blocks each, in evictions where nobody is responsible "
+    "(most often the victim's own requests) and native order is in force. The bound that "
+    "put it in force was raised by evidence from a group in good standing: the victim "
+    "re-reading fresh blocks that segment order had evicted, or the attacker early in its "
+    "attack window, before it has spent half of its burst. Native order then takes the "
+    "victim's least recently freed proven reuse where the paper's order would have taken "
+    "its Normal or Probationary blocks, and the victim needed those first. A group in "
+    "debt always gives up its own blocks in the paper's order, so these are bets between "
+    "the two orders, not debt escaping its charge.")
+WHY_PSB_BENIGN = (
+    "Benign traces: three things remain of PrefixShield. Creation debt still picks the "
+    "group: a tenant whose traffic creates blocks faster than its contract refills (the "
+    "ShareGPT-like traces' best-effort tenant; a WEKA session's first, very long prompts) "
+    "gives up its own blocks first, however recently they were used, which LRU never "
+    "does. A responsible group gives up its blocks in the paper's order, Probationary "
+    "first, whatever the bound. And the bound starts at PrefixShield's order and moves "
+    "one block per settled disagreement, only toward native order on evidence from "
+    "groups in good standing, so early in a trace fresh blocks that a later turn re-reads "
+    "still go first. The last two are the price of the protection in the table above: "
+    "with the bounded order applied inside responsible groups too, and evidence from any "
+    "group that owes nothing, the attack rows fell below PrefixShield (low-and-slow "
+    "-0.058 pp, two-pass replay -0.083 pp, both intervals excluding 0, in this report's "
+    "previous edition).")
+PSB_RULES_TRIED = (
+    "Rules tried on these traces and on a second set of seeds (the generators' seeds 0 to "
+    "9), never tuned per trace. Rejected: keeping Reuse blocks last in native order (no "
+    "attack gap, but the ShareGPT-like rows 1.7 to 10 pp below LRU); the paper's order "
+    "whenever no Probationary block is a candidate, for every requester (no attack gap, "
+    "but sharegpt-bursty at 1,024 blocks 1.24 pp below LRU); segment order for every "
+    "request from a group not in good standing (ShareGPT-like rows up to 1.64 pp below "
+    "LRU); ignoring evidence for the defence, too, from groups not in good standing (the "
+    "bound freezes once the victim itself overdraws, as it does in low-and-slow, and "
+    "native order goes on costing it Reuse blocks). evidence_fill, with the rule otherwise "
+    "as in use: 0.25 and 0.75 keep every benign row within 0.1 pp of 0.5's, but each "
+    "leaves two-pass replay below PrefixShield with an interval excluding 0 on one of the "
+    "two seed sets (0.25: -0.019 pp on the second; 0.75: -0.005 pp on this report's); 1.0 "
+    "puts sharegpt-bursty at 1,024 blocks 1.13 pp below LRU. 0.5, the default, is the "
+    "only setting tried that meets both the protection and the 1-pp benign criterion on "
+    "both sets; it was chosen on them, so these runs are not a held-out test. "
+    "`python tools/bench_prefixshield_b.py --seeds 10 --variant "
+    "'fill 0.75={\"evidence_fill\": 0.75}'` compares settings on the second set.")
 
 ATTACKS = ("one-touch", "low-and-slow", "two-pass-replay")
 TRADEOFF_TRACES = ("one-touch", "low-and-slow", "two-pass-replay", "delayed-replay", "sharegpt",
@@ -635,10 +650,13 @@ def write_report(out: Path, todo, results, runs: int, quick: bool, wall: float,
               "blocks (35.16 pp); at the designed clearance time both promote all 193.", ""]
     tradeoff = tradeoff_rows(out, cell)
     lines += ["## Beyond the paper: prefixshield-b (psgate's extension)", "",
-              "PrefixShield with a bounded Probationary segment: Probationary-first order only "
-              "while Probationary candidates number at least a bound T (a fraction of usable "
-              "blocks, or adaptive: moved by which of the two orders' choices proved right "
-              "where they disagreed; `psgate/policies/prefixshield_b.py`). "
+              "PrefixShield with a bounded Probationary segment: a group in debt gives up its "
+              "own blocks in the paper's order; where nobody is responsible, Probationary-"
+              "first order applies only while Probationary candidates number at least a "
+              "bound T (a fraction of usable blocks, or adaptive: moved by which of the two "
+              "orders' choices proved right where they disagreed, evidence toward native "
+              "order counting only from groups in good standing; "
+              "`psgate/policies/prefixshield_b.py`). "
               "Protection = victim hit % on the attack traces; benign = all requests' hit % on "
               "the ShareGPT-like traces (the paper compares these only with S3-FIFO, not LRU).",
               "", "| trace | scope | lru | s3fifo | prefixshield | " +
@@ -657,17 +675,18 @@ def write_report(out: Path, todo, results, runs: int, quick: bool, wall: float,
         cid = cell("psb-vs-ps", kind, "prefixshield-b")
         if cid is not None:
             s = _summary(out, cid)
-            psb_rows.append((kind, s["roles"]["victim"]["hit_fraction"], s["num_runs"]))
+            psb_rows.append((kind, s["roles"]["victim"]["hit_fraction"], s["num_runs"],
+                             runs_compared(out, cid, "role:victim")))
     lines += ["## prefixshield-b (default, adaptive) vs PrefixShield on the attack traces", "",
               "Victim hit %, PrefixShield as the baseline: the paired difference prefixshield-b "
               "minus PrefixShield on the same traces, with its 95% percentile-bootstrap interval "
-              "over runs.", "",
+              "over runs, and how many runs fell below, level with and above PrefixShield.", "",
               "| trace | runs | PrefixShield % | prefixshield-b % | difference, pp [95% CI] | "
-              "reading |", "|---|---|---|---|---|---|"]
-    for kind, e, n in psb_rows:
+              "reading | runs below / level / above |", "|---|---|---|---|---|---|---|"]
+    for kind, e, n, (below, level, above) in psb_rows:
         lines.append(f"| {kind} | {n} | {e['baseline_mean'] * 100:.2f} | "
                      f"{e['candidate_mean'] * 100:.2f} | {fmt_diff(e, digits=3)} | "
-                     f"{ci_reading(e)} |")
+                     f"{ci_reading(e)} | {below} / {level} / {above} |")
     # benign traces, synthetic and real, at several capacities
     benign = benign_rows(out, cell)
     lines += ["", "## Benign traces at several capacities: LRU, S3-FIFO, PrefixShield, "
@@ -757,25 +776,41 @@ def benign_rows(out: Path, cell) -> list[tuple[str, int, int, dict]]:
     return rows
 
 
+def runs_compared(out: Path, cid: str, scope: str) -> tuple[int, int, int]:
+    """(runs where the candidate's hit fraction in ``scope`` is below, equal to, above
+    the baseline's), from the cell's runs.csv."""
+    vals: dict[str, dict[str, float]] = {}
+    with open(out / "cells" / cid / "runs.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["scope"] == scope:
+                vals.setdefault(row["run"], {})[row["policy_role"]] = float(row["hit_fraction"])
+    d = [v["candidate"] - v["baseline"] for v in vals.values()]
+    return sum(x < 0 for x in d), sum(x == 0 for x in d), sum(x > 0 for x in d)
+
+
 def losses_note(psb_rows, benign) -> list[str]:
     """Where prefixshield-b still loses, read off the two tables above."""
-    att = [(k, e) for k, e, _ in psb_rows if e["diff_mean"] < 0]
+    att = [(k, e, below) for k, e, _, (below, _, _) in psb_rows
+           if e["diff_mean"] < 0 or below]
     ben = [(k, c, v) for k, c, _, v in benign
            if v["prefixshield-b"] < max(v["lru"], v["s3fifo"])]
     out = ["## Where prefixshield-b still loses", ""]
     if not att and not ben:
-        return out + ["Nowhere in these tables: it is at least PrefixShield's protection on "
-                      "every attack trace and at least the better of LRU and S3-FIFO on every "
-                      "benign trace and capacity.", ""]
+        return out + ["Nowhere in these tables: it is at least PrefixShield's protection in "
+                      "every run of every attack trace and at least the better of LRU and "
+                      "S3-FIFO on every benign trace and capacity.", "", PSB_RULES_TRIED, ""]
     if att:
-        out.append("Attack traces, below PrefixShield's victim hit fraction: " + "; ".join(
-            f"{k} {e['diff_mean'] * 100:+.3f} pp ({ci_reading(e)})" for k, e in att) + ".")
+        out.append("Attack traces with runs below PrefixShield's victim hit fraction: "
+                   + "; ".join(f"{k}, {below} runs, mean {e['diff_mean'] * 100:+.3f} pp "
+                               f"({ci_reading(e)})" for k, e, below in att) + ".")
     if ben:
         out.append("Benign traces, below the better of LRU and S3-FIFO: " + "; ".join(
             f"{k} at {c} blocks {(v['prefixshield-b'] - max(v['lru'], v['s3fifo'])) * 100:+.2f} "
             f"pp" for k, c, v in ben) + ".")
-    out += ["", WHY_PSB_LOSES, ""]
-    return out
+    for text, some in ((WHY_PSB_ATTACK, att), (WHY_PSB_BENIGN, ben), (PSB_RULES_TRIED, True)):
+        if some:
+            out += ["", text]
+    return out + [""]
 
 
 def plot_benign(out: Path, benign, psb_rows) -> None:
@@ -800,7 +835,7 @@ def plot_benign(out: Path, benign, psb_rows) -> None:
         ax.legend(fontsize=7)
     ax = axes[len(kinds)] if len(kinds) < len(axes) else None
     if ax is not None and psb_rows:
-        for i, (kind, e, _) in enumerate(psb_rows):
+        for i, (kind, e, *_) in enumerate(psb_rows):
             lo = e["diff_ci_low"] if e["diff_ci_low"] is not None else e["diff_mean"]
             hi = e["diff_ci_high"] if e["diff_ci_high"] is not None else e["diff_mean"]
             ax.errorbar([i], [e["diff_mean"] * 100],
