@@ -45,6 +45,7 @@ from psgate.bench import INSTANT, load  # noqa: E402  (validate once, keep the e
 from psgate.engines.cost import CostModel  # noqa: E402
 from psgate.engines.sim import SimEngine  # noqa: E402
 from psgate.policies import make_policy  # noqa: E402
+from psgate.stats.bootstrap import bootstrap_ci  # noqa: E402
 from psgate.stats.metrics import run_metrics  # noqa: E402
 from psgate.trace.importers import import_trace  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
@@ -136,12 +137,12 @@ def fmt(vs: list[dict], metric: str) -> str:
 
 
 def paired(a: list[float], b: list[float], resamples: int = 2000) -> str:
-    """Mean of a - b in pp with a seeded 95% percentile-bootstrap interval."""
+    """Mean of a - b in pp with its 95% percentile-bootstrap interval over seeds (the
+    sweep's interval, from a generator seeded 0; none with one seed)."""
     d = [100 * (x - y) for x, y in zip(a, b)]
-    rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(d, k=len(d))) for _ in range(resamples))
-    return (f"{statistics.fmean(d):+.3f} [{means[int(0.025 * resamples)]:+.3f}, "
-            f"{means[int(0.975 * resamples) - 1]:+.3f}]")
+    ci = bootstrap_ci(d, resamples, random.Random(0))
+    return f"{statistics.fmean(d):+.3f}" + ("" if ci is None else
+                                            f" [{ci[0]:+.3f}, {ci[1]:+.3f}]")
 
 
 def summary(out: list[dict], labels: list[str]) -> None:
