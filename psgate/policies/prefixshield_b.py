@@ -211,9 +211,9 @@ class PrefixShieldB(PrefixShield):
         return key, y, order
 
     def in_good_standing(self, g: int) -> bool:
-        """g owes nothing and has at least evidence_fill of every bucket's burst left."""
-        if self._debts(g)[0] > self.eps:
-            return False
+        """g owes nothing and has at least evidence_fill of every bucket's burst left. The
+        second implies the first: a bucket at or above fill x beta >= 0 is not overdrawn,
+        and raw debt > eps needs some bucket below 0."""
         t, fill, beta = self.now_s, self.evidence_fill, self.bucket_beta
         return all(self.bhat(i, t) >= fill * beta[i] for i in self.group_buckets[g])
 
