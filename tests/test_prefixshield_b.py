@@ -149,14 +149,21 @@ def _ev(**counts):
     return {k: counts.get(k, 0) for k in EVIDENCE}
 
 
+def _proven_reuse(d, group, key, t, t_hit):
+    """A candidate of ``group`` in Reuse: cached at t with content ``key``, freed, hit by
+    the same group at t_hit (proven reuse, owing nothing), freed again."""
+    (blk,), _ = d.admit(t, group, new=1, keys=[key])
+    d.free([blk], t)
+    d.admit(t_hit, group, hits=[blk])
+    d.free([blk], t_hit)
+    return blk
+
+
 def _setup(d):
     """g's candidates: a0 (key 11, Reuse, freed first) and b = [b0 <- b1] (keys 12, 13,
     Probationary, freed later)."""
     p = d.p
-    (a0,), _ = d.admit(0.0, "g", new=1, keys=[11])
-    d.free([a0], 0.0)
-    d.admit(0.25, "g", hits=[a0])                                # proven reuse: Reuse
-    d.free([a0], 0.25)
+    a0 = _proven_reuse(d, "g", 11, 0.0, 0.25)
     b, _ = d.admit(0.5, "g", new=2, keys=[12, 13])               # Probationary, freed later
     d.free(b, 0.5)
     assert p.num_prob == 2 and p.cls[a0] == REUSE
@@ -194,10 +201,7 @@ def test_with_no_probationary_candidate_a_requester_not_in_good_standing_gets_se
     # fixed T = 5; g's candidates: a0 (Reuse, freed first) and m (Normal); p stays pinned
     d = Driver("prefixshield-b", num_blocks=101, contracts=C, probationary_bound=0.05)
     p = d.p
-    (a0,), _ = d.admit(0.0, "g", new=1, keys=[11])
-    d.free([a0], 0.0)
-    d.admit(0.0, "g", hits=[a0])
-    d.free([a0], 0.0)
+    a0 = _proven_reuse(d, "g", 11, 0.0, 0.0)
     d.admit(0.0, "g", new=1, prefix="p", keys=[21])
     (m,), _ = d.admit(0.0, "g", new=1, prefix="p", keys=[22])
     d.free([m], 0.0)
@@ -225,10 +229,7 @@ def test_evidence_against_the_defence_counts_only_from_a_group_in_good_standing(
     d = Driver("prefixshield-b", num_blocks=101, contracts=C, initial_bound=0.01)
     p = d.p
     assert p.evidence_fill == 0.5
-    (x,), _ = d.admit(0.0, "h", new=1, keys=[31])
-    d.free([x], 0.0)
-    d.admit(0.0, "h", hits=[x])                                  # proven reuse
-    d.free([x], 0.0)
+    x = _proven_reuse(d, "h", 31, 0.0, 0.0)
     (y,), _ = d.admit(0.0, "h", new=1, keys=[32])                # Probationary
     d.free([y], 0.0)
     # nobody owes anything; 1 Probationary candidate >= T: segment order takes y where
