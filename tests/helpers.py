@@ -194,3 +194,20 @@ def heavy_python(name: str, modules: tuple[str, ...], install: str) -> str:
         pytest.fail(f"PSGATE_REQUIRE_{name}=1 but no interpreter with {what}: set "
                     f"PSGATE_{name}_PYTHON")
     pytest.skip(f"{what} not installed here: {install}, then PSGATE_{name}_PYTHON=<its python>")
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces"
+
+
+def shared_traces() -> Path:
+    """The public traces beside the repository (``../shared/traces``), for checks over whole
+    traces that the repository only samples. A clone has nothing beside it, so these checks
+    skip there with the reason; CI lays the traces beside its clone and sets
+    $PSGATE_REQUIRE_SHARED=1, where a missing directory fails instead of hiding the check."""
+    if SHARED.is_dir():
+        return SHARED
+    if os.environ.get("PSGATE_REQUIRE_SHARED") == "1":
+        pytest.fail(f"PSGATE_REQUIRE_SHARED=1 but {SHARED} is not there")
+    pytest.skip(f"extra check over the public traces: {SHARED} is not present "
+                f"(a clone of the repository alone has only the samples in examples/traces/)")

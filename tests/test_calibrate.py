@@ -295,6 +295,7 @@ def test_example_model_configs():
 
 # -- the real thing ------------------------------------------------------------------
 
+@pytest.mark.heavy
 def test_calibrate_tiny_config_on_cpu(tmp_path):
     python = heavy_python("CALIBRATE", ("torch", "transformers"),
                           "bash scripts/install-calibrate.sh .venv-calibrate")

@@ -19,10 +19,8 @@ from psgate.trace.importers import import_trace
 from psgate.trace.stats import trace_stats
 from psgate.trace.writer import write_trace
 
-from helpers import write
+from helpers import SAMPLES, shared_traces, write
 from test_cli import psgate
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def test_small_trace_exact(tmp_path):
@@ -89,26 +87,40 @@ def _direct_ratio(requests, bs):
     return round(cached / total, 6)
 
 
-@pytest.mark.parametrize("name", ["mooncake_conversation_trace.jsonl",
-                                  "mooncake_synthetic_trace.jsonl"])
-def test_mooncake_import_matches_direct_count(tmp_path, name):
-    src = SHARED / "mooncake" / name
+def _mooncake_direct(src: Path) -> float:
     rows = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
     rows = sorted(enumerate(rows), key=lambda r: (r[1]["timestamp"], r[0]))
-    direct = _direct_ratio([("all", r["input_length"], r["hash_ids"][:r["input_length"] // 512])
-                            for _, r in rows], 512)
-    _imported_matches(tmp_path, "mooncake", src, direct, 2048, name)
+    return _direct_ratio([("all", r["input_length"], r["hash_ids"][:r["input_length"] // 512])
+                          for _, r in rows], 512)
 
 
-def _imported_matches(tmp_path, fmt: str, src, direct: float, capacity: int,
+def test_mooncake_sample_import_matches_direct_count(tmp_path):
+    """The repository's Mooncake sample (the trace's first 300 lines), imported and replayed."""
+    src = SAMPLES / "mooncake_conversation_head.jsonl"
+    _imported_matches(tmp_path, "mooncake", src, _mooncake_direct(src), 2048, src.name)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["mooncake_conversation_trace.jsonl",
+                                  "mooncake_synthetic_trace.jsonl"])
+def test_mooncake_full_import_matches_direct_count(tmp_path, name):
+    """Extra check over the whole public traces: the ratio only (the replay of an import
+    is covered on the sample above)."""
+    src = shared_traces() / "mooncake" / name
+    _imported_matches(tmp_path, "mooncake", src, _mooncake_direct(src), None, name)
+
+
+def _imported_matches(tmp_path, fmt: str, src, direct: float, capacity: int | None,
                       name: str) -> None:
     """The imported trace's infinite-cache hit ratio equals the one counted straight from
-    the source, and the imported trace replays."""
+    the source, and (given a capacity) the imported trace replays."""
     out = tmp_path / "imported.jsonl"
     write_trace(out, import_trace(fmt, src))
     got = trace_stats(str(out))["infinite_cache_hit_ratio"]
     print(f"\n{name}: infinite-cache hit ratio imported {got}, direct {direct}")
     assert got == direct
+    if capacity is None:
+        return
     proc = psgate("replay", "--trace", out, "--baseline", "lru", "--candidate", "lru",
                   "--capacity", capacity, "--out", tmp_path / "o", "--quiet")
     assert proc.returncode == 0, proc.stderr
@@ -128,26 +140,36 @@ def _weka_requests(path: Path):
     return doc["block_size"], out
 
 
-def test_weka_import_matches_direct_count(tmp_path):
-    """Every 7th session file (20 of 140, sub-agent files included) to fit CI's time;
-    the whole directory gives 0.910717 both ways (closing note of the workloads issue)."""
+def _weka_check(tmp_path, files: list[Path], capacity: int | None, name: str) -> None:
     import shutil
     src = tmp_path / "weka"
     src.mkdir()
-    files = sorted((SHARED / "weka").glob("*.json"))[::7]
-    for name in ("trace_0277.json", "trace_0291.json"):      # the ones with sub-agents
-        if SHARED / "weka" / name not in files:
-            files.append(SHARED / "weka" / name)
     for f in files:
         shutil.copy(f, src / f.name)
-    files = sorted(src.glob("*.json"))
     per_file = []
-    for f in files:
+    for f in sorted(src.glob("*.json")):
         bs, reqs = _weka_requests(f)
         per_file += [(t, i, f.stem, m, n, ids) for i, (t, m, n, ids) in enumerate(reqs)]
     per_file.sort(key=lambda r: (r[0], r[2], r[1]))
     direct = _direct_ratio([((stem, m), n, ids) for _, _, stem, m, n, ids in per_file], 64)
-    _imported_matches(tmp_path, "weka", src, direct, 4096, "weka")
+    _imported_matches(tmp_path, "weka", src, direct, capacity, name)
+
+
+def test_weka_sample_import_matches_direct_count(tmp_path):
+    """The repository's WEKA sample (the 30 smallest session files), imported and replayed."""
+    _weka_check(tmp_path, sorted((SAMPLES / "weka-small").glob("*.json")), 4096, "weka-small")
+
+
+@pytest.mark.shared
+def test_weka_full_import_matches_direct_count(tmp_path):
+    """Extra check over the public sessions: every 7th file (20 of 140) plus the two with
+    sub-agents; the whole directory gives 0.910717 both ways."""
+    weka = shared_traces() / "weka"
+    files = sorted(weka.glob("*.json"))[::7]
+    for name in ("trace_0277.json", "trace_0291.json"):      # the ones with sub-agents
+        if weka / name not in files:
+            files.append(weka / name)
+    _weka_check(tmp_path, files, None, "weka")
 
 
 def test_stats_cli_json(tmp_path):

@@ -32,6 +32,7 @@ def test_vllm_engines_without_vllm_exit_3_naming_the_install_command(tmp_path, e
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("suite", sorted(p.name for p in (ROOT / "tests" / "vllm_suite")
                                          .glob("test_*.py")))
 def test_vllm_suite(tmp_path, suite):

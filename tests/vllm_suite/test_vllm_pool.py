@@ -20,10 +20,9 @@ from psgate.policies import policy_names
 from psgate.trace.importers import import_trace
 from psgate.trace.writer import write_trace
 
-from helpers import write_lines, replay_file
+from helpers import replay_file, shared_traces, write_lines
 from test_differential import traces
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 POLICIES = [n for n in policy_names() if not n.startswith("test-")]
 NUM_TRACES = int(os.environ.get("PSGATE_DIFF_TRACES", "200"))
 
@@ -134,7 +133,7 @@ def real_windows(tmp_path_factory):
     out = {}
     d = tmp_path_factory.mktemp("real")
     for name, (fmt, src, opts, n, caps) in REAL.items():
-        src_path = SHARED / src
+        src_path = shared_traces() / src
         if fmt == "weka":    # a few session files, sub-agent sessions included
             files = sorted(src_path.glob("*.json"))[::20] + [src_path / "trace_0277.json"]
             src_path = d / "weka-src"
