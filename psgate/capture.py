@@ -14,12 +14,21 @@ never waited for. A writer thread does the hashing and the writing:
               the scheduler saw it), ``out_observed`` and ``preemptions_observed``
     cancel    an aborted request
 
-Token ids and text never reach a file. Files rotate by size or age
-(``capture-000001.jsonl``, ...); each is a complete trace marked ``partial`` whose
-header counts the events dropped since the previous file; the file being written
-carries a ``.part`` suffix until it is complete. At shutdown
-``capture-summary.json`` totals files, events and drops. Times are seconds since
-the capture started (one clock across files, so the files concatenate).
+Token ids and text never reach a file. A request's ``id`` is a keyed pseudonym of
+the id its client sent or was given (vLLM's external request id), so whoever holds the
+key can find a client's request; a repeat within one file gets a ``.N`` suffix. Files
+rotate by size or age (``capture-000001.jsonl``, ...); each is a complete trace marked
+``partial`` whose header counts the events dropped since the previous file; the file
+being written carries a ``.part`` suffix until it is complete. At shutdown
+``capture-summary.json`` totals files, events and drops. Times are seconds since the
+capture's zero (one clock across files, so the files concatenate); each header's
+``capture.t0_unix`` is the wall-clock time of that zero.
+
+The writer thread keeps whole lines in memory and writes them out every ``flush_s``
+seconds or ``flush_events`` events, whichever comes first, one write per batch: a
+process killed outright (SIGKILL) loses at most that much of what the writer had
+taken from the queue, plus what was still queued, and leaves a ``.part`` file of
+whole lines. An orderly shutdown (:meth:`CaptureWriter.close`) loses nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ class CaptureWriter:
     def __init__(self, directory: str | Path, key: bytes, block_size: int, *,
                  source: str = "psgate capture", max_bytes: int = 64 << 20,
                  max_seconds: float = 3600.0, queue_size: int = 65536,
-                 clock=time.monotonic, start: bool = True) -> None:
+                 clock=time.monotonic, start: bool = True, t0: float | None = None,
+                 t0_unix: float | None = None, flush_s: float = 1.0,
+                 flush_events: int = 1024) -> None:
         if not key or len(key) < 16:
             raise ValueError("capture needs a hash key of at least 16 bytes "
                              "($PSGATE_CAPTURE_KEY_FILE or $PSGATE_HASH_KEY, hex)")
@@ -60,7 +71,13 @@ class CaptureWriter:
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
         self.clock = clock
-        self.t0 = clock()
+        self.t0 = clock() if t0 is None else t0
+        self.t0_unix = time.time() - (clock() - self.t0) if t0_unix is None else t0_unix
+        self.flush_s = flush_s
+        self.flush_events = flush_events
+        self._buf: list[bytes] = []         # whole lines not yet written
+        self._buf_since = 0.0               # time.monotonic() of the oldest of them
+        self._used: set[str] = set()        # ids in the current file
         self.q: queue.Queue = queue.Queue(maxsize=queue_size)
         self.num_dropped = 0            # all drops (scheduler thread)
         self._dropped_reported = 0      # drops already counted in some header
@@ -95,9 +112,11 @@ class CaptureWriter:
             self.num_dropped += 1
 
     def request(self, rid: str, group: str, contract: str, scope: tuple[str, ...],
-                token_ids, max_tokens: int) -> None:
+                token_ids, max_tokens: int, client_id: str | None = None) -> None:
+        """``rid`` names the request in later done/cancel calls; ``client_id`` (default
+        ``rid``) is what its pseudonym is made of."""
         self.submit(("request", self.now(), rid, group, contract, scope, token_ids,
-                     max_tokens))
+                     max_tokens, client_id))
 
     def done(self, rid: str, cached_tokens: int | None, ttft_ms: float | None,
              out: int, preemptions: int) -> None:
@@ -109,22 +128,35 @@ class CaptureWriter:
     # -- the writer thread ------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            ev = self.q.get()
+            try:
+                ev = self.q.get(timeout=self.flush_s if self._buf else None)
+            except queue.Empty:
+                self._flush()
+                continue
             if ev is _STOP:
                 return
             line = self._line(ev)
             if line is not None:
                 self._write(line)
+            if self._buf and (len(self._buf) >= self.flush_events
+                              or time.monotonic() - self._buf_since >= self.flush_s):
+                self._flush()
 
     def _line(self, ev: tuple) -> dict | None:
         kind, t = ev[0], max(self._last_t, round(ev[1], 6))
         self._last_t = t
         if kind == "request":
-            _, _, rid, group, contract, scope, toks, max_tokens = ev
+            _, _, rid, group, contract, scope, toks, max_tokens, client = ev
             root = self._roots.get(scope)
             if root is None:
                 root = self._roots[scope] = _scope_root(scope, self.key)
-            new_id = self._ids[rid] = f"r{self.num_requests}"
+            new_id = base = _pseudonym("r", rid if client is None else client, self.key)
+            n = 1
+            while new_id in self._used:
+                n += 1
+                new_id = f"{base}.{n}"
+            self._used.add(new_id)
+            self._ids[rid] = new_id
             self.num_requests += 1
             return {"t": t, "op": "request", "id": new_id,
                     "group": _pseudonym("g", group, self.key), "contract": contract,
@@ -152,10 +184,24 @@ class CaptureWriter:
             self._finish_file()
         if self._fh is None:
             self._open_file(t)
-        data = orjson.dumps(line) + b"\n"
-        self._fh.write(data)
-        self._file_bytes += len(data)
+            if line["op"] == "request":         # its id was checked against the last file
+                self._used.add(line["id"])
+        self._append(orjson.dumps(line) + b"\n")
         self.num_written += 1
+
+    def _append(self, data: bytes) -> None:
+        if not self._buf:
+            self._buf_since = time.monotonic()
+        self._buf.append(data)
+        self._file_bytes += len(data)
+
+    def _flush(self) -> None:
+        """Write the buffered lines with one write call (whole lines reach the file)."""
+        if self._buf and self._fh is not None:
+            data = memoryview(b"".join(self._buf))
+            while data:
+                data = data[self._fh.write(data):]
+        self._buf.clear()
 
     def _open_file(self, t: float) -> None:
         index = len(self.files) + 1
@@ -166,16 +212,19 @@ class CaptureWriter:
                                         "scope_binds": list(SCOPE_FIELDS),
                                         "pseudonymized": ["id", "group", "scope"]},
                              capture={"file": index, "t_start": t,
+                                      "t0_unix": round(self.t0_unix, 6),
                                       "dropped_before": dropped - self._dropped_reported,
                                       "dropped_total": dropped})
         self._dropped_reported = dropped
-        self._fh = open(self._part, "wb")
-        data = orjson.dumps(header) + b"\n"
-        self._fh.write(data)
-        self._file_bytes = len(data)
+        self._fh = open(self._part, "wb", buffering=0)
+        self._used.clear()
+        self._file_bytes = 0
+        self._append(orjson.dumps(header) + b"\n")
+        self._flush()
         self._file_t0 = t
 
     def _finish_file(self) -> None:
+        self._flush()
         self._fh.close()
         final = self._part.with_suffix("")          # drop ".part"
         os.replace(self._part, final)
@@ -203,4 +252,5 @@ class CaptureWriter:
         return {"psgate_capture": 1, "files": list(self.files), "requests": self.num_requests,
                 "events_written": self.num_written, "events_dropped": self.num_dropped,
                 "dropped_after_last_header": self.num_dropped - self._dropped_reported,
-                "block_size": self.bs, "key_fingerprint": key_fingerprint(self.key)}
+                "block_size": self.bs, "key_fingerprint": key_fingerprint(self.key),
+                "t0_unix": round(self.t0_unix, 6)}

@@ -15,9 +15,14 @@ blocks of generated tokens), and a request it has no room for is counted
 (``shadow_no_room``) and not run in the shadow. For every live allocation that
 evicted, ``shadow-evictions.jsonl`` gets the groups whose blocks the live engine
 evicted and those the shadow policy evicted for the same request; every
-``interval_s`` a line of per-group totals goes to ``shadow.jsonl``; at shutdown
-``shadow-report.json`` states, per tenant, hit tokens live vs shadow and the
-would-be difference.
+``interval_s`` a line of per-group totals goes to ``shadow.jsonl``, and a last one
+(``"final": true``) at shutdown; at shutdown ``shadow-report.json`` states, per
+tenant, hit tokens live vs shadow and the would-be difference.
+
+Times are seconds since ``t0`` (the capture's zero when the plugin runs both). The
+eviction lines are kept in memory and written every ``flush_s`` seconds, whole lines
+in one write, so the scheduler thread does no file I/O per allocation; a process
+killed outright loses at most that many seconds of them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ _FIELDS = ("requests", "prompt_tokens", "live_hit_tokens", "shadow_hit_tokens",
 
 class ShadowRunner:
     def __init__(self, mgr, policy, directory: str | Path, *, live_policy: str = "native",
-                 interval_s: float = 60.0, describe=identify, clock=time.monotonic) -> None:
+                 interval_s: float = 60.0, describe=identify, clock=time.monotonic,
+                 t0: float | None = None, flush_s: float = 1.0) -> None:
         from vllm.v1.request import RequestStatus
         self._Status = RequestStatus
         self.real = mgr
@@ -49,8 +55,10 @@ class ShadowRunner:
         self.interval_s = interval_s
         self.describe = describe
         self.clock = clock
-        self.t0 = clock()
-        self._last_summary = 0.0
+        self.t0 = clock() if t0 is None else t0
+        self.flush_s = flush_s
+        self._pending: list[str] = []        # eviction lines not yet written
+        self._last_flush = self._last_summary = self.clock() - self.t0
         self.bs = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         num_blocks = len(mgr.block_pool.blocks)
         self.smgr, self._hasher = make_kv_cache_manager(num_blocks, self.bs)
@@ -62,7 +70,7 @@ class ShadowRunner:
         self._cur_group: str | None = None
         self._batch_live: list[str] = []
         self._batch_shadow: list[str] = []
-        self._evictions = open(self.dir / "shadow-evictions.jsonl", "a", buffering=1)
+        self._evictions = open(self.dir / "shadow-evictions.jsonl", "a")
         self._summaries = open(self.dir / "shadow.jsonl", "a", buffering=1)
         self._wrap(mgr, mgr.block_pool)
         self._closed = False
@@ -103,15 +111,17 @@ class ShadowRunner:
                     self._admit(request, group, hits)
                 elif rid in self.sreqs:
                     self._grow(rid)
-            if self._batch_live or self._batch_shadow:
-                self._evictions.write(json.dumps(
-                    {"t": round(self.clock() - self.t0, 6), "request_group": group,
-                     "live": self._batch_live, "shadow": self._batch_shadow}) + "\n")
             now = self.clock() - self.t0
+            if self._batch_live or self._batch_shadow:
+                self._pending.append(json.dumps(
+                    {"t": round(now, 6), "request_group": group,
+                     "live": self._batch_live, "shadow": self._batch_shadow}) + "\n")
+            if now - self._last_flush >= self.flush_s:
+                self._last_flush = now
+                self._flush()
             if now - self._last_summary >= self.interval_s:
                 self._last_summary = now
-                self._summaries.write(json.dumps({"t": round(now, 3), "groups": self.stats},
-                                                 sort_keys=True) + "\n")
+                self._summary_line(now)
             return out
 
         def free_request(request):
@@ -171,6 +181,16 @@ class ShadowRunner:
                 sreq.num_computed_tokens += n
 
     # -- reports --------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        if self._pending:
+            self._evictions.write("".join(self._pending))
+            self._evictions.flush()
+            self._pending.clear()
+
+    def _summary_line(self, now: float, **extra) -> None:
+        self._summaries.write(json.dumps({"t": round(now, 3), "groups": self.stats, **extra},
+                                         sort_keys=True) + "\n")
+
     def report(self) -> dict:
         groups = {}
         for g, s in sorted(self.stats.items()):
@@ -191,6 +211,8 @@ class ShadowRunner:
         if self._closed:
             return self.report()
         self._closed = True
+        self._flush()
+        self._summary_line(self.clock() - self.t0, final=True)
         rep = self.report()
         tmp = self.dir / "shadow-report.json.part"
         tmp.write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")

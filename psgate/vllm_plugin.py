@@ -1,9 +1,9 @@
 """vLLM plugin: serve with the policy the gate tested.
 
 Registered as the ``vllm.general_plugins`` entry point ``psgate``; vLLM calls
-:func:`register` in each of its processes. With ``PSGATE_POLICY`` unset it does
-nothing at all, so vLLM's native eviction is untouched: unsetting the variable
-and restarting is the way back. With it set::
+:func:`register` in each of its processes. With ``PSGATE_POLICY``, ``PSGATE_CAPTURE`` and
+``PSGATE_SHADOW`` unset it does nothing at all, so vLLM's native eviction is untouched:
+unsetting the variables and restarting is the way back. With it set::
 
     PSGATE_POLICY=prefixshield               any registered policy but belady
     PSGATE_POLICY_CONFIG=policy.json         optional: {"params": {...}} (JSON or TOML)
@@ -23,17 +23,33 @@ its decisions reach the operator through the ledger file.
 Two more switches, each usable alone (see :mod:`psgate.capture` and :mod:`psgate.shadow`)::
 
     PSGATE_CAPTURE=DIR                   write a redacted trace of the live traffic to DIR
-      PSGATE_CAPTURE_KEY_FILE=FILE       the hash key (or PSGATE_HASH_KEY, hex); required
+      PSGATE_CAPTURE_KEY_FILE=FILE       the hash key, hex (or PSGATE_HASH_KEY); required
       PSGATE_CAPTURE_MAX_BYTES / _MAX_SECONDS / _QUEUE   rotation and queue bounds
     PSGATE_SHADOW=prefixshield           run a shadow policy beside the live eviction
-      PSGATE_SHADOW_DIR=DIR              its reports (default: the capture dir, else .)
+      PSGATE_SHADOW_DIR=DIR              its reports (default: DIR/shadow of the capture,
+                                         else ./psgate-shadow)
       PSGATE_SHADOW_INTERVAL_S=60        how often a summary line is written
+    PSGATE_FLUSH_S=1                     capture and shadow files reach the disk at least
+                                         this often (and every 1,024 capture events)
+    PSGATE_SHUTDOWN_GRACE_S=10           the engine core's time to finish them at shutdown
+
+Shutdown. The files are finished on the engine core's own shutdown path: first thing
+in ``EngineCore.shutdown``, which vLLM calls once its SIGTERM/SIGINT handler has
+stopped the busy loop and every request is finished or aborted (the scheduler's
+``shutdown`` closes them too, should another path reach it). vLLM's default
+``--shutdown-timeout 0`` makes the process manager send SIGTERM and SIGKILL to the
+engine core at once, which would leave no time for that; the plugin therefore gives
+the engine core a grace window (``PSGATE_SHUTDOWN_GRACE_S``) in that mode, the way
+vLLM itself does on ROCm. The wait ends as soon as the engine core has exited.
 """
 
 from __future__ import annotations
 
+import atexit
 import csv
+import hashlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -49,17 +65,30 @@ ENV_KEY_FILE = "PSGATE_CAPTURE_KEY_FILE"
 ENV_MAX_BYTES = "PSGATE_CAPTURE_MAX_BYTES"
 ENV_MAX_SECONDS = "PSGATE_CAPTURE_MAX_SECONDS"
 ENV_QUEUE = "PSGATE_CAPTURE_QUEUE"
+ENV_FLUSH = "PSGATE_FLUSH_S"
+ENV_GRACE = "PSGATE_SHUTDOWN_GRACE_S"
+DEFAULT_GRACE_S = 10.0
+SHADOW_SUBDIR = "shadow"          # corpus replay (--trace DIR) reads top-level *.jsonl only
 LEDGER_COLUMNS = ("t_s", "request", "group", "contract", "victim_block", "victim_group",
-                  "queue", "position", "num_candidates", "responsible", "rank")
+                  "queue", "position", "num_candidates", "responsible", "rank", "t0_unix")
 
+# vLLM's own logger tree, so the line shows in the server log with vLLM's format.
+logger = logging.getLogger("vllm.psgate")
 
 _installing: list = []      # managers being set up by install(), innermost last
+_external: dict[str, str] = {}      # vLLM's internal request id -> the client's request id
+_origin: list[tuple[float, float]] = []     # (monotonic, unix) at this process's t = 0
+_closer: list = []          # close_installed, once registered with atexit
+
+
+def _active() -> bool:
+    return any(os.environ.get(v) for v in (ENV_POLICY, ENV_CAPTURE, ENV_SHADOW))
 
 
 def register() -> None:
     """vLLM's entry point: patch only when PSGATE_POLICY, PSGATE_CAPTURE or PSGATE_SHADOW
     is set; otherwise vLLM is left exactly as it is."""
-    if not any(os.environ.get(v) for v in (ENV_POLICY, ENV_CAPTURE, ENV_SHADOW)):
+    if not _active():
         return
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     if getattr(KVCacheManager, "_psgate_installs", None) is not None:
@@ -78,8 +107,36 @@ def register() -> None:
 
     KVCacheManager.__init__ = __init__
     KVCacheManager._psgate_installs = []
-    if os.environ.get(ENV_CAPTURE):
-        _patch_scheduler()
+    _patch_scheduler(capture=bool(os.environ.get(ENV_CAPTURE)))
+    _give_engine_core_time_to_finish()
+
+
+def _give_engine_core_time_to_finish() -> None:
+    """In vLLM's abort mode (``--shutdown-timeout 0``, the default) the process manager
+    SIGKILLs the engine core right after its SIGTERM; give it a grace window instead, so
+    its shutdown finishes the capture, ledger and shadow files. Takes effect in the front
+    end, where the process manager lives; elsewhere it is never called."""
+    try:
+        from vllm.v1.engine import utils as engine_utils
+        original = engine_utils.get_engine_process_shutdown_timeout
+    except (ImportError, AttributeError):
+        import vllm
+        logger.warning(
+            "psgate: vLLM %s has no engine shutdown timeout to extend; run `vllm serve` "
+            "with --shutdown-timeout 20 (or more) or the capture, ledger tail and shadow "
+            "report are lost when the server is stopped", vllm.__version__)
+        return
+    grace = float(os.environ.get(ENV_GRACE, DEFAULT_GRACE_S))
+
+    def shutdown_timeout(request_timeout, process_timeout):
+        got = original(request_timeout, process_timeout)
+        if request_timeout == 0 and not got:
+            logger.info("psgate: the engine core gets up to %g s (%s) to finish psgate's "
+                        "files before it is killed", grace, ENV_GRACE)
+            return grace
+        return got
+
+    engine_utils.get_engine_process_shutdown_timeout = shutdown_timeout
 
 
 def load_params(path: str | None) -> dict:
@@ -98,26 +155,65 @@ def load_params(path: str | None) -> dict:
     return params
 
 
+def origin() -> tuple[float, float]:
+    """(monotonic seconds, unix seconds) of t = 0 in this process: the capture's clock,
+    which the ledger and the shadow share, so their times line up with the capture's."""
+    if not _origin:
+        _origin.append((time.monotonic(), time.time()))
+    return _origin[0]
+
+
+def client_id(request_id: str) -> str:
+    """The id the client gave or was given (vLLM's external request id) for an internal one."""
+    return _external.get(request_id, request_id)
+
+
 class EvictionLedger:
-    """Eviction rows to a CSV file, flushed per row (the engine may be killed any time)."""
+    """Eviction rows to a CSV file, flushed per row (the engine may be killed any time).
+
+    ``t_s`` is seconds on the capture's clock and ``t0_unix`` the wall-clock time of its
+    zero, the same in every row of one server run: rows appended by a later run differ
+    there."""
 
     hits = False
 
     def __init__(self, path: str) -> None:
-        new = not Path(path).exists() or Path(path).stat().st_size == 0
-        self._f = open(path, "a", newline="", buffering=1)
+        p = Path(path)
+        header = ",".join(LEDGER_COLUMNS)
+        if p.exists() and p.stat().st_size:
+            with open(p, newline="") as f:
+                first = f.readline().rstrip("\r\n")
+            if first != header:       # an older layout: keep it aside, start afresh
+                old = p.with_name(f"{p.name}.{int(time.time())}.old")
+                os.replace(p, old)
+                logger.warning("psgate: %s had other columns; moved it to %s", p, old)
+        new = not p.exists() or p.stat().st_size == 0
+        self.t0, t0_unix = origin()
+        self._t0_unix = f"{t0_unix:.6f}"
+        self._f = open(p, "a", newline="", buffering=1)
         self._w = csv.writer(self._f, lineterminator="\n")
         if new:
             self._w.writerow(LEDGER_COLUMNS)
 
     def eviction(self, now_ns, req, d, block, hash_name, owner) -> None:
-        self._w.writerow([f"{now_ns / 1e9:.6f}", req.id if req else "",
+        self._w.writerow([f"{time.monotonic() - self.t0:.6f}",
+                          client_id(req.id) if req else "",
                           req.group if req else "", req.contract if req else "", block, owner,
                           d.queue, d.position, d.num_candidates, d.responsible or "",
-                          json.dumps(d.rank, sort_keys=True)])
+                          json.dumps(d.rank, sort_keys=True), self._t0_unix])
 
     def admission(self, *args) -> None:
         pass
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def params_digest(policy) -> str:
+    """A short digest of the policy's full parameters (defaults included), for the log."""
+    doc = json.dumps(policy.describe(), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
 
 def install(mgr) -> dict:
@@ -127,7 +223,9 @@ def install(mgr) -> dict:
     from psgate.policies import make_policy
 
     params = load_params(os.environ.get(ENV_CONFIG))
-    done: dict = {}
+    done: dict = {"manager": mgr}
+    t0 = origin()[0]
+    flush_s = float(os.environ.get(ENV_FLUSH, "1"))
 
     def describer(policy):
         known = policy.contract_table()
@@ -139,52 +237,86 @@ def install(mgr) -> dict:
             return group, contract, scope
         return describe
 
+    said = []
     name = os.environ.get(ENV_POLICY)
     if name:
         policy = make_policy(name, params)
         ledger = os.environ.get(ENV_LEDGER)
+        done["ledger"] = EvictionLedger(ledger) if ledger else None
         done["policy"] = LivePolicy(mgr, policy, clock_ns=time.monotonic_ns,
-                                    describe=describer(policy),
-                                    recorder=EvictionLedger(ledger) if ledger else None)
+                                    describe=describer(policy), recorder=done["ledger"])
+        said.append(f"policy {name} (params sha256:{params_digest(policy)}), "
+                    f"ledger {ledger or 'off'}")
+    else:
+        said.append("policy: vLLM's own eviction")
+    capture = os.environ.get(ENV_CAPTURE)
     shadow = os.environ.get(ENV_SHADOW)
     if shadow:
         from psgate.shadow import ShadowRunner
         policy = make_policy(shadow, params if not name else {})
+        directory = os.environ.get(ENV_SHADOW_DIR) or (
+            str(Path(capture) / SHADOW_SUBDIR) if capture else "psgate-shadow")
         done["shadow"] = ShadowRunner(
-            mgr, policy, os.environ.get(ENV_SHADOW_DIR) or os.environ.get(ENV_CAPTURE) or ".",
-            live_policy=name or "native", describe=describer(policy),
-            interval_s=float(os.environ.get(ENV_SHADOW_INTERVAL, "60")))
-    if os.environ.get(ENV_CAPTURE):
-        done["capture"] = _CaptureHooks(mgr)
+            mgr, policy, directory, live_policy=name or "native", describe=describer(policy),
+            interval_s=float(os.environ.get(ENV_SHADOW_INTERVAL, "60")), t0=t0,
+            flush_s=flush_s)
+        said.append(f"shadow {shadow} (params sha256:{params_digest(policy)}) -> "
+                    f"{Path(directory).resolve()}")
+    if capture:
+        done["capture"] = _CaptureHooks(mgr, flush_s)
+        said.append(f"capture -> {Path(capture).resolve()}")
+    logger.info("psgate: %s", "; ".join(said))
+    if not _closer:
+        _closer.append(atexit.register(close_installed))
     return done
+
+
+def close_installed(manager=None) -> None:
+    """Finish the capture, ledger and shadow files of one KV cache manager, or of every
+    one in this process (idempotent): called from the engine core's and the scheduler's
+    shutdown, and at interpreter exit when vLLM runs in process."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    for done in getattr(KVCacheManager, "_psgate_installs", None) or ():
+        if manager is not None and done["manager"] is not manager or done.get("closed"):
+            continue
+        done["closed"] = True
+        closed = []
+        for key in ("capture", "shadow", "ledger"):
+            part = done.get(key)
+            if part is None:
+                continue
+            try:
+                part.close()
+                closed.append(key)
+            except Exception:       # one part failing must not keep the others open
+                logger.exception("psgate: closing the %s failed", key)
+        if closed:      # DEBUG: in process, vLLM logs to stdout, where callers print results
+            logger.debug("psgate: %s complete", ", ".join(closed))
 
 
 # -- capture ------------------------------------------------------------------------------
 def _capture_key() -> bytes:
-    from psgate.trace.redact import KEY_ENV
-    path = os.environ.get(ENV_KEY_FILE)
-    if path:
-        return Path(path).read_bytes().strip()
-    if os.environ.get(KEY_ENV):
-        return bytes.fromhex(os.environ[KEY_ENV].strip())
-    raise ValueError(f"{ENV_CAPTURE} is set but there is no hash key: set {ENV_KEY_FILE} "
-                     f"(a file) or {KEY_ENV} (hex), at least 16 bytes")
+    from psgate.trace.redact import load_key
+    return load_key(os.environ.get(ENV_KEY_FILE), unkeyed=False)
 
 
 class _CaptureHooks:
     """Per KV cache manager: the writer, and what the scheduler saw per request."""
 
-    def __init__(self, mgr) -> None:
+    def __init__(self, mgr, flush_s: float) -> None:
         import vllm
 
         from psgate.capture import CaptureWriter
         bs = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         env = os.environ
+        t0, t0_unix = origin()
         self.writer = CaptureWriter(
-            env[ENV_CAPTURE], _capture_key(), bs, source=f"psgate capture (vLLM {vllm.__version__})",
+            env[ENV_CAPTURE], _capture_key(), bs,
+            source=f"psgate capture (vLLM {vllm.__version__})",
             max_bytes=int(env.get(ENV_MAX_BYTES, 64 << 20)),
             max_seconds=float(env.get(ENV_MAX_SECONDS, 3600)),
-            queue_size=int(env.get(ENV_QUEUE, 65536)))
+            queue_size=int(env.get(ENV_QUEUE, 65536)), t0=t0, t0_unix=t0_unix,
+            flush_s=flush_s)
         self.arrival: dict[str, float] = {}
         self.cached: dict[str, int] = {}
         self.first_token: dict[str, float] = {}
@@ -205,14 +337,18 @@ class _CaptureHooks:
 
         mgr.allocate_slots = allocate_slots
 
+    def close(self) -> None:
+        self.writer.close()
+
     def arrived(self, request, model: str) -> None:
         from psgate.engines.vllm_live import identify
         group, contract, _ = identify(request)
         lora = getattr(request, "lora_request", None)
         scope = (model, "", getattr(lora, "lora_name", "") or "", request.cache_salt or "")
-        self.arrival[request.request_id] = self.writer.now()
-        self.writer.request(request.request_id, group, contract, scope,
-                            request.prompt_token_ids, request.max_tokens)
+        rid = request.request_id
+        self.arrival[rid] = self.writer.now()
+        self.writer.request(rid, group, contract, scope, request.prompt_token_ids,
+                            request.max_tokens, client_id=client_id(rid))
 
     def finished(self, request) -> None:
         rid = request.request_id
@@ -230,9 +366,22 @@ class _CaptureHooks:
                          getattr(request, "num_preemptions", 0))
 
 
-def _patch_scheduler() -> None:
+def _patch_scheduler(capture: bool) -> None:
+    """Keep each request's client id, feed the capture, and finish every file on the
+    scheduler's shutdown (the engine core's own shutdown path)."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    add, free = Scheduler.add_request, Scheduler._free_request
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.request import Request
+    core_shutdown = EngineCore.shutdown
+    add, free, shutdown = Scheduler.add_request, Scheduler._free_request, Scheduler.shutdown
+    from_core = Request.from_engine_core_request.__func__
+
+    def from_engine_core_request(cls, request, *args, **kwargs):
+        req = from_core(cls, request, *args, **kwargs)
+        external = getattr(request, "external_req_id", None)
+        if external and external != req.request_id:
+            _external[req.request_id] = external
+        return req
 
     def add_request(self, request):
         hooks = getattr(self.kv_cache_manager, "_psgate_capture", None)
@@ -244,6 +393,27 @@ def _patch_scheduler() -> None:
         hooks = getattr(self.kv_cache_manager, "_psgate_capture", None)
         if hooks is not None:
             hooks.finished(request)
-        return free(self, request, *args, **kwargs)
+        try:
+            return free(self, request, *args, **kwargs)
+        finally:
+            _external.pop(request.request_id, None)
 
-    Scheduler.add_request, Scheduler._free_request = add_request, _free_request
+    def shutdown_(self, *args, **kwargs):
+        try:
+            return shutdown(self, *args, **kwargs)
+        finally:
+            close_installed(self.kv_cache_manager)
+
+    def engine_shutdown(self, *args, **kwargs):
+        # Before the executor's teardown, which on some platforms waits seconds for its
+        # workers: the busy loop has stopped, so nothing reaches the scheduler any more.
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            close_installed(scheduler.kv_cache_manager)
+        return core_shutdown(self, *args, **kwargs)
+
+    Request.from_engine_core_request = classmethod(from_engine_core_request)
+    Scheduler._free_request, Scheduler.shutdown = _free_request, shutdown_
+    EngineCore.shutdown = engine_shutdown
+    if capture:
+        Scheduler.add_request = add_request

@@ -42,18 +42,21 @@ def test_rotation_gives_valid_partial_traces_that_concatenate(tmp_path):
     assert summary["requests"] == 30 and summary["events_written"] == 60
     assert not list(tmp_path.glob("*.part"))
     last_t = -1.0
-    requests = dones = cancels = 0
+    ops = {"request": 0, "done": 0, "cancel": 0}
+    skipped = 0
     for name in summary["files"]:
         info = api.validate(str(tmp_path / name))       # each file is a trace on its own
         # a done or cancel whose request is in an earlier file is skipped (partial)
-        requests, dones, cancels = (requests + info["requests"],
-                                    dones + info["dones"] + info["skipped_unknown"],
-                                    cancels + info["cancels"])
+        skipped += info["skipped_unknown"]
         lines = [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]
         assert lines[0]["partial"] is True and lines[0]["block_size"] == 16
         assert lines[1]["t"] >= last_t
         last_t = lines[-1]["t"]
-    assert (requests, dones, cancels) == (30, 24, 6)
+        for line in lines[1:]:
+            ops[line["op"]] += 1
+        assert info["requests"] == sum(x["op"] == "request" for x in lines[1:])
+    assert ops == {"request": 30, "done": 24, "cancel": 6}
+    assert skipped <= len(summary["files"]) - 1     # at most one request split per rotation
     on_disk = json.loads((tmp_path / "capture-summary.json").read_text())
     assert on_disk == summary
 
@@ -91,3 +94,46 @@ def test_no_token_or_tenant_text_in_the_files(tmp_path):
 def test_capture_refuses_a_missing_or_short_key(tmp_path):
     with pytest.raises(ValueError, match="hash key"):
         CaptureWriter(tmp_path, b"short", 16, start=False)
+
+
+def test_lines_reach_the_file_within_the_flush_interval(tmp_path):
+    """A server killed outright keeps what the writer flushed: whole lines, at most
+    flush_s seconds or flush_events events behind."""
+    import time
+    clock = Clock()
+    w = CaptureWriter(tmp_path, KEY, 16, clock=clock, flush_s=0.2, flush_events=1000)
+    feed(w, clock, 3)
+    deadline = time.monotonic() + 10
+    part = tmp_path / "capture-000001.jsonl.part"
+    while time.monotonic() < deadline:
+        text = part.read_text() if part.exists() else ""
+        if text.count("\n") == 7:
+            break
+        time.sleep(0.05)
+    assert text.count("\n") == 7 and text.endswith("\n")      # header + 6 whole lines
+    w.close()
+    w2 = CaptureWriter(tmp_path / "n", KEY, 16, clock=clock, flush_s=60, flush_events=4)
+    feed(w2, clock, 3)                                         # 6 events, flushed at 4
+    time.sleep(0.5)
+    text = (tmp_path / "n" / "capture-000001.jsonl.part").read_text()
+    assert text.count("\n") == 5
+    w2.close()
+
+
+def test_ids_are_keyed_pseudonyms_of_the_client_id_and_unique_in_a_file(tmp_path):
+    from psgate.trace.redact import _pseudonym
+    clock = Clock()
+    w = CaptureWriter(tmp_path, KEY, 16, clock=clock, t0=90.0, t0_unix=1234.5)
+    for i in range(3):       # the client reused its id: the internal ids differ
+        w.request(f"internal-{i}", "acme-corp", "standard", ("m", "", "", ""), [1] * 20, 4,
+                  client_id="cmpl-client-7")
+        w.done(f"internal-{i}", 0, 1.0, 4, 0)
+    w.close()
+    lines = [json.loads(x) for x in
+             (tmp_path / "capture-000001.jsonl").read_text().splitlines()]
+    assert lines[0]["capture"]["t0_unix"] == 1234.5
+    assert lines[1]["t"] == 10.0                               # clock 100, zero at 90
+    ids = [x["id"] for x in lines[1:] if x["op"] == "request"]
+    base = _pseudonym("r", "cmpl-client-7", KEY)
+    assert ids == [base, f"{base}.2", f"{base}.3"]
+    api.validate(str(tmp_path / "capture-000001.jsonl"))

@@ -12,10 +12,12 @@
    requests/s and mean time to first token, native vs prefixshield. Open-loop throughput
    equals the offered rate while the engine keeps up, so it is no overhead measure (the
    paper's 5.955 vs 5.956 req/s were of this kind); the closed-loop ratio is.
-4. Capture and shadow overhead: saturated closed-loop requests/s of the plugin's
-   PSGATE_CAPTURE and PSGATE_SHADOW=prefixshield against the same engine without them,
-   one engine process per measurement (the plugin patches vLLM at start-up), modes
-   rotated round by round.
+4. The plugin under `vllm serve` (the production loop, multiprocessing on): saturated
+   requests/s from concurrent OpenAI clients with the plugin off, PSGATE_POLICY=prefixshield
+   alone, policy + PSGATE_CAPTURE, and policy + capture + PSGATE_SHADOW=lru; one server per
+   mode and round (the plugin patches vLLM at start-up), modes rotated round by round,
+   several passes per server; medians with interquartile ranges
+   (``--plugin-only`` runs just this section).
 
 Needs vLLM (scripts/install-vllm.sh).
 """
@@ -194,52 +196,130 @@ def closed_and_open_loop(capacity: int, n: int, rounds: int, policies) -> dict:
             "requests": n, "capacity": capacity}
 
 
-MODE_SCRIPT = r"""
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
-from bench_vllm import build_llm, real_workload
-from vllm import SamplingParams
-from vllm.inputs import TokensPrompt
-n = int(sys.argv[2])
-llm = build_llm(128)
-work = real_workload(n)
-def run():
-    ps = [TokensPrompt(prompt_token_ids=t, cache_salt=g) for t, g, _ in work]
-    sp = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
-                         extra_args={"psgate_contract": c}) for _, _, c in work]
-    llm.reset_prefix_cache()
-    t = time.perf_counter()
-    llm.generate(ps, sp, use_tqdm=False)
-    return n / (time.perf_counter() - t)
-run()   # warm-up
-print(json.dumps([run() for _ in range(2)]))
-"""
+# -- 4. the plugin under `vllm serve` ---------------------------------------------------------
+PLUGIN_MODES = {
+    "off": {},
+    "policy": {"PSGATE_POLICY": "prefixshield"},
+    "policy+capture": {"PSGATE_POLICY": "prefixshield", "PSGATE_CAPTURE": "{dir}/cap",
+                       "PSGATE_HASH_KEY": "ab" * 16},
+    "policy+capture+shadow": {"PSGATE_POLICY": "prefixshield", "PSGATE_CAPTURE": "{dir}/cap",
+                              "PSGATE_HASH_KEY": "ab" * 16, "PSGATE_SHADOW": "lru"},
+}
 
 
-def capture_shadow_overhead(n: int, rounds: int) -> list[dict]:
+def _serve(env: dict, port: int, log):
     import subprocess
+    vllm = Path(sys.executable).with_name("vllm")
+    model = ROOT / "psgate" / "data" / "models" / "tiny-qwen2"
+    cmd = [str(vllm), "serve", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
+           "--block-size", "32", "--num-gpu-blocks-override", "128", "--max-model-len", "1024",
+           "--enable-prefix-caching", "--enforce-eager", "--host", "127.0.0.1",
+           "--port", str(port), "--seed", "0", "--disable-log-stats"]
+    return subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+
+
+def _wait_ready(proc, port: int, timeout: float = 600.0) -> None:
+    import urllib.request
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"vllm serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit("vllm serve did not become ready")
+
+
+def _closed_loop(port: int, work, clients: int, tag: str) -> float:
+    """Requests/s of `clients` threads each sending its next request as soon as the last
+    one returns, until the workload is done: the server saturated by concurrent clients.
+    ``tag`` goes into every cache_salt, so each pass starts with none of its own blocks
+    cached whatever earlier passes left."""
+    import threading
+
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                    timeout=600)
+    model = str(ROOT / "psgate" / "data" / "models" / "tiny-qwen2")
+    nxt = iter(range(len(work)))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            toks, group, contract = work[i]
+            try:
+                client.completions.create(
+                    model=model, prompt=toks, max_tokens=8, temperature=0.0,
+                    extra_body={"cache_salt": f"{group}.{tag}", "ignore_eos": True,
+                                "vllm_xargs": {"psgate_group": group,
+                                               "psgate_contract": contract}})
+            except BaseException as exc:     # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=run) for _ in range(clients)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return len(work) / (time.perf_counter() - t)
+
+
+def plugin_overhead(n: int, rounds: int, passes: int, clients: int) -> list[dict]:
+    """Saturated requests/s of `vllm serve` (multiprocessing on, as in production) with the
+    plugin off, the policy alone, policy + capture and policy + capture + shadow; one server
+    per mode and round, modes rotated round by round, `passes` measurements per server after
+    a warm-up pass."""
+    import signal
+    import socket
     import tempfile
-    modes = {"native": {}, "capture": {"PSGATE_CAPTURE": "{dir}/cap",
-                                       "PSGATE_HASH_KEY": "ab" * 16},
-             "shadow": {"PSGATE_SHADOW": "prefixshield", "PSGATE_SHADOW_DIR": "{dir}/shadow"}}
-    rps: dict[str, list[float]] = {m: [] for m in modes}
-    names = list(modes)
+    rps: dict[str, list[float]] = {m: [] for m in PLUGIN_MODES}
+    names = list(PLUGIN_MODES)
+    work = real_workload(n)
     for k in range(rounds):
-        for m in names[k % 3:] + names[:k % 3]:
-            with tempfile.TemporaryDirectory() as d:
+        for m in names[k % len(names):] + names[:k % len(names)]:
+            with tempfile.TemporaryDirectory() as d, open(Path(d) / "server.log", "w") as log:
                 env = {key: v for key, v in os.environ.items() if not key.startswith("PSGATE_")}
-                env.update({key: v.format(dir=d) for key, v in modes[m].items()})
-                proc = subprocess.run([sys.executable, "-c", MODE_SCRIPT, str(ROOT / "tools"),
-                                       str(n)], capture_output=True, text=True, env=env,
-                                      timeout=1800)
-                if proc.returncode:
-                    raise SystemExit(proc.stderr[-2000:])
-                rps[m] += json.loads(proc.stdout.strip().splitlines()[-1])
-    native = statistics.median(rps["native"])
-    return [{"mode": m, "req_per_s_median": round(statistics.median(v), 2),
-             "req_per_s_all": [round(x, 2) for x in v],
-             "ratio_to_native": round(statistics.median(v) / native, 3)}
-            for m, v in rps.items()]
+                env.update({key: v.format(dir=d) for key, v in PLUGIN_MODES[m].items()})
+                env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=str(ROOT),
+                           VLLM_LOGGING_LEVEL="INFO")
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+                proc = _serve(env, port, log)
+                try:
+                    _wait_ready(proc, port)
+                    _closed_loop(port, work, clients, f"r{k}.warm")
+                    for j in range(passes):
+                        rps[m].append(_closed_loop(port, work, clients, f"r{k}.p{j}"))
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=120)
+                    except Exception:        # noqa: BLE001 - never leave a server behind
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+            print(f"  round {k} {m}: {[round(x, 2) for x in rps[m][-passes:]]}",
+                  file=sys.stderr)
+    base = statistics.median(rps["off"])
+    rows = []
+    for m, v in rps.items():
+        q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0], v[0], v[0]]
+        rows.append({"mode": m, "req_per_s_median": round(statistics.median(v), 2),
+                     "req_per_s_iqr": [round(q[0], 2), round(q[2], 2)],
+                     "req_per_s_all": [round(x, 2) for x in v],
+                     "overhead_pct": round(100 * (1 - statistics.median(v) / base), 2)})
+    return rows
 
 
 def main() -> None:
@@ -249,28 +329,51 @@ def main() -> None:
     ap.add_argument("--requests", type=int, help="requests per closed-loop measurement "
                                                   "(default 96, --quick 32)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3, --quick 1)")
+    ap.add_argument("--passes", type=int, default=3,
+                    help="measurements per server in the plugin section (default 3)")
+    ap.add_argument("--clients", type=int, default=8,
+                    help="concurrent clients in the plugin section (default 8)")
+    ap.add_argument("--plugin-only", action="store_true",
+                    help="only section 4, the plugin under `vllm serve`")
     args = ap.parse_args()
     n = args.requests or (32 if args.quick else 96)
     rounds = args.rounds or (1 if args.quick else 3)
     import vllm
     live_policies = [p for p in policy_names()
                      if not policy_class(p).needs_future and policy_class(p).work_conserving]
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "psgate-bench-vllm.jsonl"
-    write_trace(tmp, generate("one-touch", {"attack_requests": 200 if args.quick else 2000}))
-    out = {"vllm": vllm.__version__,
-           "replay": replay_throughput(tmp, 512, ["lru", "prefixshield"], 2 if args.quick else 3),
-           "real": closed_and_open_loop(128, n, rounds,
-                                        ["lru", "prefixshield"] if args.quick else live_policies),
-           "plugin": capture_shadow_overhead(n, rounds)}
+    out = {"vllm": vllm.__version__}
+    if not args.plugin_only:
+        tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "psgate-bench-vllm.jsonl"
+        write_trace(tmp, generate("one-touch", {"attack_requests": 200 if args.quick else 2000}))
+        out["replay"] = replay_throughput(tmp, 512, ["lru", "prefixshield"],
+                                          2 if args.quick else 3)
+        out["real"] = closed_and_open_loop(128, n, rounds, ["lru", "prefixshield"]
+                                           if args.quick else live_policies)
+    out["plugin"] = plugin_overhead(n, rounds, args.passes, args.clients)
+    out["plugin_setup"] = {"requests": n, "clients": args.clients, "passes": args.passes,
+                           "rounds": rounds}
     if args.json:
         print(json.dumps(out, indent=1))
         return
     print(f"vLLM {out['vllm']}")
+    if not args.plugin_only:
+        print_engine_sections(out)
+    setup = out["plugin_setup"]
+    print(f"\nplugin under `vllm serve`: {setup['clients']} concurrent clients, "
+          f"{setup['requests']} requests per pass, {setup['passes']} passes x "
+          f"{setup['rounds']} rounds per mode (median, interquartile range, overhead vs off)")
+    for r in out["plugin"]:
+        print(f"  {r['mode']:<22} {r['req_per_s_median']:>7} req/s  IQR {r['req_per_s_iqr']}  "
+              f"overhead {r['overhead_pct']}%  (all {r['req_per_s_all']})")
+
+
+def print_engine_sections(out: dict) -> None:
     print("\nreplay throughput (same trace, no ledger)")
     for r in out["replay"]:
         print(f"  {r['policy']:<14} sim {r['sim_blocks_per_s']:>9,} blocks/s   vllm-pool "
               f"{r['vllm_pool_blocks_per_s']:>9,} blocks/s   sim/vllm-pool "
-              f"{r['sim_over_vllm_pool']}x   ({r['blocks']:,} blocks, {r['evictions']:,} evictions)")
+              f"{r['sim_over_vllm_pool']}x   ({r['blocks']:,} blocks, "
+              f"{r['evictions']:,} evictions)")
     real = out["real"]
     print(f"\nreal CPU engine, {real['requests']} requests, {real['capacity']} blocks: "
           f"closed loop (saturated)")
@@ -281,10 +384,6 @@ def main() -> None:
     for r in real["open_loop_60pct"]:
         print(f"  {r['mode']:<20} offered {r['offered_req_per_s']} req/s, achieved "
               f"{r['achieved_req_per_s']} req/s, mean TTFT {r['ttft_mean_ms']} ms")
-    print("plugin capture and shadow, closed loop (one engine process per measurement)")
-    for r in out["plugin"]:
-        print(f"  {r['mode']:<20} {r['req_per_s_median']:>7} req/s  x{r['ratio_to_native']} "
-              f"of native  (all {r['req_per_s_all']})")
 
 
 if __name__ == "__main__":
