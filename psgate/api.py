@@ -10,6 +10,7 @@ over the same bytes with the same capacity, clock and events.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import platform
@@ -22,19 +23,22 @@ from pathlib import Path
 from psgate import __version__
 from psgate.engines import ENGINES, engine_class, engine_info
 from psgate.engines.cost import CostModel
+from psgate.engines.results import Tee
 from psgate.engines.vllm_pool import vllm_version
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, InputError
 from psgate.policies import make_policy
 from psgate.receipt.atomic import StagedOutput, prepare_out_dir
-from psgate.receipt.gate import needs_paired, GateSpec, evaluate, load_gate_file
-from psgate.receipt.ledger import (COMPRESSIONS, LEDGER_ROWS, LedgerWriter, file_sha256,
-                                   ledger_name, write_requests)
+from psgate.receipt.gate import (GateSpec, Tolerances, effective_tolerances, evaluate,
+                                 load_gate_file, needs_paired)
+from psgate.receipt.ledger import (COMPRESSIONS, LEDGER_ROWS, LedgerWriter, RequestSpool,
+                                   file_sha256, ledger_name, write_requests)
 from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.bootstrap import paired_summary
-from psgate.stats.metrics import paired_difference, run_metrics
+from psgate.stats.metrics import MetricsAccumulator, paired_difference, run_metrics
 from psgate.trace.future import future_uses
-from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, validate_trace
+from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, require_utf8_name,
+                                 validate_trace)
 
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
@@ -58,6 +62,8 @@ class ReplayConfig:
     force: bool = False
     gate_file: str | None = None
     allow_unexercised: bool = False
+    # non-regression tolerances of the default gate (a gate file's [defaults] wins)
+    tolerances: Tolerances = field(default_factory=Tolerances)
     paranoid: bool = False
     ledger_hits: bool = False
     ledger_rows: str = "all"            # or "evictions"
@@ -102,8 +108,8 @@ def contract_table(default: tuple[str, ...], policies) -> list[str]:
     return sorted(set.intersection(*tables) if tables else set(default))
 
 
-def validate(trace: str) -> dict:
-    header, summary = validate_trace(trace)
+def validate(trace: str, limits: Limits | None = None) -> dict:
+    header, summary = validate_trace(trace, limits=limits)
     return {"path": summary.path, "block_size": header.block_size,
             "sha256": summary.sha256, "canonical_sha256": summary.canonical_sha256,
             "lines": summary.num_lines, "requests": summary.num_requests,
@@ -142,6 +148,7 @@ def _environment(src: TraceSource, out: Path, started: float, gate: str | None,
 def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> ReplayResult:
     started = time.time()
     check_engine(cfg.engine)
+    require_utf8_name(str(cfg.out), "--out")
     if cfg.ledger_rows not in LEDGER_ROWS:
         raise InputError(f"expected one of {', '.join(LEDGER_ROWS)}, found '{cfg.ledger_rows}'",
                          path="--ledger-rows")
@@ -157,7 +164,8 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     gate_name = cfg.gate_label or cfg.gate_file
     spec: GateSpec | None = load_gate_file(cfg.gate_file) if cfg.gate_file else None
     if spec is not None and cfg.gate_label:
-        spec = GateSpec(path=cfg.gate_label, checks=spec.checks)
+        spec = dataclasses.replace(spec, path=cfg.gate_label)
+    effective_tolerances(spec, cfg.tolerances).validated()   # bad input before any work
     gate_sha = None
     if cfg.gate_file:
         gate_sha = hashlib.sha256(Path(cfg.gate_file).read_bytes()).hexdigest()
@@ -168,7 +176,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     hashes = HashTable()
     header, summary = validate_trace(cfg.trace, hashes, cfg.limits)
 
-    created = prepare_out_dir(cfg.out, cfg.force)
+    created = prepare_out_dir(cfg.out, cfg.force, inputs=(src.path, cfg.gate_file))
     try:
         return _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashes,
                             header, summary, progress, started)
@@ -185,6 +193,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                  summary, progress, started) -> ReplayResult:
     runs: dict[str, dict] = {}
     results = []
+    spools: list[RequestSpool] = []
     engine_cls = engine_class(cfg.engine)
     with StagedOutput(cfg.out) as staged:
         ledger = LedgerWriter(staged.path(ledger_name(cfg.ledger_compression)),
@@ -199,6 +208,13 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                 extra = ({"model_config": cfg.model_config,
                           "time_compression": cfg.time_compression}
                          if cfg.engine == "vllm" else {})
+                # Outcomes stream to requests.csv's scratch part and the metrics as requests
+                # finish, so memory follows what is in flight, not the trace's length.
+                acc = MetricsAccumulator()
+                spool = RequestSpool(staged.path(f".requests-{label}.part"), label, policy.name)
+                spools.append(spool)
+                if cfg.engine != "vllm":
+                    extra["sink"] = Tee(acc, spool)
                 engine = engine_cls(header=header, hashes=hashes, capacity=cfg.capacity,
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
@@ -210,11 +226,15 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                     if reader.summary().sha256 != summary.sha256:
                         raise InputError("the trace changed while it was being replayed",
                                          path=src.display)
+                if result.requests:             # an engine that does not stream
+                    acc.extend(result.requests)
+                    spool.extend(result.requests)
                 results.append(result)
                 runs[label] = {
                     "policy": result.policy,
                     "aborted": result.aborted,
-                    "metrics": run_metrics(result, None if cfg.engine == "vllm" else cfg.cost),
+                    "metrics": run_metrics(result, None if cfg.engine == "vllm" else cfg.cost,
+                                           acc),
                     "counts": result.counts,
                     "invariants": {n: v.to_json() for n, v in sorted(result.invariants.items())},
                     "orphans": result.orphans,
@@ -225,14 +245,14 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                     runs[label]["observed"] = result.observed
         finally:
             ledger.close()
-        write_requests(staged.path("requests.csv"),
-                       [(r.label, r.policy["name"], r.requests) for r in results])
+        write_requests(staged.path("requests.csv"), spools)
 
         paired = None
         if needs_paired(spec):   # one run: a difference, never an interval
             paired = paired_summary([runs["baseline"]["metrics"]],
                                     [runs["candidate"]["metrics"]], resamples=100, seed=0)
-        gate = evaluate(runs, spec, cfg.allow_unexercised, paired)
+        tolerances = effective_tolerances(spec, cfg.tolerances).validated()
+        gate = evaluate(runs, spec, cfg.allow_unexercised, paired, tolerances)
         receipt = {
             "psgate_receipt": RECEIPT_FORMAT,
             "tool": {"name": "psgate", "version": __version__},
@@ -257,6 +277,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                            "file": ledger_name(cfg.ledger_compression)},
                 "limits": cfg.limits.to_json(),
                 "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
+                "non_regression": tolerances.to_json(),
                 "replay_model": "psgate replay model v1: blocks held from admission, "
                                 "ceil((prompt+out)/block_size) per request, prompt blocks cached",
             },

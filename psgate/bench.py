@@ -35,6 +35,11 @@ them, from the medians. Targets:
   requests that filled the cache.
 - ``cold_hot`` / ``cold_e2e``: on a trace without any reuse, prefixshield's replay time
   over lru's, hot loop and end to end: <= 1.2.
+- ``mem_requests``: peak RSS of ``psgate replay`` (validation, two runs, ledger,
+  requests.csv, receipt) in a fresh process, on a trace of 10^6 tiny requests minus the
+  same on 10^5 (50,000 and 10,000 with ``--quick``), per request of difference, over 300
+  bytes: <= 1. The requests share their blocks, so what grows is per-request state alone:
+  what is in flight stays small, and a replay must not keep every request's results.
 
 Traces never make a request wait: every request carries ``done_t`` and the blocks held
 at any moment fit the cache, and replays use a zero-time cost model, so every engine
@@ -79,6 +84,8 @@ OUT_TOKENS = 16
 WARMUP_ROUNDS = 10
 SELECT_TARGET_US = 5.0
 BYTES_TARGET = 200.0
+REQUEST_BYTES_TARGET = 300.0
+TINY_CAPACITY = 256
 Progress = Callable[[str], None]
 POLICIES = ("lru", "prefixshield")
 CLOCK = time.process_time       # replays: CPU seconds of this process
@@ -91,12 +98,14 @@ class Scale:
     # (capacity, groups, cache turnovers after the warm-up); the first is the 5 us target
     select: tuple[tuple[int, int, float], ...]
     memory_blocks: int
+    memory_requests: tuple[int, int] = (100_000, 1_000_000)     # small, large trace
 
 
 QUICK = Scale(reuse=(400, 32, 1024), cold=(400, 32, 1024), select=((4096, 32, 1.0),),
-              memory_blocks=65536)
+              memory_blocks=65536, memory_requests=(10_000, 50_000))
 FULL = Scale(reuse=(10000, 64, 131072), cold=(4000, 64, 16384),
-             select=((4096, 32, 2.0), (1048576, 1024, 1.0)), memory_blocks=1048576)
+             select=((4096, 32, 2.0), (1048576, 1024, 1.0)), memory_blocks=1048576,
+             memory_requests=(100_000, 1_000_000))
 
 
 @dataclass
@@ -163,6 +172,29 @@ def write_debt_trace(path: Path, capacity: int, groups: int, turnovers: float,
                 "done_t": round(t + 0.00005, 6)}) + b"\n")
     return {"requests": n, "blocks": n * blocks, "capacity": capacity, "groups": groups,
             "warmup_rounds": rounds}
+
+
+def write_tiny_trace(path: Path, requests: int, seed: int = 1) -> dict:
+    """Tiny requests 1 ms apart, each one of 16 shared one-block prompts plus a tail, held
+    1..4 ms (``done_t``), from 4 groups with roles, a few of them cancelled: after the
+    first requests no block is new, so a longer trace adds per-request state only."""
+    rng = random.Random(seed)
+    prompts = [[f"{k:04x}"] for k in range(16)]
+    with open(path, "wb") as fh:
+        fh.write(orjson.dumps(header_line(BLOCK_SIZE, source=f"psgate bench tiny seed={seed}"))
+                 + b"\n")
+        for i in range(requests):
+            g = i % 4
+            t = round(i * 0.001, 6)
+            fh.write(orjson.dumps({
+                "t": t, "op": "request", "id": f"r{i}", "group": f"tenant-{g}",
+                "contract": CONTRACTS[g % 3], "scope": "m", "blocks": rng.choice(prompts),
+                "tail": rng.randrange(1, BLOCK_SIZE), "out": 4,
+                "role": ("victim", "attacker")[g % 2],
+                "done_t": round(t + rng.randint(1, 4) * 0.001, 6)}) + b"\n")
+            if i % 97 == 5:
+                fh.write(orjson.dumps({"t": t, "op": "cancel", "id": f"r{i}"}) + b"\n")
+    return {"requests": requests, "blocks": requests, "capacity": TINY_CAPACITY}
 
 
 class Loaded(NamedTuple):
@@ -303,6 +335,54 @@ def memory_child(policy: str, trace: str, capacity: int) -> dict:
     return {"policy": policy, "resident": resident, "evictions": result.evictions,
             "requests": loaded.summary.num_requests,
             "bytes": None if before is None or after is None else after - before}
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident set size in bytes (None where it cannot be read): Linux's
+    VmHWM, the high-water mark of this program's own memory (getrusage's maxrss would also
+    count the parent it was forked from, whose size it inherits across exec)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+    except ImportError:
+        return None
+    if sys.platform != "darwin":
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss     # bytes there
+
+
+def requests_memory_child(trace: str, out: str) -> dict:
+    """In a fresh process: ``psgate replay`` of the trace (lru against prefixshield, full
+    ledger) and the process's peak RSS."""
+    from psgate import api
+    api.replay(api.ReplayConfig(trace=trace, baseline="lru", candidate="prefixshield",
+                                capacity=TINY_CAPACITY, out=Path(out), force=True,
+                                cost=INSTANT, contracts=CONTRACTS))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"peak_rss": _peak_rss()}
+
+
+def requests_memory(small: Path, large: Path, n_small: int, n_large: int,
+                    work: Path) -> dict:
+    """RSS growth per request between two replays, each in its own fresh process."""
+    peaks = []
+    for trace in (small, large):
+        proc = subprocess.run([sys.executable, "-m", "psgate.bench", "--requests-memory-child",
+                               str(trace), str(work / "out-requests")], capture_output=True,
+                              text=True, env=_child_env())
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory child failed: {proc.stderr.strip()[-500:]}")
+        peaks.append(json.loads(proc.stdout)["peak_rss"])
+    if None in peaks:
+        return {"requests": [n_small, n_large], "peak_rss": peaks, "bytes_per_request": None}
+    return {"requests": [n_small, n_large], "peak_rss": peaks,
+            "bytes_per_request": (peaks[1] - peaks[0]) / (n_large - n_small)}
 
 
 def _child_env() -> dict:
@@ -555,6 +635,22 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                                       **_stats([r["bytes"] / r["resident"]])}
                 say(f"memory {pol}: {r['bytes'] / r['resident']:.0f} bytes/block")
         path.unlink()
+
+        # replay memory per request, a short and a long trace of tiny requests
+        n_small, n_large = scale.memory_requests
+        small, large = work / "tiny_small.jsonl", work / "tiny_large.jsonl"
+        traces["tiny_small"] = write_tiny_trace(small, n_small)
+        traces["tiny_large"] = write_tiny_trace(large, n_large)
+        r = requests_memory(small, large, n_small, n_large, work)
+        small.unlink()
+        large.unlink()
+        info["memory_requests"] = r
+        if r["bytes_per_request"] is not None:
+            m["memory_requests"] = {"what": f"replay peak RSS per request, {n_large} vs "
+                                            f"{n_small} requests", "unit": "B",
+                                    **_stats([r["bytes_per_request"]])}
+            say(f"memory per request: {r['bytes_per_request']:.0f} bytes ({n_large:,} vs "
+                f"{n_small:,} requests)")
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -583,7 +679,8 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
         _target("select_growth", "PrefixShield us/victim, 1048576 / 1024 over 4096 / 32",
                 "<=", 2.0, m.get(big) if big else None, m[sel0],
                 skip=None if big else "full run only"),
-        _target("mem_lru", f"lru + engine bytes/block over {BYTES_TARGET:g} B", "<=", 1.0, m.get("memory_lru"),
+        _target("mem_lru", f"lru + engine bytes/block over {BYTES_TARGET:g} B", "<=", 1.0,
+                m.get("memory_lru"),
                 _const(BYTES_TARGET), skip=None if "memory_lru" in m else "no /proc here"),
         _target("mem_ps", f"prefixshield + engine bytes/block over {BYTES_TARGET:g} B",
                 "<=", 1.0,
@@ -593,6 +690,10 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                 1.2, m["cold_hot_prefixshield"], m["cold_hot_lru"]),
         _target("cold_e2e", "cold trace, prefixshield / lru time, end to end", "<=",
                 1.2, m["cold_e2e_prefixshield"], m["cold_e2e_lru"]),
+        _target("mem_requests", f"replay bytes/request at {scale.memory_requests[1]:,} "
+                f"requests over {REQUEST_BYTES_TARGET:g} B", "<=", 1.0,
+                m.get("memory_requests"), _const(REQUEST_BYTES_TARGET),
+                skip=None if "memory_requests" in m else "no peak RSS here"),
     ]
     rates = {"sim_e2e_lru": 2 * nb / m["reuse_e2e_lru"]["min"],
              "sim_hot_lru": nb / m["reuse_hot_lru"]["min"],
@@ -666,10 +767,12 @@ def render(result: dict) -> str:
 
 
 def _main(argv: list[str]) -> None:
-    """Child entry points: --memory-child POLICY TRACE CAPACITY, --vllm-child TRACE CAPACITY
-    REPEATS; each prints one JSON line."""
+    """Child entry points: --memory-child POLICY TRACE CAPACITY, --requests-memory-child
+    TRACE OUT, --vllm-child TRACE CAPACITY REPEATS; each prints one JSON line."""
     if argv[:1] == ["--memory-child"]:
         print(json.dumps(memory_child(argv[1], argv[2], int(argv[3]))))
+    elif argv[:1] == ["--requests-memory-child"]:
+        print(json.dumps(requests_memory_child(argv[1], argv[2])))
     elif argv[:1] == ["--vllm-child"]:
         print(json.dumps(vllm_measure(Path(argv[1]), int(argv[2]), int(argv[3]))))
     else:

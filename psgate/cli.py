@@ -1,12 +1,13 @@
 """psgate's command line: parse options, call psgate.api, render. No logic here.
 
-Exit codes: 0 gate passed, 1 gate failed, 2 bad input or usage, 3 engine unavailable.
+Exit codes: 0 gate passed, 1 gate failed, 2 bad input or usage (including outputs that
+cannot be written and memory exhausted), 3 engine unavailable, 130/143 interrupted by
+SIGINT/SIGTERM (the previous outputs are left as they were).
 Humans read stderr (rich); machines read stdout (one JSON object) and the files.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,19 +21,25 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from psgate import __version__, api
-from psgate.engines.cost import CostModel, load_cost_model
-from psgate.errors import EXIT_BAD_INPUT, InputError, PsgateError
+from psgate.engines.cost import COEFFICIENTS, MAX_COEFFICIENT_MS, CostModel, load_cost_model
+from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, InputError,
+                           PsgateError)
 from psgate.policies import policy_class, policy_names
-from psgate.receipt.gate import load_gate_file
+from psgate.experiment import DEFAULT_RESAMPLES
+from psgate.receipt.gate import Tolerances, load_gate_file
+from psgate.receipt.atomic import check_destination, write_atomic
 from psgate.receipt.junit import write_junit
 from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows
-from psgate.report.html import write_report
+from psgate.report.explain import (explain_block, explain_request, render_block,
+                                   render_request)
+from psgate.report.html import build_report
+from psgate.report import render
 from psgate.report.verify import verify as verify_receipt
 from psgate.trace.importers import import_trace
-from psgate.trace.reader import Limits
+from psgate.trace.reader import MAX_BLOCK_SIZE, Limits, require_utf8_name
 from psgate.trace.stats import trace_stats
-from psgate.trace.redact import key_fingerprint, load_key, redact_lines
+from psgate.trace.redact import UNKEYED_WARNING, key_fingerprint, load_key, redact_lines
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate as generate_workload
 from psgate.workloads import generators as workload_generators
@@ -67,21 +74,22 @@ def _cost(items: list[str] | None, model_file: str | None = None) -> CostModel:
                              "is used as measured", path="--cost-param")
         return load_cost_model(model_file)
     params = _params(items, "--cost-param")
-    known = {f.name for f in dataclasses.fields(CostModel)}
+    known = set(COEFFICIENTS)
     for k, v in params.items():
         if k not in known:
             raise InputError(f"unknown cost-model parameter '{k}'; known: "
                              f"{', '.join(sorted(known))}", path="--cost-param")
-        if type(v) not in (int, float) or v < 0:
-            raise InputError(f"'{k}' must be a number >= 0, found {v!r}", path="--cost-param")
+        if type(v) not in (int, float) or not 0 <= v <= MAX_COEFFICIENT_MS:
+            raise InputError(f"'{k}' must be a number >= 0 and <= {MAX_COEFFICIENT_MS:g}, "
+                             f"found {v!r}", path="--cost-param")
     return CostModel(**{k: float(v) for k, v in params.items()})
 
 
 def _limits(line_bytes: int, blocks: int, in_flight: int) -> Limits:
     for name, v in (("--max-line-bytes", line_bytes), ("--max-blocks-per-request", blocks),
                     ("--max-in-flight", in_flight)):
-        if v < 1:
-            raise InputError(f"expected a positive integer, found {v}", path=name)
+        if not 1 <= v <= 2**31:
+            raise InputError(f"expected an integer in 1..2^31, found {v}", path=name)
     return Limits(line_bytes, blocks, in_flight)
 
 
@@ -106,23 +114,50 @@ def _progress_factory():
     return factory
 
 
+def _require_policies(baseline: str | None, candidate: str | None,
+                      candidate_axis: bool = False) -> None:
+    """No default policy: a gate comparing a default with itself would pass on nothing."""
+    for opt, v in (("--baseline", baseline), ("--candidate", candidate)):
+        if v is None and not (opt == "--candidate" and candidate_axis):
+            raise InputError("missing option: name a registered policy (psgate policies), "
+                             "e.g. --baseline lru --candidate prefixshield", path=opt)
+
+
+def _refuse_existing(path: Path, force: bool, option: str) -> None:
+    """Every writer's rule: an existing output is replaced only with --force."""
+    if Path(path).exists() and not force:
+        raise InputError(f"already exists; pass --force to replace it, or name another "
+                         f"{option}", path=str(path))
+
+
+def _tolerances(hit: float, tokens: float, ttft: float, min_requests: int,
+                min_requests_ttft: int) -> Tolerances:
+    return Tolerances(hit=hit, tokens=tokens, ttft=ttft, min_requests=min_requests,
+                      min_requests_ttft=min_requests_ttft).validated()
+
+
 @app.command()
 def replay(
     trace: Annotated[str, typer.Option(help="psgate-trace v1 file, bundled:NAME, or a directory of traces (one run each, one gate)")] = api.DEFAULT_TRACE,
     workload: Annotated[Optional[str], typer.Option(help="generate matched runs: KIND[:key=value,...] (see psgate trace kinds)")] = None,
     runs: Annotated[int, typer.Option(help="matched runs of --workload, each with its own seed derived from --seed")] = 1,
     seed: Annotated[int, typer.Option(help="base seed of the matched runs")] = 0,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the confidence intervals")] = 10_000,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the confidence intervals")] = DEFAULT_RESAMPLES,
     bootstrap_seed: Annotated[int, typer.Option(help="seed of the bootstrap resampling")] = 0,
-    baseline: Annotated[str, typer.Option(help="policy the serving engine runs today")] = "lru",
-    candidate: Annotated[str, typer.Option(help="policy proposed to replace it")] = "lru",
+    baseline: Annotated[Optional[str], typer.Option(help="policy the serving engine runs today (required)", show_default=False)] = None,
+    candidate: Annotated[Optional[str], typer.Option(help="policy proposed to replace it (required)", show_default=False)] = None,
     capacity: Annotated[int, typer.Option(help="configured KV blocks (one is the null block)")] = api.DEFAULT_CAPACITY,
     engine: Annotated[str, typer.Option(help="sim (default), vllm-pool or vllm")] = "sim",
     model_config: Annotated[Optional[str], typer.Option(help="--engine vllm: Hugging Face model config directory (default: the bundled tiny Qwen2)")] = None,
     time_compression: Annotated[float, typer.Option(help="--engine vllm: trace seconds per wall-clock second")] = 1.0,
-    out: Annotated[Path, typer.Option(help="output directory for receipt.json and ledgers")] = Path("psgate-out"),
-    force: Annotated[bool, typer.Option(help="overwrite a non-empty output directory")] = False,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers")] = Path("psgate-out"),
+    force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)")] = False,
     gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks")] = None,
+    tolerance_hit: Annotated[float, typer.Option(help="non-regression: hit fraction the candidate may lose (absolute), overall and per group")] = Tolerances().hit,
+    tolerance_tokens: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's saved prefill tokens the candidate may lose")] = Tolerances().tokens,
+    tolerance_ttft: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's p95 TTFT the candidate may add")] = Tolerances().ttft,
+    min_requests: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on hit fraction and saved tokens")] = Tolerances().min_requests,
+    min_requests_ttft: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on p95 TTFT")] = Tolerances().min_requests_ttft,
     allow_unexercised: Annotated[bool, typer.Option(help="pass the gate even if nothing was evicted")] = False,
     paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)")] = False,
     ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block")] = False,
@@ -134,12 +169,17 @@ def replay(
     cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file (psgate calibrate)")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="also write the gate checks as JUnit XML")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the receipt's gate and metrics as JSON on stdout")] = False,
-    quiet: Annotated[bool, typer.Option(help="no summary table on stderr")] = False,
+    quiet: Annotated[bool, typer.Option(help="no summary table on stderr (failing checks still are)")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="every group and metric in the table, every check")] = False,
     max_line_bytes: Annotated[int, typer.Option(help="cap on one trace line")] = Limits().max_line_bytes,
     max_blocks_per_request: Annotated[int, typer.Option(help="cap on blocks in one request")] = Limits().max_blocks_per_request,
     max_in_flight: Annotated[int, typer.Option(help="cap on requests admitted or waiting at once")] = Limits().max_in_flight,
 ) -> None:
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
+    _require_policies(baseline, candidate)
+    if junit:       # a bad path is bad input before any work, not a failure after the receipt
+        check_destination(junit)
+        _refuse_existing(junit, force, "--junit")
     cfg = api.ReplayConfig(
         trace=trace, baseline=baseline, candidate=candidate, capacity=capacity, engine=engine,
         model_config=model_config, time_compression=time_compression,
@@ -149,6 +189,8 @@ def replay(
         baseline_params=_params(baseline_param, "--baseline-param"),
         candidate_params=_params(candidate_param, "--candidate-param"),
         cost=_cost(cost_param, cost_model),
+        tolerances=_tolerances(tolerance_hit, tolerance_tokens, tolerance_ttft, min_requests,
+                               min_requests_ttft),
         limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight))
     corpus = trace if not trace.startswith("bundled:") and Path(trace).is_dir() else None
     if workload is not None and trace != api.DEFAULT_TRACE:
@@ -159,13 +201,15 @@ def replay(
                          path="--runs")
     if workload is not None or corpus is not None:
         _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_seed, junit,
-                           json_out, quiet)
+                           json_out, quiet, verbose)
         return
     result = api.replay(cfg, progress=None if quiet else _progress_factory())
     if junit:
         write_junit(junit, "replay", result.receipt["gate"]["checks"])
-    if not quiet:
-        _render_replay(result.receipt, out)
+    if quiet:
+        render.render_failures(err, result.receipt["gate"])
+    else:
+        render.render_replay(err, result.receipt, out, verbose)
     summary = {"gate": result.receipt["gate"]["result"], "receipt": str(out / "receipt.json"),
                "trace_canonical_sha256": result.receipt["trace"]["canonical_sha256"]}
     if json_out:
@@ -177,7 +221,7 @@ def replay(
 
 
 def _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_seed, junit,
-                       json_out, quiet) -> None:
+                       json_out, quiet, verbose=False) -> None:
     from psgate.experiment import ExperimentConfig, run_experiment
 
     exp = ExperimentConfig(replay=cfg, workload=workload, corpus=corpus, runs=runs, seed=seed,
@@ -185,88 +229,21 @@ def _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_s
 
     def progress(done: int, total: int, run_id: str) -> None:
         if not quiet and err.is_terminal and done < total:
-            err.print(f"[{done + 1}/{total}] {run_id}", highlight=False)
+            err.print(f"[{done + 1}/{total}] {run_id}", highlight=False, markup=False)
     result = run_experiment(exp, progress=progress)
     r = result.receipt
     if junit:
         write_junit(junit, "replay", r["gate"]["checks"])
-    if not quiet:
-        _render_experiment(r, cfg.out)
+    if quiet:
+        render.render_failures(err, r["gate"])
+    else:
+        render.render_experiment(err, r, cfg.out, verbose)
     summary = {"gate": r["gate"]["result"], "receipt": str(cfg.out / "receipt.json"),
                "runs": len(r["runs"])}
     if json_out:
         summary.update(checks=r["gate"]["checks"], summary=r["summary"])
     _emit(summary)
     raise typer.Exit(result.exit_code)
-
-
-def _ci(entry: dict) -> str:
-    d = entry["diff_mean"]
-    if entry["diff_ci_low"] is None:
-        return f"{d:+.4f}"
-    return f"{d:+.4f} [{entry['diff_ci_low']:+.4f}, {entry['diff_ci_high']:+.4f}]"
-
-
-def _render_experiment(receipt: dict, out: Path) -> None:
-    s = receipt["summary"]
-    cfg = receipt["config"]
-    t = Table(title=f"psgate: {cfg['baseline']['name']} vs {cfg['candidate']['name']} over "
-                    f"{s['num_runs']} run(s), {cfg['usable_blocks']} usable blocks "
-                    f"(means; candidate - baseline with 95% bootstrap CI; times modeled)")
-    for col in ("scope", "metric", "baseline", "candidate", "difference [95% CI]"):
-        t.add_column(col, justify="left" if col in ("scope", "metric") else "right")
-    scopes = [("all", s["totals"])] + [(f"role {k}", v) for k, v in s["roles"].items()]
-    for name, scope in scopes:
-        for m in ("hit_fraction", "ttft_p95_ms"):
-            if m in scope:
-                e = scope[m]
-                t.add_row(name, m, _fmt(e["baseline_mean"]), _fmt(e["candidate_mean"]), _ci(e))
-    err.print(t)
-    _render_gate(receipt["gate"], f"receipt in {out}/ (one receipt per run in {out}/runs/)")
-
-
-def _fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.4f}" if abs(x) < 10 else f"{x:.1f}"
-    return str(x)
-
-
-def _render_replay(receipt: dict, out: Path) -> None:
-    runs = receipt["runs"]
-    t = Table(title=f"psgate replay of {receipt['trace']['path']} "
-                    f"({receipt['config']['usable_blocks']} usable blocks, times modeled)")
-    t.add_column("scope")
-    for label in ("baseline", "candidate"):
-        t.add_column(f"{label}: {runs[label]['policy']['name']}\nhit frac / saved tokens / "
-                     f"p95 TTFT ms / evicted", justify="right")
-    rows = [("all", "totals")]
-    rows += [(f"role {r}", ("roles", r)) for r in runs["candidate"]["metrics"]["roles"]]
-    rows += [(f"group {g}", ("groups", g)) for g in runs["candidate"]["metrics"]["groups"]]
-    for name, sel in rows:
-        cells = []
-        for label in ("baseline", "candidate"):
-            m = runs[label]["metrics"]
-            mm = m["totals"] if sel == "totals" else m[sel[0]].get(sel[1], {})
-            ev = mm.get("evictions", mm.get("evictions_suffered"))
-            cells.append(f"{_fmt(mm.get('hit_fraction'))} / {_fmt(mm.get('saved_prefill_tokens'))}"
-                         f" / {_fmt(mm.get('ttft_p95_ms'))} / {_fmt(ev)}")
-        t.add_row(name, *cells)
-    err.print(t)
-    _render_gate(receipt["gate"], f"receipt in {out}/")
-
-
-def _render_gate(gate: dict, where: str) -> None:
-    for c in gate["checks"]:
-        if c["verdict"] == "fail":
-            err.print(f"[red]FAIL[/red] {c['name']}: observed {_fmt(c['observed'])}, "
-                      f"required {c['op']} {_fmt(c['threshold'])}"
-                      + (f" ({c['note']})" if c.get("note") else ""))
-    colour = "green" if gate["result"] == "pass" else "red"
-    err.print(f"gate: [{colour}]{gate['result'].upper()}[/{colour}] "
-              f"({gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} checks passed); "
-              f"{where}")
 
 
 @app.command()
@@ -278,7 +255,8 @@ def verify(
     """Re-run a receipt's replay and confirm identical bytes (exit 1 names the first difference)."""
     res = verify_receipt(receipt_dir, trace=trace, gate=gate)
     if res.identical:
-        err.print(f"{receipt_dir}: verified: {', '.join(res.compared)} identical on replay")
+        err.print(f"{receipt_dir}: verified: {', '.join(res.compared)} identical on replay",
+                  markup=False)
     else:
         err.print(f"{receipt_dir}: NOT verified: {res.first_difference}", markup=False)
     _emit({"verified": res.identical, "first_difference": res.first_difference,
@@ -290,16 +268,33 @@ def verify(
 def explain(
     receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay")],
     decision: Annotated[Optional[int], typer.Option(help="ledger row (seq) of the run")] = None,
-    request: Annotated[Optional[str], typer.Option(help="every row of this request")] = None,
-    block: Annotated[Optional[int], typer.Option(help="every eviction of this block")] = None,
-    run: Annotated[str, typer.Option(help="baseline or candidate")] = "candidate",
+    request: Annotated[Optional[str], typer.Option(help="why this request missed: each missed block's last eviction, per evicting group, both runs")] = None,
+    block: Annotated[Optional[str], typer.Option(help="a trace hash (or its first digits): who cached, hit and evicted that content, both runs")] = None,
+    slot: Annotated[Optional[int], typer.Option(help="every eviction from this pool slot (block id)")] = None,
+    run: Annotated[str, typer.Option(help="baseline or candidate (shown first with --request/--block)")] = "candidate",
     candidates: Annotated[bool, typer.Option(help="replay to the decision and list every candidate")] = False,
     trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
+    json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout, the text on stderr")] = False,
 ) -> None:
-    """A ledger decision in words: candidates, who was responsible and why, which rule chose."""
-    for line in explain_rows(receipt_dir, run=run, decision=decision, request=request,
-                             block=block, candidates=candidates, trace=trace):
-        typer.echo(line)
+    """A ledger decision in words; or why a request missed, or one content's history."""
+    if sum(x is not None for x in (decision, request, block, slot)) > 1:
+        raise InputError("name one of --decision, --request, --block, --slot", path="explain")
+    if run not in ("baseline", "candidate"):
+        raise InputError(f"expected baseline or candidate, found '{run}'", path="--run")
+    if request is not None:
+        res = explain_request(receipt_dir, request, trace=trace)
+        lines = render_request(res, first=run)
+    elif block is not None:
+        res = explain_block(receipt_dir, block, trace=trace)
+        lines = render_block(res, first=run)
+    else:
+        lines = explain_rows(receipt_dir, run=run, decision=decision, slot=slot,
+                             candidates=candidates, trace=trace)
+        res = {"lines": lines}
+    for line in lines:
+        typer.echo(line, err=json)
+    if json:
+        _emit(res)
 
 
 @app.command()
@@ -309,51 +304,67 @@ def diff(
     force: Annotated[bool, typer.Option(help="compare receipts of different traces")] = False,
     gate: Annotated[Optional[str], typer.Option(help="gate file; 'baseline' in it means A")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="regressions as JUnit XML")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="every compared metric (A, B, B - A) in the JSON on stdout")] = False,
 ) -> None:
     """Two receipts side by side; exit 1 when B regresses beyond the gate's thresholds."""
+    if junit:
+        check_destination(junit)
     spec = load_gate_file(gate) if gate else None
     res = diff_receipts(str(a), str(b), force=force, spec=spec)
-    t = Table(title=f"psgate diff: A={a}  B={b}")
-    for col in ("run", "scope", "metric", "A", "B", "B - A"):
-        t.add_column(col, justify="right" if col in ("A", "B", "B - A") else "left")
-    for r in res.rows:
-        if r["a"] != r["b"]:
-            t.add_row(r["run"], r["select"], r["metric"], _fmt(r["a"]), _fmt(r["b"]),
-                      _fmt(r["delta"]))
-    err.print(t)
-    for line in res.config_changes:
-        err.print(f"config: {line}", markup=False)
-    for line in res.gate_changes:
-        err.print(f"gate: {line}", markup=False)
-    for line in res.regressions:
-        err.print(f"[red]REGRESSION[/red] {line}")
+    render.render_diff(err, res, a, b)
     if junit:
         write_junit(junit, "diff", [{"name": r, "verdict": "fail"} for r in res.regressions]
                     or [{"name": "no regression", "verdict": "pass"}])
     _emit({"regressed": res.regressed, "regressions": res.regressions,
            "config_changes": res.config_changes, "gate_changes": res.gate_changes,
-           "rows": res.rows})
+           **({"rows": res.rows} if json_out else {})})
     raise typer.Exit(1 if res.regressed else 0)
 
 
 @app.command()
 def report(
     receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="the HTML file to write")] = Path("report.html"),
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="the HTML file to write")] = Path("report.html"),
+    force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
     trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
 ) -> None:
     """One self-contained HTML report (plots inline, no network) for a receipt."""
-    path = write_report(receipt_dir, output, trace=trace)
-    err.print(f"report written to {path}")
-    _emit({"report": str(path)})
+    check_destination(output)
+    _refuse_existing(output, force, "--output")
+    write_atomic(output, build_report(receipt_dir, trace).encode())
+    err.print(f"report written to {output}", markup=False)
+    _emit({"report": str(output)})
+
+
+@app.command("summary")
+def summary_cmd(
+    receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay (one run or matched runs)")],
+    format: Annotated[str, typer.Option("--format", help="markdown (for $GITHUB_STEP_SUMMARY) or json")] = "markdown",
+) -> None:
+    """The gate, headline metrics (baseline, candidate, difference) and failing checks."""
+    from psgate.report.summary import markdown, summarize
+
+    if format not in ("markdown", "json"):
+        raise InputError(f"expected markdown or json, found '{format}'", path="--format")
+    doc = summarize(receipt_dir)
+    if format == "json":
+        _emit(doc)
+    else:
+        sys.stdout.write(markdown(doc))      # the Markdown is this command's product
+        sys.stdout.flush()
 
 
 @app.command()
-def validate(trace: Annotated[str, typer.Argument(help="psgate-trace v1 file, or bundled:NAME")]) -> None:
+def validate(
+    trace: Annotated[str, typer.Argument(help="psgate-trace v1 file, or bundled:NAME")],
+    max_line_bytes: Annotated[int, typer.Option(help="cap on one trace line (as replay's)")] = Limits().max_line_bytes,
+    max_blocks_per_request: Annotated[int, typer.Option(help="cap on blocks in one request (as replay's)")] = Limits().max_blocks_per_request,
+) -> None:
     """Check a trace line by line without replaying it."""
-    summary = api.validate(trace)
+    summary = api.validate(trace, _limits(max_line_bytes, max_blocks_per_request,
+                                          Limits().max_in_flight))
     err.print(f"{trace}: valid psgate-trace v1 ({summary['requests']} requests, "
-              f"{summary['distinct_blocks']} distinct blocks)")
+              f"{summary['distinct_blocks']} distinct blocks)", markup=False)
     _emit(summary)
 
 
@@ -374,7 +385,7 @@ def policies(json: Annotated[bool, typer.Option("--json", help="machine-readable
     for r in rows:
         t.add_row(r["name"], r["summary"],
                   ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-")
-    Console().print(t)
+    err.print(t)                       # stdout carries JSON only
 
 
 trace_app = typer.Typer(no_args_is_help=True, help="Generate, import and redact traces.")
@@ -384,12 +395,16 @@ app.add_typer(trace_app, name="trace")
 @trace_app.command("gen")
 def trace_gen(
     kind: Annotated[str, typer.Argument(help="workload kind (see: psgate trace kinds)")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="trace file to write")],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="trace file to write")],
+    force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
     seed: Annotated[Optional[int], typer.Option(help="random seed (default: the kind's)")] = None,
     param: Annotated[Optional[list[str]], typer.Option(help="generator parameter KEY=VALUE")] = None,
     cost_model: Annotated[Optional[str], typer.Option(help="derive arrival rates (C_prefill) from this calibrated cost-model file")] = None,
 ) -> None:
     """Write a seeded, deterministic psgate-trace v1 of a registered workload."""
+    require_utf8_name(str(output), "--output")
+    check_destination(output)
+    _refuse_existing(output, force, "--output")
     params = _params(param, "--param")
     if seed is not None:
         params["seed"] = seed
@@ -397,20 +412,25 @@ def trace_gen(
     lines = generate_workload(kind, params, cost=cost)
     write_trace(output, lines)
     n = sum(1 for x in lines[1:] if x.get("op") == "request")
-    err.print(f"{output}: {kind}, {n} requests")
+    err.print(f"{output}: {kind}, {n} requests", markup=False)
     _emit({"trace": str(output), "kind": kind, "requests": n})
 
 
 @trace_app.command("import")
 def trace_import(
     src: Annotated[str, typer.Argument(help="the source trace (file or directory)")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="trace file to write")],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="trace file to write")],
     format: Annotated[str, typer.Option("--format", help="mooncake, weka or bailian")],
     group_by: Annotated[Optional[str], typer.Option(help="tenant rule (see the format's options)")] = None,
     block_size: Annotated[Optional[int], typer.Option(help="re-block to this many tokens")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="other importer option KEY=VALUE")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
 ) -> None:
     """Import a public trace (Mooncake, WEKA sessions, Bailian) as psgate-trace v1."""
+    require_utf8_name(str(output), "--output")
+    require_utf8_name(src)
+    check_destination(output)
+    _refuse_existing(output, force, "--output")
     opts = _params(option, "--option")
     if group_by is not None:
         opts["group_by"] = group_by
@@ -419,7 +439,7 @@ def trace_import(
     lines = import_trace(format, src, **opts)
     write_trace(output, lines)
     n = len(lines) - 1
-    err.print(f"{output}: {n} requests imported from {src} ({format})")
+    err.print(f"{output}: {n} requests imported from {src} ({format})", markup=False)
     _emit({"trace": str(output), "format": format, "requests": n,
            "import": lines[0].get("import")})
 
@@ -427,17 +447,24 @@ def trace_import(
 @trace_app.command("redact")
 def trace_redact(
     raw: Annotated[str, typer.Argument(help="raw request log (JSON Lines with prompt_token_ids)")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="redacted trace to write")],
-    key_file: Annotated[Optional[str], typer.Option(help="file holding the hash key (>= 16 bytes)")] = None,
-    unkeyed: Annotated[bool, typer.Option(help="hash without a key (weaker: guesses can be tested)")] = False,
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="redacted trace to write")],
+    force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
+    key_file: Annotated[Optional[str], typer.Option(help="file holding the hash key as hex (16 to 64 bytes; $PSGATE_HASH_KEY takes the same)")] = None,
+    unkeyed: Annotated[bool, typer.Option(help="hash without a key (weaker: prompts and tenant names can be guessed)")] = False,
     block_size: Annotated[int, typer.Option(help="tokens per block")] = 16,
 ) -> None:
     """Turn a raw request log into a psgate-trace v1: keyed chained hashes, nothing raw."""
-    if block_size < 1:
-        raise InputError(f"expected a positive integer, found {block_size}", path="--block-size")
+    require_utf8_name(str(output), "--output")
+    check_destination(output)
+    _refuse_existing(output, force, "--output")
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise InputError(f"expected an integer in 1..{MAX_BLOCK_SIZE}, found {block_size}",
+                         path="--block-size")
     key = load_key(key_file, unkeyed)
     write_trace(output, redact_lines(raw, block_size, key))
-    err.print(f"{output}: redacted (key fingerprint {key_fingerprint(key)})")
+    err.print(f"{output}: redacted (key fingerprint {key_fingerprint(key)})", markup=False)
+    if key is None:
+        err.print(f"psgate: warning: {UNKEYED_WARNING}", markup=False, highlight=False)
     _emit({"trace": str(output), "key_fingerprint": key_fingerprint(key)})
 
 
@@ -448,19 +475,7 @@ def trace_stats_cmd(
 ) -> None:
     """Requests, blocks, reuse distances, infinite-cache hit ratio, creation pressure."""
     st = trace_stats(trace)
-    t = Table(title=f"{trace}: {st['requests']} requests, {st['groups']} groups, "
-                    f"{st['scopes']} scopes, block size {st['block_size']}")
-    t.add_column("measure")
-    t.add_column("value", justify="right")
-    for k in ("block_references", "unique_blocks", "span_s", "infinite_cache_hit_ratio"):
-        t.add_row(k.replace("_", " "), _fmt(st[k]))
-    for r in st["reuse_distance_profile"]:
-        t.add_row(f"reuse distance [{r['distance_ge']}, {r['distance_lt']})", str(r["references"]))
-    for g, v in st["per_group"].items():
-        t.add_row(f"group {g} ({v['contract']}): created blocks/s vs refill",
-                  f"{v['creation_rate_blocks_per_s']} / {_fmt(v['refill_blocks_per_s'])} "
-                  f"= {_fmt(v['creation_pressure_ratio'])}")
-    err.print(t)
+    render.render_trace_stats(err, trace, st)
     if json:
         _emit(st)
 
@@ -479,20 +494,25 @@ def trace_kinds(json: Annotated[bool, typer.Option("--json", help="machine-reada
     t.add_column("defaults")
     for g in gens.values():
         t.add_row(g.kind, g.summary, ", ".join(f"{k}={v}" for k, v in g.defaults.items()))
-    Console().print(t)
+    err.print(t)                       # stdout carries JSON only
 
 
 @app.command()
 def sweep(
     workload: Annotated[str, typer.Option(help="KIND[:key=value,...]: the workload every cell generates")],
-    out: Annotated[Path, typer.Option(help="output directory (cells/, table.csv, table.json); rerun to resume")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory (cells/, table.csv, table.json); rerun to resume")],
     axis: Annotated[Optional[list[str]], typer.Option(help="KEY=V1,V2,...: capacity, candidate or a workload parameter (repeat for more axes)")] = None,
-    baseline: Annotated[str, typer.Option(help="policy every cell compares against")] = "lru",
-    candidate: Annotated[str, typer.Option(help="candidate when 'candidate' is not an axis")] = "prefixshield",
+    baseline: Annotated[Optional[str], typer.Option(help="policy every cell compares against (required)", show_default=False)] = None,
+    candidate: Annotated[Optional[str], typer.Option(help="candidate (required unless 'candidate' is an axis)", show_default=False)] = None,
     capacity: Annotated[int, typer.Option(help="configured blocks when 'capacity' is not an axis")] = api.DEFAULT_CAPACITY,
     runs: Annotated[int, typer.Option(help="matched runs (seeds) per cell")] = 3,
     seed: Annotated[int, typer.Option(help="base seed of every cell's runs")] = 0,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples per cell")] = 2000,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples per cell")] = DEFAULT_RESAMPLES,
+    tolerance_hit: Annotated[float, typer.Option(help="non-regression: hit fraction the candidate may lose (absolute), overall and per group")] = Tolerances().hit,
+    tolerance_tokens: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's saved prefill tokens the candidate may lose")] = Tolerances().tokens,
+    tolerance_ttft: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's p95 TTFT the candidate may add")] = Tolerances().ttft,
+    min_requests: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on hit fraction and saved tokens")] = Tolerances().min_requests,
+    min_requests_ttft: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on p95 TTFT")] = Tolerances().min_requests_ttft,
     workers: Annotated[int, typer.Option(help="worker processes (local) or CPUs (ray)")] = 1,
     executor: Annotated[str, typer.Option(help="local (process pool) or ray")] = "local",
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")] = None,
@@ -502,19 +522,25 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
 ) -> None:
     """Run one matched-run experiment per cell of a grid; write one table. Exit 1 when a
-    cell's gate failed (an invariant broke, or a run exercised nothing)."""
+    cell's gate failed (an invariant broke, a run exercised nothing, or the candidate
+    was worse than the baseline beyond the non-regression tolerances)."""
     from psgate.sweep import SweepConfig, parse_axis, sweep as run_sweep
 
+    if junit:
+        check_destination(junit)
     axes: dict[str, list] = {}
     for a in axis or []:
         key, values = parse_axis(a)
         if key in axes:
             raise InputError(f"axis '{key}' given twice", path="--axis")
         axes[key] = values
+    _require_policies(baseline, candidate, candidate_axis="candidate" in axes)
     cfg = SweepConfig(workload=workload, out=out, axes=axes, baseline=baseline,
-                      candidate=candidate, capacity=capacity, runs=runs, seed=seed,
+                      candidate=candidate or "", capacity=capacity, runs=runs, seed=seed,
                       resamples=resamples, workers=workers, executor=executor, address=address,
-                      cost=_cost(cost_param, cost_model))
+                      cost=_cost(cost_param, cost_model),
+                      tolerances=_tolerances(tolerance_hit, tolerance_tokens, tolerance_ttft,
+                                             min_requests, min_requests_ttft))
     bar = None
     if not quiet and err.is_terminal:
         bar = Progress(TextColumn("cells"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -532,7 +558,7 @@ def sweep(
             bar.stop()
     if not quiet:
         err.print(f"{len(rows)} cells ({sum(r['resumed'] for r in rows)} already complete); "
-                  f"table in {out}/table.csv and {out}/table.json")
+                  f"table in {out}/table.csv and {out}/table.json", markup=False)
     failed = sum(r["gate"] != "pass" for r in rows)
     if junit:
         write_junit(junit, "sweep", [
@@ -559,7 +585,7 @@ def _int_list(text: str | None, option: str) -> list[int] | None:
 @app.command()
 def calibrate(
     model_config: Annotated[str, typer.Option(help="Hugging Face style config.json (or its directory); weights are random, nothing is downloaded")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="cost-model file to write")],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="cost-model file to write")],
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     dtype: Annotated[Optional[str], typer.Option(help="float32 (cpu default), bfloat16 (cuda default) or float16")] = None,
     form: Annotated[str, typer.Option(help="linear (DESIGN section 3) or attention (adds u^2 and u*c terms)")] = "attention",
@@ -574,6 +600,8 @@ def calibrate(
     quiet: Annotated[bool, typer.Option(help="no summary on stderr")] = False,
 ) -> None:
     """Measure prefill and decode times on this machine and fit a cost-model file."""
+    check_destination(output)       # before minutes of timing, not after
+    _refuse_existing(output, force, "--output")
     from psgate.calibrate.run import CalibrateConfig, calibrate as run_calibration, summary
 
     cfg = CalibrateConfig(model_config=model_config, device=device, dtype=dtype, out=output,
@@ -602,7 +630,7 @@ def calibrate(
                   f"+ {fit['per_cached_token_ms']:.3g} ms/cached"
                   + (f" + {fit['per_uncached_token_sq_ms']:.3g} u^2 + {fit['per_uncached_cached_token_ms']:.3g} u*c"
                      if fit["form"] == "attention" else "")
-                  + f"; {fit['per_output_token_ms']:.3g} ms per output token")
+                  + f"; {fit['per_output_token_ms']:.3g} ms per output token", markup=False)
         err.print(f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
                   f"(max {fit['holdout_max_rel_error']:.1%}, {fit['num_holdout_points']} points); "
                   f"C_prefill at 1,536 tokens: {info['c_prefill_1536_per_s']:.3g} requests/s")
@@ -627,7 +655,7 @@ def bench(
     if json:
         _emit(result)
     else:
-        sys.stdout.write(bench_lib.render(result))
+        sys.stderr.write(bench_lib.render(result))      # stdout carries JSON only
 
 
 @app.command()
@@ -644,23 +672,45 @@ def _one_line(text: str) -> str:
 class Interrupted(PsgateError):
     """Ctrl-C: raised from the signal handler so the framework cannot swallow it."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
-def _on_sigint(signum, frame) -> None:
+class Terminated(Interrupted):
+    """SIGTERM (a CI timeout, a scheduler): the same clean-up as Ctrl-C, exit 128 + 15."""
+
+    exit_code = EXIT_TERMINATED
+
+
+def _on_signal(signum, frame) -> None:
+    # Outputs are staged, so stopping leaves the previous ones as they were. A second signal
+    # would interrupt the clean-up of the staging directory itself, so it is ignored.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    if signum == signal.SIGTERM:
+        raise Terminated("terminated; nothing was written")
     raise Interrupted("interrupted; nothing was written")
 
 
+def _fail(message: str, code: int) -> None:
+    err.print(f"psgate: {_one_line(message)}", markup=False, emoji=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
-    signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
     try:
         app()
     except PsgateError as exc:
-        err.print(f"psgate: {'error: ' if exc.exit_code != 130 else ''}{_one_line(str(exc))}",
-                  markup=False, emoji=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _fail(f"{'' if isinstance(exc, Interrupted) else 'error: '}{exc}", exc.exit_code)
     except BrokenPipeError:
         sys.exit(EXIT_BAD_INPUT)
+    except OSError as exc:      # the file system refused: read-only, full, missing, ...
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        _fail(f"error: {where}{exc.strerror or exc}", EXIT_BAD_INPUT)
+    except MemoryError:
+        _fail("error: out of memory; lower --capacity or replay a smaller trace",
+              EXIT_BAD_INPUT)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
     runs = [generate(KIND, params, seed_i) for i < N]      (--workload KIND --runs N --seed S)
         or [every *.jsonl in DIR, sorted by name]           (--trace DIR: an incident corpus)
     for each run: api.replay(baseline, candidate) into runs/<id>/ (its own receipt, ledgers
-                  and default gate; both policies see the identical trace, capacity, clock)
+                  and structural gate; both policies see the identical trace, capacity, clock)
     summary = paired_summary(run-level metrics of every run)   (bootstrap CI over runs)
-    gate    = every run's default gate passed + the gate file's checks on means and summary
+    gate    = every run's structural checks passed + non-regression on the paired
+              intervals (overall and per group) + the gate file's checks on means and summary
 
 seed_i = the first 4 bytes of SHA-256("psgate-run:S:i") as an integer below 2^31, so
 distinct base seeds never share a run seed by construction and each run's seed is
@@ -25,7 +26,7 @@ import io
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -34,17 +35,20 @@ import orjson
 from psgate import __version__, api
 from psgate.engines.cost import CostModel
 from psgate.errors import InputError
-from psgate.receipt.atomic import StagedOutput, prepare_out_dir
-from psgate.receipt.gate import GateSpec, evaluate_experiment, load_gate_file
+from psgate.receipt.atomic import EXPERIMENT_OUTPUTS, StagedOutput, prepare_out_dir
+from psgate.receipt.gate import (GateSpec, effective_tolerances, evaluate_experiment,
+                                 load_gate_file)
 from psgate.receipt.ledger import file_sha256
 from psgate.receipt.receipt import deterministic_part, dumps
 from psgate.resources import first_schema_error
 from psgate.stats.bootstrap import paired_summary
-from psgate.trace.reader import validate_trace
+from psgate.trace.reader import check_seed, corpus_traces, require_utf8_name, validate_trace
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate, generators
 
 EXPERIMENT_FORMAT = 1
+# One default for every command that bootstraps (replay over matched runs, sweep).
+DEFAULT_RESAMPLES = 2_000
 CSV_METRICS = ("hit_fraction", "token_hit_ratio", "saved_prefill_tokens", "ttft_p95_ms",
                "evictions_suffered", "evictions")
 _ID = re.compile(r"[^A-Za-z0-9._-]+")
@@ -97,9 +101,12 @@ class ExperimentConfig:
     replay: api.ReplayConfig
     workload: str | None = None          # KIND[:key=value,...]
     corpus: str | None = None            # a directory of traces
+    # How outputs name the corpus directory when it is read from elsewhere (verify
+    # rebuilds an experiment from the traces its runs' receipts name).
+    corpus_label: str | None = None
     runs: int = 1
     seed: int = 0
-    resamples: int = 10_000
+    resamples: int = DEFAULT_RESAMPLES
     bootstrap_seed: int = 0
     cost_for_workload: CostModel | None = None
     run_ids: list[str] = field(default_factory=list, init=False)
@@ -116,12 +123,15 @@ def _plan(cfg: ExperimentConfig) -> tuple[list[tuple[str, int | None, Path | Non
     if cfg.resamples < 100:
         raise InputError(f"expected at least 100 bootstrap resamples, found {cfg.resamples}",
                          path="--resamples")
+    for option, seed in (("--seed", cfg.seed), ("--bootstrap-seed", cfg.bootstrap_seed)):
+        check_seed(seed, option)     # receipts record seeds as JSON numbers
+    require_utf8_name(str(cfg.replay.out), "--out")
     if cfg.corpus is not None:
         if cfg.runs != 1:
             raise InputError("--runs applies to --workload; a corpus has one run per trace",
                              path="--runs")
         d = Path(cfg.corpus)
-        traces = sorted(p for p in d.iterdir() if p.is_file() and p.suffix == ".jsonl")
+        traces = corpus_traces(d)
         if not traces:
             raise InputError("no *.jsonl traces in this directory", path=str(d))
         for p in traces:    # every trace is checked before any run is written
@@ -130,7 +140,8 @@ def _plan(cfg: ExperimentConfig) -> tuple[list[tuple[str, int | None, Path | Non
         if len(set(ids)) != len(ids):
             raise InputError("two traces map to the same run id; rename one", path=str(d))
         return ([(i, None, p) for i, p in zip(ids, traces)],
-                {"kind": "corpus", "directory": str(d), "traces": [p.name for p in traces]})
+                {"kind": "corpus", "directory": cfg.corpus_label or str(d),
+                 "traces": [p.name for p in traces]})
     if cfg.runs < 1:
         raise InputError(f"expected at least 1 run, found {cfg.runs}", path="--runs")
     kind, params = parse_workload(cfg.workload)
@@ -174,40 +185,55 @@ def _headline(metrics: dict) -> dict:
             "roles": {r: pick(v) for r, v in metrics["roles"].items()}}
 
 
+def _record_final_paths(receipt: dict, staged: Path, final: Path, trace: Path | None) -> None:
+    """A run's receipt names where its outputs (and a generated trace) are once the
+    experiment is swapped in, not the staging directory it was written to, so ``psgate
+    verify`` finds the trace from anywhere. Only the environment section changes."""
+    env = receipt["environment"]
+    env["out_dir"] = str(final.resolve())
+    if trace is not None:
+        env["trace_abspath"] = str(trace.resolve())
+    (staged / "receipt.json").write_bytes(dumps(receipt))
+
+
 def run_experiment(cfg: ExperimentConfig,
                    progress: Callable[[int, int, str], None] | None = None) -> ExperimentResult:
     started = time.time()
     base = cfg.replay
     plan, source = _plan(cfg)
     spec: GateSpec | None = load_gate_file(base.gate_file) if base.gate_file else None
+    if spec is not None and base.gate_label:
+        spec = replace(spec, path=base.gate_label)
+    tolerances = effective_tolerances(spec, base.tolerances).validated()
     api.check_engine(base.engine)
     out = Path(base.out)
-    created = prepare_out_dir(out, base.force)
+    created = prepare_out_dir(out, base.force, inputs=(cfg.corpus, base.gate_file))
     try:
-        with StagedOutput(out) as staged:
-            if base.force:      # an old receipt never stands beside new runs
-                (out / "receipt.json").unlink(missing_ok=True)
-                for sub in ("runs", "traces"):
-                    if (out / sub).exists():
-                        shutil.rmtree(out / sub)
+        # The whole experiment (runs, traces, runs.csv, receipt) is built in the staging
+        # directory and swapped in at the end: a kill or a late error keeps the old one.
+        with StagedOutput(out, replaces=EXPERIMENT_OUTPUTS) as staged:
+            work = staged.staging
             rows, run_gates, base_metrics, cand_metrics = [], [], [], []
             for n, (run_id, seed, trace) in enumerate(plan):
                 if progress:
                     progress(n, len(plan), run_id)
-                label = str(trace) if trace is not None else f"traces/{run_id}.jsonl"
+                label = f"traces/{run_id}.jsonl" if trace is None else \
+                    str(Path(cfg.corpus_label) / trace.name) if cfg.corpus_label else str(trace)
                 if trace is None:
                     kind, params = parse_workload(cfg.workload)
-                    trace = out / "traces" / f"{run_id}.jsonl"
+                    trace = work / "traces" / f"{run_id}.jsonl"
                     trace.parent.mkdir(exist_ok=True)
                     write_trace(trace, generate(kind, {**params, "seed": seed},
                                                 cost=cfg.cost_for_workload))
-                run_out = out / "runs" / run_id
+                run_out = work / "runs" / run_id
                 run_out.parent.mkdir(exist_ok=True)
                 result = api.replay(api.ReplayConfig(
                     trace=str(trace), baseline=base.baseline, candidate=base.candidate,
                     baseline_params=base.baseline_params, candidate_params=base.candidate_params,
                     capacity=base.capacity, engine=base.engine, out=run_out, force=False,
                     gate_file=None, allow_unexercised=base.allow_unexercised,
+                    # runs are judged together on their paired interval, not one by one
+                    tolerances=replace(tolerances, enabled=False),
                     paranoid=base.paranoid, ledger_hits=base.ledger_hits, cost=base.cost,
                     ledger_rows=base.ledger_rows, ledger_compression=base.ledger_compression,
                     contracts=base.contracts, limits=base.limits,
@@ -215,6 +241,8 @@ def run_experiment(cfg: ExperimentConfig,
                     # depend on where OUT is.
                     trace_label=label))
                 r = result.receipt
+                _record_final_paths(r, run_out, out / "runs" / run_id,
+                                    out / label if trace.is_relative_to(work) else None)
                 run_gates.append((run_id, r["gate"]))
                 base_metrics.append(r["runs"]["baseline"]["metrics"])
                 cand_metrics.append(r["runs"]["candidate"]["metrics"])
@@ -236,11 +264,11 @@ def run_experiment(cfg: ExperimentConfig,
             paired = paired_summary(base_metrics, cand_metrics, cfg.resamples, cfg.bootstrap_seed)
             if source["kind"] == "corpus":
                 paired["method"] = paired["method"].replace("matched run(s)", "traces")
-            gate = evaluate_experiment(run_gates, paired, spec)
+            gate = evaluate_experiment(run_gates, paired, spec, tolerances)
             staged.path("runs.csv").write_bytes(_csv(rows))
             first = None
             if rows:
-                first = orjson.loads((out / rows[0]["receipt"]).read_bytes())["config"]
+                first = orjson.loads((work / rows[0]["receipt"]).read_bytes())["config"]
             receipt = {
                 "psgate_experiment": EXPERIMENT_FORMAT,
                 "tool": {"name": "psgate", "version": __version__},
@@ -251,7 +279,8 @@ def run_experiment(cfg: ExperimentConfig,
                     "baseline": first["baseline"], "candidate": first["candidate"],
                     "allow_unexercised": base.allow_unexercised, "paranoid": base.paranoid,
                     "limits": base.limits.to_json(),
-                    "gate_file": ({"path": base.gate_file,
+                    "non_regression": tolerances.to_json(),
+                    "gate_file": ({"path": base.gate_label or base.gate_file,
                                    "sha256": hashlib.sha256(Path(base.gate_file).read_bytes())
                                    .hexdigest()} if base.gate_file else None),
                     "bootstrap": {"resamples": cfg.resamples, "seed": cfg.bootstrap_seed,

@@ -6,7 +6,8 @@
     for each cell not already complete in OUT/cells/<id>/:
         run_experiment(workload with the cell's parameters, baseline vs the cell's
                        candidate, --runs seeds derived from --seed)      (in a worker)
-    table = one row per cell (axes, means, paired differences with their 95% CIs, gate),
+    table = one row per cell (axes, means, paired differences with their 95% CIs, gate
+            and the names of its failing checks: a failed gate is a row, not an error),
             written as OUT/table.csv and OUT/table.json in cell order
 
 A corpus instead of a workload (``SweepConfig.corpus``, a directory of ``*.jsonl``
@@ -27,7 +28,6 @@ import csv
 import hashlib
 import io
 import itertools
-import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -39,8 +39,12 @@ import orjson
 from psgate import api
 from psgate.engines.cost import CostModel
 from psgate.errors import EngineUnavailable, InputError
-from psgate.experiment import ExperimentConfig, parse_workload, run_experiment
+from psgate.trace.reader import check_seed, corpus_traces
+from psgate.experiment import (DEFAULT_RESAMPLES, ExperimentConfig, parse_workload,
+                               run_experiment)
 from psgate.policies import policy_names
+from psgate.receipt.atomic import write_atomic
+from psgate.receipt.gate import Tolerances
 from psgate.receipt.receipt import dumps
 from psgate.workloads import generators
 
@@ -59,7 +63,7 @@ class SweepConfig:
     capacity: int = api.DEFAULT_CAPACITY
     runs: int = 3
     seed: int = 0
-    resamples: int = 2000
+    resamples: int = DEFAULT_RESAMPLES
     bootstrap_seed: int = 0
     workers: int = 1
     executor: str = "local"
@@ -68,6 +72,7 @@ class SweepConfig:
     paranoid: bool = False
     allow_unexercised: bool = False
     corpus: str | Path | None = None     # a directory of traces instead of a workload
+    tolerances: Tolerances = field(default_factory=Tolerances)   # each cell's gate
 
 
 _CODE_DIGEST: str | None = None
@@ -119,8 +124,7 @@ def _corpus(cfg: SweepConfig) -> tuple[Path, dict[str, str]]:
     d = Path(cfg.corpus)
     if not d.is_dir():
         raise InputError("expected a directory of *.jsonl traces", path=str(d))
-    traces = {p.name: _file_sha256(p) for p in sorted(d.iterdir())
-              if p.is_file() and p.suffix == ".jsonl"}
+    traces = {p.name: _file_sha256(p) for p in corpus_traces(d)}
     if len(traces) < 2:
         raise InputError(f"a sweep cell needs at least 2 traces for a confidence interval, "
                          f"found {len(traces)}", path=str(d))
@@ -132,6 +136,8 @@ def _corpus(cfg: SweepConfig) -> tuple[Path, dict[str, str]]:
 
 
 def cells(cfg: SweepConfig) -> list[dict]:
+    for option, seed in (("--seed", cfg.seed), ("--bootstrap-seed", cfg.bootstrap_seed)):
+        check_seed(seed, option)     # cell specs and receipts record seeds as JSON numbers
     corpus, traces = (None, None) if cfg.corpus is None else _corpus(cfg)
     if corpus is None:
         kind, params = parse_workload(cfg.workload or "")
@@ -171,6 +177,7 @@ def cells(cfg: SweepConfig) -> list[dict]:
             "capacity": point.get("capacity", cfg.capacity), "resamples": cfg.resamples,
             "bootstrap_seed": cfg.bootstrap_seed, "cost": cfg.cost.to_json(),
             "paranoid": cfg.paranoid, "allow_unexercised": cfg.allow_unexercised,
+            "non_regression": cfg.tolerances.to_json(),
             "code": code_digest(),
         }
         if corpus is not None:      # one run per trace; where the directory is stays out
@@ -202,7 +209,8 @@ def run_cell(spec: dict, out: str) -> dict:
                                   candidate_params=spec.get("candidate_params", {}),
                                   capacity=spec["capacity"], out=cell_dir, force=True,
                                   cost=cost, paranoid=spec["paranoid"],
-                                  allow_unexercised=spec["allow_unexercised"])
+                                  allow_unexercised=spec["allow_unexercised"],
+                                  tolerances=Tolerances.from_json(spec["non_regression"]))
         if spec.get("corpus"):
             d = Path(spec["corpus"])
             found = {p.name: _file_sha256(p) for p in sorted(d.iterdir())
@@ -218,9 +226,7 @@ def run_cell(spec: dict, out: str) -> dict:
                 runs=spec["runs"], seed=spec["seed"], resamples=spec["resamples"],
                 bootstrap_seed=spec["bootstrap_seed"])
         receipt = run_experiment(cfg).receipt
-        tmp = cell_dir / ".cell.json.tmp"
-        tmp.write_bytes(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS))
-        os.replace(tmp, marker)
+        write_atomic(marker, orjson.dumps(spec, option=orjson.OPT_SORT_KEYS))
     else:
         receipt = orjson.loads(receipt_path.read_bytes())
     return _row(spec, receipt, resumed)
@@ -230,7 +236,11 @@ def _row(spec: dict, receipt: dict, resumed: bool) -> dict:
     s = receipt["summary"]
     row = {"cell": spec["id"], **spec["axes"], "baseline": spec["baseline"],
            "candidate": spec["candidate"], "capacity": spec["capacity"],
-           "runs": s["num_runs"], "gate": receipt["gate"]["result"], "resumed": resumed}
+           "runs": s["num_runs"], "gate": receipt["gate"]["result"],
+           # a failed gate is a finding of the grid, named here rather than raised
+           "gate_failed": "; ".join(c["name"] for c in receipt["gate"]["checks"]
+                                    if c["verdict"] == "fail"),
+           "resumed": resumed}
     scopes = [("all", s["totals"])] + [(f"role:{r}", v) for r, v in s["roles"].items()]
     for name, scope in scopes:
         for m in TABLE_METRICS:
@@ -256,9 +266,7 @@ def _write_tables(out: Path, rows: list[dict]) -> None:
                        ("table.json", orjson.dumps([{k: v for k, v in r.items()
                                                       if k != "resumed"} for r in rows],
                                                      option=orjson.OPT_INDENT_2) + b"\n")):
-        tmp = out / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, out / name)
+        write_atomic(out / name, data)
 
 
 def _ray_executor(cfg: SweepConfig, todo: list[dict], done: Callable[[dict, dict], None]) -> None:
@@ -296,9 +304,8 @@ def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = 
                 "cells": [s["id"] for s in specs]}
     if cfg.corpus is not None:
         manifest["corpus"] = specs[0]["corpus"] if specs else str(cfg.corpus)
-    tmp = cfg.out / ".sweep.json.tmp"
-    tmp.write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-    os.replace(tmp, cfg.out / "sweep.json")
+    write_atomic(cfg.out / "sweep.json",
+                 orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     rows: dict[str, dict] = {}
 
     def done(spec: dict, row: dict) -> None:
@@ -314,10 +321,16 @@ def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = 
     else:
         with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=get_context("spawn")) as pool:
             pending = {pool.submit(run_cell, spec, str(cfg.out)): spec for spec in specs}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in sorted(finished, key=lambda f: pending[f]["id"]):
-                    done(pending.pop(f), f.result())
+            try:
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in sorted(finished, key=lambda f: pending[f]["id"]):
+                        done(pending.pop(f), f.result())
+            except BaseException:
+                # A failed cell, Ctrl-C or SIGTERM: stop at the cells already running
+                # (each keeps or discards its own outputs whole) instead of starting the rest.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     ordered = [rows[s["id"]] for s in specs]
     _write_tables(cfg.out, ordered)
     return ordered

@@ -211,3 +211,12 @@ def shared_traces() -> Path:
         pytest.fail(f"PSGATE_REQUIRE_SHARED=1 but {SHARED} is not there")
     pytest.skip(f"extra check over the public traces: {SHARED} is not present "
                 f"(a clone of the repository alone has only the samples in examples/traces/)")
+
+
+def structural_failures(receipt: dict) -> list[dict]:
+    """The gate's failed checks other than the candidate-vs-baseline comparison
+    (non-regression): completion, invariants, eviction exercised, and gate-file checks.
+    A test about a policy's mechanics asserts none; whether the candidate is better than
+    the baseline on that trace is a finding, asserted where it is the subject."""
+    return [c for c in receipt["gate"]["checks"]
+            if c["verdict"] == "fail" and not c["name"].startswith("non-regression")]

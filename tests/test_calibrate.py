@@ -148,7 +148,8 @@ def test_document_round_trips_through_the_loader(tmp_path):
 def test_replay_records_the_cost_model_file(tmp_path):
     path, _ = synthetic_document(tmp_path)
     trace = small_trace(tmp_path)
-    proc = psgate("replay", "--trace", trace, "--out", tmp_path / "o", "--cost-model", path,
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", trace, "--out", tmp_path / "o", "--cost-model", path,
                   "--quiet", "--allow-unexercised")
     assert proc.returncode in (0, 1), proc.stderr
     receipt = json.loads((tmp_path / "o" / "receipt.json").read_text())
@@ -160,7 +161,8 @@ def test_replay_records_the_cost_model_file(tmp_path):
     ver = psgate("verify", tmp_path / "o")
     assert ver.returncode == 0, ver.stderr + ver.stdout
     # Same file, same bytes: the receipt is deterministic with a calibrated model too.
-    proc2 = psgate("replay", "--trace", trace, "--out", tmp_path / "o2", "--cost-model", path,
+    proc2 = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                   "--trace", trace, "--out", tmp_path / "o2", "--cost-model", path,
                    "--quiet", "--allow-unexercised")
     assert proc2.returncode == proc.returncode
     from psgate.receipt.receipt import deterministic_part, dumps
@@ -217,7 +219,8 @@ def test_bad_cost_model_files_are_one_line_errors(tmp_path):
             load_cost_model(p)
         assert str(p) in str(exc.value) and needle in str(exc.value), (name, str(exc.value))
     p, needle = _bad_files(tmp_path / "again")["negative"]
-    proc = psgate("replay", "--trace", small_trace(tmp_path), "--out", tmp_path / "o",
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", small_trace(tmp_path), "--out", tmp_path / "o",
                   "--cost-model", p)
     assert_one_line_error(proc, 2, str(p), needle)
     assert not (tmp_path / "o").exists()
@@ -225,7 +228,8 @@ def test_bad_cost_model_files_are_one_line_errors(tmp_path):
 
 def test_cost_options_conflict_and_unused_cost_model(tmp_path):
     path, _ = synthetic_document(tmp_path)
-    proc = psgate("replay", "--trace", small_trace(tmp_path), "--out", tmp_path / "o",
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", small_trace(tmp_path), "--out", tmp_path / "o",
                   "--cost-model", path, "--cost-param", "fixed_ms=1")
     assert_one_line_error(proc, 2, "--cost-param", "exclusive")
     proc = psgate("trace", "gen", "steady", "-o", tmp_path / "s.jsonl", "--cost-model", path)

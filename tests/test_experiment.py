@@ -86,8 +86,9 @@ def test_matched_runs_end_to_end(tmp_path):
     rows = (out / "runs.csv").read_text().splitlines()
     assert rows[0].startswith("run,seed,policy_role,policy,scope,hit_fraction")
     assert sum(",role:victim," in row for row in rows) == 6
-    assert [c["name"] for c in r["gate"]["checks"]] == [
-        f"run-00{i}: every default check passed" for i in range(3)]
+    names = [c["name"] for c in r["gate"]["checks"]]
+    assert names[:3] == [f"run-00{i}: every default check passed" for i in range(3)]
+    assert names[3:] and all(n.startswith("non-regression ") for n in names[3:])
     # Same inputs, same bytes (outside environment), ledgers included.
     proc2, out2 = _experiment(tmp_path, "e2")
     r2 = json.loads((out2 / "receipt.json").read_text())
@@ -132,7 +133,8 @@ def test_gate_checks_on_confidence_intervals(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[check]]\nmetric = "hit_fraction"\nstat = "diff_ci_low"\nop = ">"\n'
                    'ref = "baseline"\n')
-    proc = psgate("replay", "--out", tmp_path / "x", "--gate", bad)
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--out", tmp_path / "x", "--gate", bad)
     assert_one_line_error(proc, 2, str(bad), "check[0].ref", "must be a number")
 
 
@@ -167,19 +169,22 @@ def test_experiment_usage_errors(tmp_path):
         (["--workload", "cold", "--resamples", "5"], "--resamples"),
         (["--trace", tmp_path, "--runs", "3"], "--runs"),
     ]:
-        proc = psgate("replay", "--out", tmp_path / "o", *args)
+        proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                      "--out", tmp_path / "o", *args)
         assert_one_line_error(proc, 2, needle)
         assert not (tmp_path / "o").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = psgate("replay", "--trace", empty, "--out", tmp_path / "o")
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", empty, "--out", tmp_path / "o")
     assert_one_line_error(proc, 2, "no *.jsonl traces")
     bad = tmp_path / "corpus"
     bad.mkdir()
     kind, params = parse_workload(SMALL)
     write_trace(bad / "a.jsonl", generate(kind, {**params, "seed": 0}))
     (bad / "b.jsonl").write_text('{"psgate_trace": 1, "block_size": 0}\n')
-    proc = psgate("replay", "--trace", bad, "--out", tmp_path / "o", "--candidate", "prefixshield")
+    proc = psgate("replay", "--baseline", "lru",
+                  "--trace", bad, "--out", tmp_path / "o", "--candidate", "prefixshield")
     assert_one_line_error(proc, 2, "b.jsonl:1")
     assert not (tmp_path / "o").exists()
 
@@ -189,14 +194,18 @@ def test_verify_and_review_commands_on_an_experiment(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ver = psgate("verify", out)
     assert ver.returncode == 0, ver.stderr + ver.stdout
-    assert json.loads(ver.stdout)["compared"][-1] == "receipt.json summary (recomputed from the runs)"
+    assert json.loads(ver.stdout)["compared"][-1] == \
+        "receipt.json (outside environment, recomputed from the runs)"
     r = json.loads((out / "receipt.json").read_text())
     r["summary"]["roles"]["victim"]["hit_fraction"]["diff_ci_low"] = 0.5
     (out / "receipt.json").write_text(json.dumps(r))
     ver = psgate("verify", out)
     assert ver.returncode == 1
     assert "summary/roles/victim/hit_fraction/diff_ci_low" in json.loads(ver.stdout)["first_difference"]
-    for args in (["explain", out, "--decision", "1"], ["report", out, "-o", tmp_path / "r.html"],
-                 ["diff", out, out]):
+    for args in (["explain", out, "--decision", "1"], ["diff", out, out]):
         assert_one_line_error(psgate(*args), 2, "experiment receipt", "runs/run-000")
+    # report renders a matched-run experiment as a whole (per-run and paired intervals)
+    rep = psgate("report", out, "-o", tmp_path / "r.html")
+    assert rep.returncode == 0, rep.stderr
+    assert "paired" in (tmp_path / "r.html").read_text().lower()
     assert psgate("explain", out / "runs" / "run-000", "--decision", "1").returncode == 0

@@ -148,7 +148,8 @@ def test_limits_are_clear_errors(tmp_path):
     for opt, val, needle in (("--max-blocks-per-request", 40, "more than the cap of 40"),
                              ("--max-in-flight", 2, "more than 2 requests admitted or waiting"),
                              ("--max-line-bytes", 1000, "line longer than 1000 bytes")):
-        proc = psgate("replay", "--out", tmp_path / "o", opt, val)
+        proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                      "--out", tmp_path / "o", opt, val)
         assert_one_line_error(proc, 2, needle, opt)
         assert not (tmp_path / "o").exists()
     p = tmp_path / "t.jsonl"

@@ -187,14 +187,19 @@ def test_parameters_are_validated():
             make_policy("priority-lru", params)
 
 
-def test_bundled_example_gate_passes(tmp_path):
-    from typer.testing import CliRunner
-
-    from psgate.cli import app
-    res = CliRunner().invoke(app, ["replay", "--baseline", "lru", "--candidate",
-                                   "priority-lru", "--out", str(tmp_path / "out"), "--force",
-                                   "--paranoid"])
-    assert res.exit_code == 0, res.output
+def test_bundled_example_holds_every_invariant(tmp_path):
+    """The example carries no retention hints, so priority-lru ranks by reuse cost and
+    recency alone and loses hits to lru there (0.346 vs 0.380): the default gate's
+    non-regression checks say so. Its mechanics hold: every invariant, checked from
+    scratch after each mutation."""
+    from psgate import api
+    from helpers import structural_failures
+    res = api.replay(api.ReplayConfig(baseline="lru", candidate="priority-lru",
+                                      out=tmp_path / "out", paranoid=True))
+    assert structural_failures(res.receipt) == []
+    worse = {c["select"] for c in res.receipt["gate"]["checks"]
+             if c["verdict"] == "fail" and c["metric"] == "hit_fraction"}
+    assert "run" in worse
 
 
 # -- reference model --------------------------------------------------------------

@@ -42,7 +42,7 @@ def test_refuses_without_a_key(tmp_path):
 
 def test_redacted_trace_is_valid_chained_and_scope_bound(tmp_path):
     key = tmp_path / "k"
-    key.write_bytes(b"0123456789abcdef-redaction-key")
+    key.write_text(b"0123456789abcdef-redaction-key".hex() + "\n")
     proc = psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t.jsonl",
                   "--key-file", key)
     assert proc.returncode == 0, proc.stderr
@@ -56,7 +56,7 @@ def test_redacted_trace_is_valid_chained_and_scope_bound(tmp_path):
     assert r1["scope"] != r3["scope"] and r1["group"] == r2["group"]
     assert cancel == {"t": 0.7, "op": "cancel", "id": "r2"}
     # another key gives other hashes and pseudonyms
-    key.write_bytes(b"fedcba9876543210-another-key")
+    key.write_text(b"fedcba9876543210-another-key".hex())
     psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t2.jsonl", "--key-file", key)
     other = json.loads((tmp_path / "t2.jsonl").read_text().splitlines()[1])
     assert other["blocks"] != r1["blocks"] and other["group"] != r1["group"]
@@ -67,12 +67,13 @@ def test_canary_nothing_raw_in_any_output(tmp_path):
     ledger, report or stdout/stderr produced from it."""
     key_bytes = b"KEYCANARY-0123456789abcdef"
     key = tmp_path / "k"
-    key.write_bytes(key_bytes)
+    key.write_text(key_bytes.hex())
     outputs = []
     proc = psgate("trace", "redact", raw_log(tmp_path), "-o", tmp_path / "t.jsonl",
                   "--key-file", key)
     outputs += [proc.stdout, proc.stderr]
-    proc = psgate("replay", "--trace", tmp_path / "t.jsonl", "--capacity", 4, "--out",
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", tmp_path / "t.jsonl", "--capacity", 4, "--out",
                   tmp_path / "o", "--allow-unexercised")
     assert proc.returncode in (0, 1), proc.stderr
     outputs += [proc.stdout, proc.stderr]

@@ -23,7 +23,7 @@ PLOTS = ["plot-occupancy", "plot-debt", "plot-hits", "plot-ttft", "plot-eviction
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     d = tmp_path_factory.mktemp("rep")
-    assert psgate("replay", "--candidate", "prefixshield", "--out", d / "r",
+    assert psgate("replay", "--baseline", "lru", "--candidate", "prefixshield", "--out", d / "r",
                   "--quiet").returncode == 0
     proc = psgate("report", d / "r", "-o", d / "report.html")
     assert proc.returncode == 0, proc.stderr
@@ -66,7 +66,8 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
 def test_report_without_the_trace_still_renders(tmp_path):
     t = tmp_path / "ot.jsonl"
     write_trace(t, one_touch(attack_requests=20, warmup_s=1.0, cooldown_s=0.5))
-    assert psgate("replay", "--trace", t, "--out", tmp_path / "r", "--quiet").returncode == 0
+    assert psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", t, "--out", tmp_path / "r", "--quiet").returncode == 0
     t.unlink()
     proc = psgate("report", tmp_path / "r", "-o", tmp_path / "x.html")
     assert proc.returncode == 0, proc.stderr

@@ -22,7 +22,8 @@ from test_cli import assert_one_line_error, psgate
 def receipts(tmp_path_factory):
     d = tmp_path_factory.mktemp("r")
     for name, cand in (("ps", "prefixshield"), ("lru", "lru")):
-        proc = psgate("replay", "--candidate", cand, "--out", d / name, "--quiet",
+        proc = psgate("replay", "--baseline", "lru",
+                      "--candidate", cand, "--out", d / name, "--quiet",
                       "--junit", d / f"{name}.xml")
         assert proc.returncode == 0, proc.stderr
     return d
@@ -48,7 +49,9 @@ def test_verify_identical_then_tampered(receipts, tmp_path):
     (bad / "ledger.csv").write_text("".join(lines))
     proc = psgate("verify", bad)
     assert proc.returncode == 1
-    assert json.loads(proc.stdout)["first_difference"].startswith("ledger.csv:41:")
+    # the recorded SHA-256 names the changed file before any replay
+    assert json.loads(proc.stdout)["first_difference"].startswith("ledger.csv: SHA-256")
+    shutil.copy(receipts / "ps" / "ledger.csv", bad / "ledger.csv")
     r = json.loads((bad / "receipt.json").read_text())
     r["runs"]["candidate"]["metrics"]["totals"]["evictions"] += 1
     (bad / "receipt.json").write_text(json.dumps(r))
@@ -60,7 +63,8 @@ def test_verify_identical_then_tampered(receipts, tmp_path):
 def test_verify_needs_the_same_trace(tmp_path):
     t = tmp_path / "ot.jsonl"
     write_trace(t, one_touch(attack_requests=20, warmup_s=1.0, cooldown_s=0.5))
-    assert psgate("replay", "--trace", t, "--out", tmp_path / "o", "--quiet").returncode == 0
+    assert psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", t, "--out", tmp_path / "o", "--quiet").returncode == 0
     assert psgate("verify", tmp_path / "o").returncode == 0
     t.write_text(t.read_text().replace('"out":32', '"out":33', 1))
     proc = psgate("verify", tmp_path / "o")
@@ -109,7 +113,8 @@ def test_diff_exit_codes(receipts, tmp_path):
 def test_diff_refuses_different_traces(receipts, tmp_path):
     t = tmp_path / "ot.jsonl"
     write_trace(t, one_touch(attack_requests=20, warmup_s=1.0, cooldown_s=0.5))
-    assert psgate("replay", "--trace", t, "--out", tmp_path / "o", "--quiet").returncode == 0
+    assert psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                  "--trace", t, "--out", tmp_path / "o", "--quiet").returncode == 0
     proc = psgate("diff", receipts / "ps", tmp_path / "o")
     assert_one_line_error(proc, 2, "different traces", "--force")
     assert psgate("diff", receipts / "ps", tmp_path / "o", "--force").returncode == 0
@@ -125,7 +130,8 @@ def test_sigkill_leaves_no_half_written_outputs(tmp_path):
     t = _big_trace(tmp_path)
     out = tmp_path / "o"
     proc = subprocess.Popen([sys.executable, "-m", "psgate.cli", "replay", "--trace", str(t),
-                             "--out", str(out), "--candidate", "prefixshield", "--quiet"],
+                             "--out", str(out), "--baseline", "lru", "--candidate",
+                             "prefixshield", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while time.time() < deadline and not any(out.glob(".psgate-staging-*/ledger.csv")):
@@ -137,7 +143,7 @@ def test_sigkill_leaves_no_half_written_outputs(tmp_path):
     visible = [p.name for p in out.iterdir() if not p.name.startswith(".psgate")]
     assert visible == []      # no receipt, no ledger under their real names
     # and the next replay into it is not fooled by the leftovers
-    proc = psgate("replay", "--out", out, "--quiet")
+    proc = psgate("replay", "--baseline", "lru", "--candidate", "lru", "--out", out, "--quiet")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -145,12 +151,14 @@ def test_sigint_exits_130_and_concurrent_writer_refused(tmp_path):
     t = _big_trace(tmp_path)
     out = tmp_path / "o"
     first = subprocess.Popen([sys.executable, "-m", "psgate.cli", "replay", "--trace", str(t),
-                              "--out", str(out), "--quiet"],
+                              "--out", str(out), "--quiet", "--baseline", "lru",
+                              "--candidate", "lru"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and not any(out.glob(".psgate-staging-*/ledger.csv")):
         time.sleep(0.05)
-    second = psgate("replay", "--trace", t, "--out", out, "--quiet")
+    second = psgate("replay", "--baseline", "lru", "--candidate", "lru",
+                    "--trace", t, "--out", out, "--quiet")
     assert_one_line_error(second, 2, "another psgate is writing to this output directory")
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=60)

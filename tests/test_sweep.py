@@ -17,7 +17,7 @@ from psgate.sweep import SweepConfig, cells
 from test_cli import assert_one_line_error, psgate
 
 WL = "one-touch:attack_requests=30,warmup_s=2.0,cooldown_s=1.0"
-ARGS = ["--workload", WL, "--axis", "capacity=512,1024", "--axis",
+ARGS = ["--workload", WL, "--baseline", "lru", "--axis", "capacity=512,1024", "--axis",
         "candidate=prefixshield,s3fifo", "--runs", "2", "--resamples", "300", "--quiet"]
 
 
@@ -93,14 +93,16 @@ def test_ray_executor_matches_the_process_pool(tmp_path):
 
 
 def test_sweep_errors(tmp_path):
-    proc = psgate("sweep", "--workload", WL, "--out", tmp_path / "o", "--executor", "slurm")
+    proc = psgate("sweep", "--workload", WL, "--baseline", "lru", "--candidate", "lru",
+                  "--out", tmp_path / "o", "--executor", "slurm")
     assert_one_line_error(proc, 2, "--executor")
     proc = psgate("sweep", "--workload", WL, "--out", tmp_path / "o", "--axis", "capacity")
     assert_one_line_error(proc, 2, "--axis")
     code = ("import sys; sys.modules['ray'] = None; from psgate.cli import main; "
             "sys.argv[0] = 'psgate'; main()")
     proc = subprocess.run([sys.executable, "-c", code, "sweep", "--workload", WL, "--out",
-                           str(tmp_path / "r"), "--executor", "ray", "--runs", "2"],
+                           str(tmp_path / "r"), "--executor", "ray", "--runs", "2",
+                           "--baseline", "lru", "--candidate", "prefixshield"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and "pip install" in proc.stderr, proc.stderr
 

@@ -26,6 +26,7 @@ HIDE_VLLM = ("import sys; sys.modules['vllm'] = None; "
 @pytest.mark.parametrize("engine", ["vllm-pool", "vllm"])
 def test_vllm_engines_without_vllm_exit_3_naming_the_install_command(tmp_path, engine):
     proc = subprocess.run([sys.executable, "-c", HIDE_VLLM, "replay", "--engine", engine,
+                           "--baseline", "lru", "--candidate", "prefixshield",
                            "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=120)
     assert_one_line_error(proc, 3, engine, "scripts/install-vllm.sh")

@@ -34,6 +34,9 @@ COEFFICIENTS = ("fixed_ms", "per_uncached_token_ms", "per_cached_token_ms",
                 "per_uncached_token_sq_ms", "per_uncached_cached_token_ms",
                 "per_output_token_ms")
 DEFAULT_SOURCE = "psgate defaults (Qwen2.5-1.5B on NVIDIA L4, rough)"
+# No coefficient reaches 1,000 s: beyond that it is no hardware's time, and near the float
+# range (1e308) a modeled duration becomes infinite and has no nanosecond value at all.
+MAX_COEFFICIENT_MS = 1e6
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,9 @@ def validate_cost_model_doc(doc: dict, path: str) -> None:
 def load_cost_model(path: str | Path) -> CostModel:
     """A calibrated cost-model file (schemas/cost-model.schema.json) as a CostModel whose
     origin names the file by basename and SHA-256."""
+    from psgate.trace.reader import require_utf8_name
+
+    require_utf8_name(str(path))
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -114,9 +120,9 @@ def load_cost_model(path: str | Path) -> CostModel:
     validate_cost_model_doc(doc, str(p))
     fit = doc["fit"]
     for k in COEFFICIENTS:
-        if not math.isfinite(fit[k]):
-            raise InputError(f"expected a finite number >= 0, found {fit[k]!r}", path=str(p),
-                             field=f"fit.{k}")
+        if not (math.isfinite(fit[k]) and fit[k] <= MAX_COEFFICIENT_MS):
+            raise InputError(f"expected a finite number >= 0 and <= {MAX_COEFFICIENT_MS:g}, "
+                             f"found {fit[k]!r}", path=str(p), field=f"fit.{k}")
     origin = {"name": p.name, "sha256": hashlib.sha256(raw).hexdigest(),
               "model": doc["model"]["name"], "dtype": doc["dtype"],
               "device": doc["device"]["name"]}

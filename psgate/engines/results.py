@@ -39,12 +39,34 @@ class RequestOutcome:
         return self.state in (COMPLETED, CANCELLED, UNFINISHED)
 
 
+class OutcomeSink:
+    """Where an engine hands each request's outcome the moment it is final (``add``), with
+    the request's arrival index (0, 1, ... in trace order). A replay that streams its
+    per-request results to disk and keeps only aggregates needs memory for what is in
+    flight, not for the whole trace; an engine given no sink collects the outcomes in
+    ``RunResult.requests`` instead (an engine that cannot stream always does)."""
+
+    def add(self, outcome: RequestOutcome, index: int) -> None:
+        raise NotImplementedError
+
+
+class Tee(OutcomeSink):
+    """Several sinks fed the same outcomes, in the same order."""
+
+    def __init__(self, *sinks: OutcomeSink) -> None:
+        self._adds = tuple(s.add for s in sinks)
+
+    def add(self, outcome: RequestOutcome, index: int) -> None:
+        for add in self._adds:
+            add(outcome, index)
+
+
 @dataclass(slots=True)
 class RunResult:
     label: str
     policy: dict
     usable_blocks: int
-    requests: list[RequestOutcome]
+    requests: list[RequestOutcome]         # empty when they went to an OutcomeSink
     groups: list[str]                      # in first-seen order
     evictions: int
     evictions_by: dict[str, dict[str, int]]   # requesting group -> owning group -> count

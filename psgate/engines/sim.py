@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
-                                    RequestOutcome, RunResult)
+                                    OutcomeSink, RequestOutcome, RunResult)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.invariants.prefixshield import BucketAudit
@@ -97,7 +97,8 @@ class SimEngine:
                  policy: EvictionPolicy, contracts: Iterable[str], done_ids: frozenset[str],
                  cost: CostModel | None = None, recorder=None, paranoid: bool = False,
                  label: str = "run", trace_path: str = "trace", progress=None,
-                 groups: tuple[str, ...] = (), max_in_flight: int = 1_000_000) -> None:
+                 groups: tuple[str, ...] = (), max_in_flight: int = 1_000_000,
+                 sink: OutcomeSink | None = None) -> None:
         if capacity < 2:
             raise InputError(f"expected at least 2 configured blocks (one is vLLM's null "
                              f"block), found {capacity}", path="--capacity")
@@ -174,10 +175,11 @@ class SimEngine:
         self.heap: list[tuple[int, int, _Req]] = []
         self.line: deque[_Req] = deque()            # capacity waits: head-of-line blocking
         self.group_lines: dict[int, deque[_Req]] = {}  # quota waits: per group
-        self.reqs: dict[str, _Req | str] = {}       # id -> live request, or its final state
+        self.reqs: dict[str, _Req] = {}     # id -> request, while admitted or waiting
         self.server_free_ns = 0
         self.seq = 0
-        self.outcomes: list[RequestOutcome] = []
+        self.outcomes: list[RequestOutcome] = []    # when no sink takes them
+        self.sink = sink
         self.num_evictions = 0
         self.num_requests = 0
         self.counts = {"admitted": 0, "waits": 0, "rejected": 0, "dropped": 0, "cancelled": 0,
@@ -373,7 +375,6 @@ class SimEngine:
             outcome.state = REJECTED
             self.counts["rejected"] += 1
             self.rejected_ids.append(ev.id)
-            self.reqs[ev.id] = REJECTED
             self._finalize(r)
             return
         self.reqs[ev.id] = r
@@ -707,13 +708,16 @@ class SimEngine:
             r.outcome.ttft_ms = None
         if state == UNFINISHED:
             self.counts["unfinished"] += 1
-        self.reqs[r.ev.id] = state
-        self._finalize(r)
+        del self.reqs[r.ev.id]        # a finished request's id is forgotten: its later
+        self._finalize(r)             # cancel or done counts as late all the same
 
     def _finalize(self, r: _Req) -> None:
         if r.outcome.state != REJECTED:
             self.num_in_flight -= 1
-        self.outcomes.append(r.outcome)
+        if self.sink is None:
+            self.outcomes.append(r.outcome)
+        else:
+            self.sink.add(r.outcome, r.preq.index)
 
     def _cancel(self, ev: CancelEvent) -> None:
         r = self.reqs.get(ev.id)
@@ -727,7 +731,7 @@ class SimEngine:
             r.state = 0
             r.outcome.state = DROPPED
             self.counts["dropped"] += 1
-            self.reqs[ev.id] = DROPPED
+            del self.reqs[ev.id]
             self._finalize(r)
             self._admit_waiting()
         else:

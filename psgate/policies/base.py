@@ -30,6 +30,26 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
+def _non_finite(value: Any) -> bool:
+    if type(value) is float:
+        return value != value or value in (float("inf"), float("-inf"))
+    if type(value) in (list, tuple):
+        return any(_non_finite(v) for v in value)
+    if type(value) is dict:
+        return any(_non_finite(v) for v in value.values())
+    return False
+
+
+def _check_param(policy: str, key: str, value: Any, default: Any) -> None:
+    """A NaN compares false with everything, so a NaN threshold would silently switch a
+    rule off; a number given as text ("NaN" from the command line) is no number either."""
+    if _non_finite(value):
+        raise ValueError(f"parameter '{key}': expected finite numbers, found {value!r}")
+    numeric = type(default) in (int, float)
+    if numeric and type(value) not in (int, float):
+        raise ValueError(f"parameter '{key}': expected a number, found {value!r:.40}")
+
+
 @dataclass(slots=True, frozen=True)
 class PoolInfo:
     """What a policy may know about the pool it serves."""
@@ -105,6 +125,8 @@ class EvictionPolicy(ABC):
         if unknown:
             raise ValueError(f"unknown parameter(s) for policy '{self.name}': "
                              f"{', '.join(unknown)}; known: {', '.join(self.defaults) or 'none'}")
+        for key, value in params.items():
+            _check_param(self.name, key, value, self.defaults[key])
         self.params: dict[str, Any] = {**self.defaults, **params}
         self.pool: PoolInfo | None = None
 

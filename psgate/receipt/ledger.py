@@ -13,11 +13,14 @@ import csv
 import gzip
 import hashlib
 import io
+import mmap
+from array import array
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 
-from psgate.engines.results import RequestOutcome
+from psgate.engines.results import OutcomeSink, RequestOutcome
 
 LEDGER_COLUMNS = (
     "run", "policy", "seq", "t", "kind", "request", "group", "contract", "block", "hash",
@@ -270,17 +273,131 @@ class LedgerWriter:
             self._raw.close()
 
 
-def write_requests(path: Path, runs: list[tuple[str, str, list[RequestOutcome]]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(REQUEST_COLUMNS)
-        for label, policy, outcomes in runs:
-            for o in sorted(outcomes, key=lambda o: (o.t_ns, o.id)):
-                w.writerow([label, policy, o.id, o.group, o.contract, o.role or "",
-                            int(o.measure), o.state, fmt_t(o.t_ns), o.prompt_tokens,
-                            o.cached_tokens, o.new_blocks, o.recompute_tokens, int(o.waited),
-                            fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
-                            fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns)])
+def request_row(label: str, policy: str, o: RequestOutcome) -> list:
+    """One requests.csv row, as its fields."""
+    return [label, policy, o.id, o.group, o.contract, o.role or "", int(o.measure), o.state,
+            fmt_t(o.t_ns), o.prompt_tokens, o.cached_tokens, o.new_blocks, o.recompute_tokens,
+            int(o.waited), fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
+            fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns)]
+
+
+class RequestSpool(OutcomeSink):
+    """One run's requests.csv rows, written to a scratch file as requests finish.
+
+    requests.csv lists a run's requests by (t, id), while they finish in another order. Each
+    finished request's row goes to the scratch file at once; what stays in memory is 20
+    bytes per request (where its row is, its length and its time, by arrival index), so a
+    replay's memory does not grow with the rows of the trace. Arrival order is time order,
+    so placing rows by arrival index sorts them by t; requests that share a t are put in
+    id order when the file is written (:meth:`write_to`)."""
+
+    def __init__(self, path: Path, label: str, policy: str) -> None:
+        self.path = path
+        self.label, self.policy = label, policy
+        self._fh = open(path, "wb")
+        self._buf: list[bytes] = []
+        self._size = 0                 # bytes of rows so far, buffered ones included
+        self.offset = array("q")       # arrival index -> row start, -1 for none
+        self.length = array("I")
+        self.t_ns = array("q")
+        self.num_rows = 0
+
+    def add(self, o: RequestOutcome, index: int) -> None:
+        row = ",".join(map(csv_field, request_row(self.label, self.policy, o))).encode() + b"\n"
+        have = len(self.offset)
+        if index >= have:
+            more = index + 1 - have
+            self.offset.extend(array("q", [-1]) * more)
+            self.length.extend(array("I", [0]) * more)
+            self.t_ns.extend(array("q", [0]) * more)
+        self.offset[index] = self._size
+        self.length[index] = len(row)
+        self.t_ns[index] = o.t_ns
+        self._size += len(row)
+        self.num_rows += 1
+        buf = self._buf
+        buf.append(row)
+        if len(buf) >= 2048:
+            self._fh.write(b"".join(buf))
+            buf.clear()
+
+    def extend(self, outcomes: Iterable[RequestOutcome]) -> "RequestSpool":
+        """Rows of outcomes already in arrival order (an engine that does not stream)."""
+        for i, o in enumerate(outcomes):
+            self.add(o, i)
+        return self
+
+    def write_to(self, out) -> None:
+        """This run's rows, by (t, id), to the binary file ``out``; the scratch file is
+        removed."""
+        if self._buf:
+            self._fh.write(b"".join(self._buf))
+            self._buf.clear()
+        self._fh.close()
+        try:
+            with open(self.path, "rb") as fh:
+                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if self._size else b""
+            offset, length, t_ns = self.offset, self.length, self.t_ns
+            n = len(offset)
+            head = len(f"{csv_field(self.label)},{csv_field(self.policy)},".encode())
+            batch: list[bytes] = []
+            i = 0
+            while i < n:
+                if offset[i] < 0:
+                    i += 1
+                    continue
+                j = i + 1
+                while j < n and (offset[j] < 0 or t_ns[j] == t_ns[i]):
+                    j += 1
+                rows = [data[offset[k]:offset[k] + length[k]] for k in range(i, j)
+                        if offset[k] >= 0]
+                if len(rows) > 1:             # requests that share a time: by id
+                    rows.sort(key=lambda row: _field_at(row, head))
+                batch.extend(rows)
+                if len(batch) >= 4096:
+                    out.write(b"".join(batch))
+                    batch.clear()
+                i = j
+            out.write(b"".join(batch))
+            if isinstance(data, mmap.mmap):
+                data.close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+def _field_at(row: bytes, start: int) -> str:
+    """The field of a row that starts at byte ``start``, as csv_field wrote it: quoted (its
+    quotes doubled) when it begins with a quote, else plain up to the next comma. (A csv
+    reader would not do: csv.writer leaves a lone carriage return unquoted, and a reader
+    takes it for the end of the row.)"""
+    s = row[start:].decode()
+    if not s.startswith('"'):
+        return s[:s.index(",")]
+    parts, i = [], 1
+    while True:
+        j = s.index('"', i)
+        if s.startswith('"', j + 1):
+            parts.append(s[i:j + 1])
+            i = j + 2
+        else:
+            parts.append(s[i:j])
+            return "".join(parts)
+
+
+def write_requests(path: Path, runs: list[tuple[str, str, list[RequestOutcome]]]
+                   | list[RequestSpool]) -> None:
+    """requests.csv: every run's rows by (t, id), runs in order. ``runs``: spools filled
+    while the runs were replayed, or (label, policy, outcomes) with outcomes in memory."""
+    with open(path, "wb") as fh:
+        fh.write(",".join(REQUEST_COLUMNS).encode() + b"\n")
+        for run in runs:
+            if not isinstance(run, RequestSpool):
+                label, policy, outcomes = run
+                rows = sorted(outcomes, key=lambda o: (o.t_ns, o.id))
+                fh.write(b"".join(",".join(map(csv_field, request_row(label, policy, o)))
+                                  .encode() + b"\n" for o in rows))
+                continue
+            run.write_to(fh)
 
 
 def file_sha256(path: Path) -> str:

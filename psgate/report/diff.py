@@ -2,8 +2,10 @@
 
 Receipts of different traces are refused unless forced: their numbers are not
 comparable. B regresses when its gate fails where A's passed, when a check that
-passed in A fails in B, or, with a gate file, when B's candidate misses a
-threshold taken relative to A's candidate ("baseline" in the file means A).
+passed in A fails in B, or, with a gate file, when a file check that A meets B
+misses: a value check with ref "baseline" compares B's candidate with A's (A
+itself is held to A's own value), a ``stat`` check reads each receipt's own
+candidate-minus-baseline difference. So a receipt never regresses against itself.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from psgate.errors import InputError
-from psgate.receipt.gate import OPS, GateSpec, _select
+from psgate.receipt.gate import OPS, GateSpec, _select, expand_select
+from psgate.stats.bootstrap import paired_summary
 from psgate.report.receipts import load_receipt
 
 HEADLINE = ("hit_fraction", "token_hit_ratio", "saved_prefill_tokens", "ttft_p95_ms",
@@ -86,18 +89,57 @@ def diff(dir_a: str, dir_b: str, force: bool = False, spec: GateSpec | None = No
                                    f"{c['threshold']})")
     if a["gate"]["result"] == "pass" and b["gate"]["result"] == "fail" and not regressions:
         regressions.append("B's gate fails where A's passed")
-    for c in (spec.checks if spec else ()):
-        run = c["run"]
-        tgt_b = _select(b["runs"][run]["metrics"], c["select"])
-        observed = None if tgt_b is None else tgt_b.get(c["metric"])
-        if c["ref"] == "baseline":
-            tgt_a = _select(a["runs"][run]["metrics"], c["select"])
-            ref = None if tgt_a is None else tgt_a.get(c["metric"])
-        else:
-            ref = c["ref"]
-        if observed is None or ref is None:
-            regressions.append(f"{c['name']}: no value to compare (fails closed)")
-        elif not OPS[c["op"]](observed, round(ref + c["delta"], 9)):
-            regressions.append(f"{c['name']}: B has {observed}, A-relative threshold "
-                               f"{c['op']} {round(ref + c['delta'], 9)}")
+    regressions += _file_regressions(a, b, spec)
     return DiffResult(a, b, rows, config_changes, gate_changes, regressions)
+
+
+def _own_paired(receipt: dict) -> dict:
+    """A receipt's candidate minus its baseline, as a one-run paired summary."""
+    return paired_summary([receipt["runs"]["baseline"]["metrics"]],
+                          [receipt["runs"]["candidate"]["metrics"]], resamples=100, seed=0)
+
+
+def _file_regressions(a: dict, b: dict, spec: GateSpec | None) -> list[str]:
+    """The gate file's checks on A and on B; a regression is a check A meets and B
+    misses (or has no value for). A check that A itself misses is not B's doing."""
+    out: list[str] = []
+    paired = {}
+    for i, c in enumerate(spec.checks if spec else ()):
+        stat, run = c.get("stat", "value"), c["run"]
+        if stat != "value" and "ci" in stat:
+            raise InputError(f"stat '{stat}' needs matched runs; diff compares two single "
+                             f"receipts: use diff_mean or rel_diff_mean", path=spec.path,
+                             field=f"check[{i}].stat")
+        if stat != "value" and not paired:
+            paired = {"a": _own_paired(a), "b": _own_paired(b)}
+        scopes = paired["b"] if stat != "value" else b["runs"][run]["metrics"]
+        for sel in expand_select(c["select"], spec, scopes, f"check[{i}].select"):
+            name = c["name"] if sel == c["select"] else f"{c['name']} [{sel}]"
+            if stat != "value":
+                got = {}
+                for k in ("a", "b"):
+                    entry = _select(paired[k], sel)
+                    entry = None if entry is None else entry.get(c["metric"])
+                    got[k] = None if entry is None else entry.get(stat)
+                threshold = round(c["ref"] + c["delta"], 9)
+                ref_a = ref_b = threshold
+            else:
+                got = {}
+                for k, r in (("a", a), ("b", b)):
+                    scope = _select(r["runs"][run]["metrics"], sel)
+                    got[k] = None if scope is None else scope.get(c["metric"])
+                if c["ref"] == "baseline":       # A's value is the reference of both
+                    ref_a = ref_b = (None if got["a"] is None
+                                     else round(got["a"] + c["delta"], 9))
+                else:
+                    ref_a = ref_b = round(c["ref"] + c["delta"], 9)
+            a_ok = got["a"] is not None and ref_a is not None and OPS[c["op"]](got["a"], ref_a)
+            if not a_ok:
+                continue
+            if got["b"] is None or ref_b is None:
+                out.append(f"{name}: no value in B to compare (fails closed)")
+            elif not OPS[c["op"]](got["b"], ref_b):
+                what = c["metric"] if stat == "value" else f"{stat}({c['metric']})"
+                out.append(f"{name}: A has {got['a']}, B has {got['b']} for {what}; "
+                           f"A-relative threshold {c['op']} {ref_b}")
+    return out

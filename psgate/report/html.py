@@ -3,8 +3,10 @@
 Time series (per-group occupancy, PrefixShield debt) are not in the receipt, so the
 report replays the receipt's trace and configuration once more and samples them;
 without the trace it says so where those plots would be. Everything else comes
-from receipt.json and requests.csv. Plots are drawn with matplotlib (the
-``psgate[report]`` extra).
+from receipt.json and requests.csv. A matched-run experiment's report comes from its
+receipt alone: run-level means and paired differences with their bootstrap intervals,
+and every run's own numbers. Plots are drawn with matplotlib (the ``psgate[report]``
+extra).
 """
 
 from __future__ import annotations
@@ -14,12 +16,18 @@ import html
 import io
 from pathlib import Path
 
+import orjson
+
 from psgate.engines.sim import NullRecorder
 from psgate.errors import EngineUnavailable, InputError, PsgateError
-from psgate.report.receipts import load_receipt, prepare_replay, replay_run
+from psgate.report.receipts import load_receipt, prepare_replay, replay_run, text_lines
 
 RUNS = ("baseline", "candidate")
 MAX_SAMPLES = 400
+# one colour per role in every panel, so that "attacker" is the same line left and right
+ROLE_COLOURS = {"victim": "#1f77b4", "attacker": "#d62728", "benign": "#2ca02c",
+                "(none)": "#7f7f7f"}
+RUN_COLOURS = {"baseline": "#7f7f7f", "candidate": "#1f77b4"}
 
 
 def _plt():
@@ -27,10 +35,12 @@ def _plt():
         import matplotlib
     except ImportError:
         raise EngineUnavailable("psgate report draws its plots with matplotlib, which is not "
-                                "installed; install it with: pip install 'psgate[report]'") from None
+                                "installed; install it with: pip install 'psgate[report]'"
+                                ) from None
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.fonttype"] = "path"       # text as paths: no font needed
     matplotlib.rcParams["svg.hashsalt"] = "psgate"     # stable ids across runs
+    matplotlib.rcParams["text.parse_math"] = False     # a group named "$x$" is text
     import matplotlib.pyplot as plt
     return plt
 
@@ -88,9 +98,8 @@ def _read_requests(directory: Path) -> dict[str, list[dict]]:
     p = directory / "requests.csv"
     if not p.is_file():
         raise InputError("no requests.csv here", path=str(directory))
-    with open(p, newline="", encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
-            rows.setdefault(r["run"], []).append(r)
+    for r in csv.DictReader(text_lines(p)):
+        rows.setdefault(r.get("run"), []).append(r)
     return rows
 
 
@@ -101,10 +110,68 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def hits_figure(plt, requests: dict[str, list[dict]], names: dict[str, str]):
+    """Rolling hit fraction per role, baseline and candidate side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    for ax, run in zip(axes, RUNS):
+        rows = [r for r in requests.get(run, []) if r["measure"] == "1"
+                and r["state"] in ("completed", "cancelled", "unfinished")]
+        for role in sorted({r["role"] or "(none)" for r in rows}):
+            pts = sorted((float(r["t"]), int(r["cached_tokens"]) / int(r["prompt_tokens"]))
+                         for r in rows if (r["role"] or "(none)") == role)
+            if not pts:
+                continue
+            w = max(1, len(pts) // 20)       # rolling mean over ~5% of the requests
+            xs, ys, acc = [], [], 0.0
+            for i, (t, f) in enumerate(pts):
+                acc += f
+                if i >= w:
+                    acc -= pts[i - w][1]
+                xs.append(t)
+                ys.append(acc / min(i + 1, w))
+            # clip_on=False and a margin below 0: a role that never hits (an attacker's
+            # unseen prefixes) is a line along 0, not hidden under the axis
+            ax.plot(xs, ys, label=role, linewidth=1.6, clip_on=False, zorder=3,
+                    color=ROLE_COLOURS.get(role))
+        ax.set_title(f"{run}: {names[run]}")
+        ax.set_xlabel("arrival time (s)")
+        ax.set_ylim(-0.05, 1.05)
+    axes[0].set_ylabel("hit fraction (rolling mean)")
+    axes[1].legend(fontsize=7)
+    return fig
+
+
+def evictions_figure(plt, receipt: dict, groups: list[str], names: dict[str, str]):
+    """Who evicted whom: requesting group x owning group, both runs on one colour scale."""
+    mats = {}
+    for run in RUNS:
+        by = receipt["runs"][run]["metrics"]["evictions_by"]
+        mats[run] = [[by.get(a, {}).get(b, 0) for b in groups] for a in groups]
+    # one colour scale for both panels, or the same colour means different counts
+    vmax = max([v for m in mats.values() for row in m for v in row] + [1])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+    for ax, run in zip(axes, RUNS):
+        m = mats[run]
+        im = ax.imshow(m, cmap="Reds", vmin=0, vmax=vmax)
+        ax.set_xticks(range(len(groups)), groups, rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(range(len(groups)), groups, fontsize=7)
+        ax.set_xlabel("owning group (lost blocks)")
+        ax.set_ylabel("requesting group")
+        ax.set_title(f"{run}: {names[run]}")
+        for i, row in enumerate(m):
+            for j, v in enumerate(row):
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=7,
+                        color=_text_colour(v, vmax))
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="evicted blocks (both panels)")
+    return fig
+
+
 def build_report(directory: str | Path, trace: str | None = None) -> str:
     plt = _plt()
     directory = Path(directory)
-    receipt = load_receipt(directory)
+    receipt = load_receipt(directory, experiment_ok=True)
+    if "psgate_experiment" in receipt:
+        return build_experiment_report(directory, receipt, plt)
     requests = _read_requests(directory)
     names = {run: receipt["config"][run]["name"] for run in RUNS}
     sections: list[str] = []
@@ -149,29 +216,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
         plt.close(fig)
 
     # hit fraction over time per role, from requests.csv
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
-    for ax, run in zip(axes, RUNS):
-        rows = [r for r in requests.get(run, []) if r["measure"] == "1"
-                and r["state"] in ("completed", "cancelled", "unfinished")]
-        for role in sorted({r["role"] or "(none)" for r in rows}):
-            pts = sorted((float(r["t"]), int(r["cached_tokens"]) / int(r["prompt_tokens"]))
-                         for r in rows if (r["role"] or "(none)") == role)
-            if not pts:
-                continue
-            w = max(1, len(pts) // 20)       # rolling mean over ~5% of the requests
-            xs, ys, acc = [], [], 0.0
-            for i, (t, f) in enumerate(pts):
-                acc += f
-                if i >= w:
-                    acc -= pts[i - w][1]
-                xs.append(t)
-                ys.append(acc / min(i + 1, w))
-            ax.plot(xs, ys, label=role, linewidth=1.2)
-        ax.set_title(f"{run}: {names[run]}")
-        ax.set_xlabel("arrival time (s)")
-        ax.set_ylim(0, 1.02)
-    axes[0].set_ylabel("hit fraction (rolling mean)")
-    axes[1].legend(fontsize=7)
+    fig = hits_figure(plt, requests, names)
     plots.append(_plot("Hit fraction over time per role", "hits", _svg(fig)))
     plt.close(fig)
 
@@ -191,21 +236,9 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
 
     # who evicted whom
     groups = sorted({g for run in RUNS for g in receipt["runs"][run]["metrics"]["groups"]})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    for ax, run in zip(axes, RUNS):
-        by = receipt["runs"][run]["metrics"]["evictions_by"]
-        m = [[by.get(a, {}).get(b, 0) for b in groups] for a in groups]
-        im = ax.imshow(m, cmap="Reds")
-        ax.set_xticks(range(len(groups)), groups, rotation=45, ha="right", fontsize=7)
-        ax.set_yticks(range(len(groups)), groups, fontsize=7)
-        ax.set_xlabel("owning group (lost blocks)")
-        ax.set_ylabel("requesting group")
-        ax.set_title(f"{run}: {names[run]}")
-        for i, row in enumerate(m):
-            for j, v in enumerate(row):
-                ax.text(j, i, str(v), ha="center", va="center", fontsize=7)
-        fig.colorbar(im, ax=ax, shrink=0.8)
-    plots.append(_plot("Who evicted whom", "evictions", _svg(fig)))
+    fig = evictions_figure(plt, receipt, groups, names)
+    plots.append(_plot("Who evicted whom (one colour scale for both runs)", "evictions",
+                       _svg(fig)))
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(11, 3.0))
     width = 0.4
@@ -247,11 +280,9 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
             ["engine", receipt["config"]["engine"]],
             ["capacity (usable)", f"{receipt['config']['capacity']} "
                                   f"({receipt['config']['usable_blocks']})"],
-            ["baseline", f"{names['baseline']} {receipt['config']['baseline']['params']}"],
-            ["candidate", f"{names['candidate']} {receipt['config']['candidate']['params']}"],
-            ["cost model", "modeled: " + ", ".join(
-                f"{k}={v}" for k, v in receipt["config"]["cost_model"].items()
-                if k not in ("label", "source"))],
+            ["baseline", _policy(receipt["config"]["baseline"])],
+            ["candidate", _policy(receipt["config"]["candidate"])],
+            ["cost model", _cost_model(receipt["config"]["cost_model"])],
             ["psgate", receipt["tool"]["version"]],
             ["python", receipt.get("environment", {}).get("python")]]
     verdict = gate["result"].upper()
@@ -270,10 +301,33 @@ Times are modeled by the cost model, not observed.</p>
                                 by_rows)}
 <h2>Invariants</h2>{_table(["run", "invariant", "verdict", "checks", "violations",
                            "first violation"], inv_rows)}
-<h2>Provenance</h2>{_table(["", ""], prov)}
+<h2>Provenance</h2>{_table(["item", "value"], prov)}
 <pre id="psgate-selfcheck"></pre>
 """
     return PAGE.replace("{BODY}", body)
+
+
+def _text_colour(v: float, vmax: float) -> str:
+    """White on the dark end of the colour map, black on the light end."""
+    return "white" if v > 0.55 * vmax else "black"
+
+
+def _value(v) -> str:
+    return orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _policy(p: dict) -> str:
+    """A policy as its name and ``key=value`` parameters (JSON values), not a Python repr."""
+    params = p.get("params") or {}
+    if not params:
+        return f"{p['name']} (default parameters)"
+    return f"{p['name']}: " + ", ".join(f"{k}={_value(v)}" for k, v in sorted(params.items()))
+
+
+def _cost_model(cm: dict) -> str:
+    coeffs = ", ".join(f"{k}={_value(v)}" for k, v in sorted(cm.items())
+                       if k not in ("label", "source"))
+    return f"{cm.get('label', 'modeled')} ({cm.get('source', 'unnamed')}): {coeffs}"
 
 
 PAGE = """<!DOCTYPE html>
@@ -315,3 +369,180 @@ def write_report(directory: str | Path, out: str | Path, trace: str | None = Non
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+# -- matched runs ------------------------------------------------------------------------
+
+EXP_METRICS = ("hit_fraction", "token_hit_ratio", "saved_prefill_tokens", "ttft_p95_ms",
+               "evictions", "evictions_suffered")
+MAX_GROUP_ROWS = 16
+
+
+def _scopes(metrics: dict) -> list[tuple[str, str, dict]]:
+    """(label, key path, values) for all, each role and the first groups of a summary."""
+    out = [("all", "totals", metrics["totals"])]
+    out += [(f"role {k}", f"roles.{k}", v) for k, v in sorted(metrics.get("roles", {}).items())]
+    out += [(f"group {k}", f"groups.{k}", v)
+            for k, v in sorted(metrics.get("groups", {}).items())[:MAX_GROUP_ROWS]]
+    return out
+
+
+def _run_value(run: dict, side: str, path: str, metric: str):
+    m = run["metrics"][side]
+    if path == "totals":
+        return m["totals"].get(metric)
+    kind, _, name = path.partition(".")
+    return m.get(kind, {}).get(name, {}).get(metric)
+
+
+def _num(x, *like):
+    """Rounded for reading: 4 decimals when the values compared (``like``, else ``x``)
+    are below 10, 1 above."""
+    if x is None:
+        return None
+    if isinstance(x, float):
+        ref = max([abs(v) for v in like if isinstance(v, (int, float))] or [abs(x)])
+        return round(x, 4 if ref < 10 else 1)
+    return x
+
+
+def _paired_plot(plt, receipt: dict, metric: str, label: str) -> str:
+    """Per scope: every run's candidate - baseline (dots), the mean (diamond) and the
+    paired bootstrap interval (bar); a vertical line at no difference."""
+    s = receipt["summary"]
+    runs = receipt["runs"]
+    scopes = [(lbl, path, v) for lbl, path, v in _scopes(s) if metric in v]
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(scopes) + 1.2))
+    for y, (lbl, path, v) in enumerate(scopes):
+        e = v[metric]
+        diffs = []
+        for r in runs:
+            a, b = _run_value(r, "baseline", path, metric), _run_value(r, "candidate", path,
+                                                                        metric)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                diffs.append(b - a)
+        ax.scatter(diffs, [y] * len(diffs), s=16, color="#444444", zorder=5,
+                   label="one run" if y == 0 else None)
+        if e.get("diff_ci_low") is not None:
+            ax.plot([e["diff_ci_low"], e["diff_ci_high"]], [y, y], color="#1f77b4",
+                    linewidth=6, alpha=0.45, solid_capstyle="butt", zorder=3,
+                    label="paired bootstrap interval" if y == 0 else None)
+        if e.get("diff_mean") is not None:
+            ax.scatter([e["diff_mean"]], [y], marker="D", s=36, color="#d62728", zorder=4,
+                       label="mean difference" if y == 0 else None)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(scopes)), [lbl for lbl, _, _ in scopes], fontsize=8)
+    ax.set_ylim(len(scopes) - 0.5, -0.5)
+    ax.set_xlabel(f"candidate - baseline: {label}")
+    ax.legend(fontsize=7, loc="best")
+    return _svg(fig)
+
+
+def _runs_plot(plt, receipt: dict) -> str:
+    """Hit fraction of every run under both policies: one line per run from baseline to
+    candidate, one panel per scope (all and each role)."""
+    runs = receipt["runs"]
+    s = receipt["summary"]
+    scopes = [("all", "totals")] + [(f"role {k}", f"roles.{k}") for k in sorted(s["roles"])]
+    fig, axes = plt.subplots(1, len(scopes), figsize=(11, 3.2), sharey=True, squeeze=False)
+    for ax, (lbl, path) in zip(axes[0], scopes):
+        for r in runs:
+            a = _run_value(r, "baseline", path, "hit_fraction")
+            b = _run_value(r, "candidate", path, "hit_fraction")
+            if a is None or b is None:
+                continue
+            ax.plot([0, 1], [a, b], color="#1f77b4" if b >= a else "#d62728", alpha=0.6,
+                    marker="o", markersize=3, linewidth=1, clip_on=False)
+        ax.set_xticks([0, 1], [receipt["config"]["baseline"]["name"],
+                               receipt["config"]["candidate"]["name"]], fontsize=8)
+        ax.set_xlim(-0.3, 1.3)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(lbl, fontsize=9)
+    axes[0][0].set_ylabel("hit fraction (one line per run)")
+    return _svg(fig)
+
+
+def build_experiment_report(directory: Path, receipt: dict, plt) -> str:
+    cfg = receipt["config"]
+    s = receipt["summary"]
+    gate = receipt["gate"]
+    names = {run: cfg[run]["name"] for run in RUNS}
+    level = cfg.get("bootstrap", {}).get("level", 0.95)
+    plots = [
+        _plot(f"Hit fraction: per-run and paired difference with its {level:.0%} bootstrap "
+              f"interval", "paired-hits", _paired_plot(plt, receipt, "hit_fraction",
+                                                       "hit fraction")),
+        _plot(f"p95 TTFT (modeled): per-run and paired difference with its {level:.0%} "
+              f"bootstrap interval", "paired-ttft",
+              _paired_plot(plt, receipt, "ttft_p95_ms", "p95 TTFT (ms, modeled)")),
+        _plot("Hit fraction of every run under both policies", "runs", _runs_plot(plt, receipt)),
+    ]
+    plt.close("all")
+    paired_rows = []
+    for lbl, _, v in _scopes(s):
+        for m in EXP_METRICS:
+            if m in v:
+                e = v[m]
+                like = (e.get("baseline_mean"), e.get("candidate_mean"))
+                paired_rows.append([lbl, m, _num(like[0]), _num(like[1]),
+                                    _num(e.get("diff_mean"), *like),
+                                    _num(e.get("diff_ci_low"), *like),
+                                    _num(e.get("diff_ci_high"), *like),
+                                    _num(e.get("rel_diff_mean")), e.get("n")])
+    run_rows = []
+    for r in receipt["runs"]:
+        row = [r["id"], r.get("seed"), r["trace"]["path"], r["gate"].upper()]
+        for m in ("hit_fraction", "ttft_p95_ms", "evictions"):
+            a = _run_value(r, "baseline", "totals", m)
+            b = _run_value(r, "candidate", "totals", m)
+            d = None if a is None or b is None else b - a
+            row += [_num(a), _num(b), _num(d, a, b)]
+        row.append(r["receipt"])
+        run_rows.append(row)
+    gate_rows = [[c["verdict"].upper(), c["name"], c.get("metric"), c.get("op"),
+                  c.get("threshold"), c.get("observed"), c.get("note", "")]
+                 for c in gate["checks"]]
+    src = receipt.get("source", {})
+    if src.get("kind") == "workload":
+        source = (f"workload {src.get('workload')} "
+                  + (", ".join(f"{k}={_value(v)}" for k, v in sorted(src.get("params", {})
+                                                                       .items()))
+                     or "(default parameters)")
+                  + f"; base seed {src.get('base_seed')}")
+    else:
+        source = f"corpus {src.get('directory', _value(src))}"
+    prov = [["source", source],
+            ["runs", s["num_runs"]],
+            ["engine", cfg["engine"]],
+            ["capacity (usable)", f"{cfg['capacity']} ({cfg['usable_blocks']})"],
+            ["baseline", _policy(cfg["baseline"])],
+            ["candidate", _policy(cfg["candidate"])],
+            ["cost model", _cost_model(cfg["cost_model"])],
+            ["interval", ", ".join(f"{k}={_value(v)}" for k, v in
+                                   sorted(cfg.get("bootstrap", {}).items()))],
+            ["psgate", receipt["tool"]["version"]]]
+    verdict = gate["result"].upper()
+    body = f"""
+<h1>psgate matched runs: <span class="{gate['result']}">{verdict}</span></h1>
+<p><b>{html.escape(names['baseline'])}</b> (baseline) and <b>{html.escape(names['candidate'])}</b>
+(candidate) over {s['num_runs']} matched run(s) of {html.escape(source)};
+{gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} gate checks passed.
+Numbers are run-level means; a difference is candidate - baseline, paired run by run, with a
+{level:.0%} percentile-bootstrap interval over runs. Times are modeled by the cost model, not
+observed. Each run's own report:
+<code>psgate report {html.escape(str(directory))}/runs/ID</code>.</p>
+<h2>Gate</h2>{_table(["verdict", "check", "metric", "op", "threshold", "observed", "note"],
+                     gate_rows)}
+<h2>Paired differences</h2>{_table(["scope", "metric", "baseline mean", "candidate mean",
+                                   "difference", f"{level:.0%} CI low", f"{level:.0%} CI high",
+                                   "relative difference", "runs"], paired_rows)}
+<h2>Plots</h2>{''.join(plots)}
+<h2>Runs</h2>{_table(["run", "seed", "trace", "gate", "hit fraction A", "hit fraction B",
+                      "B - A", "TTFT p95 A", "TTFT p95 B", "B - A", "evictions A",
+                      "evictions B", "B - A", "receipt"], run_rows)}
+<p>A = baseline ({html.escape(names['baseline'])}), B = candidate
+({html.escape(names['candidate'])}), whole-run totals.</p>
+<h2>Provenance</h2>{_table(["item", "value"], prov)}
+<pre id="psgate-selfcheck"></pre>
+"""
+    return PAGE.replace("{BODY}", body)

@@ -1,41 +1,162 @@
-"""Loading a receipt directory and rebuilding the replay configuration it records."""
+"""Loading a receipt directory and rebuilding the replay configuration it records.
+
+A receipt is read back as evidence, possibly from someone else's disk: it is checked
+against its schema (with whole numbers held to ``int``, so ``32.0`` or ``"32"`` for a
+capacity is refused) before any command looks inside, and ledgers are read through
+:func:`text_lines`, so a damaged file is one error naming the file and line, never a
+traceback from deep inside a command.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import gzip
 import hashlib
+import zlib
 from pathlib import Path
+from typing import Iterator
 
 import orjson
 
 from psgate.api import ReplayConfig, contract_table
-from psgate.engines.cost import CostModel
+from psgate.engines.cost import COEFFICIENTS, CostModel
 from psgate.engines.sim import SimEngine
 from psgate.errors import InputError
 from psgate.policies import make_policy
-from psgate.resources import BUNDLED_PREFIX
+from psgate.receipt.gate import Tolerances
+from psgate.resources import BUNDLED_PREFIX, load_schema
 from psgate.trace.future import future_uses
-from psgate.trace.reader import HashTable, Limits, TraceReader, TraceSource, validate_trace
+from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, duplicate_key,
+                                 validate_trace)
+
+
+@functools.cache
+def _validator(name: str):
+    """Draft 2020-12 with ``integer`` meaning a JSON integer: the default also accepts
+    ``32.0``, which would reach the engine as a float."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    strict = base.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(base, type_checker=strict)(load_schema(name))
+
+
+# Keys the schemas require of receipts written now that receipts of the same format
+# written by earlier versions lack; every reader takes their absence as the old default,
+# so such a receipt still loads (and diffs against a new one).
+ADDED_SINCE_FORMAT_1 = frozenset({"config.non_regression"})
+
+
+def _added_later(e) -> bool:
+    if e.validator != "required":
+        return False
+    where = ".".join(str(x) for x in e.absolute_path)
+    missing = [k for k in e.validator_value if k not in e.instance]
+    return all(f"{where}.{k}".lstrip(".") in ADDED_SINCE_FORMAT_1 for k in missing)
+
+
+def receipt_problem(doc, name: str) -> tuple[str, str] | None:
+    """The first violation of schema ``name`` by location, as (dotted path, message)."""
+    errors = sorted((e for e in _validator(name).iter_errors(doc) if not _added_later(e)),
+                    key=lambda e: [(isinstance(x, str), x) for x in e.absolute_path])
+    if not errors:
+        return None
+    e = errors[0]
+    loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e.absolute_path)
+    message = e.message if len(e.message) <= 160 else e.message[:157] + "..."
+    return loc.lstrip(".") or "(top level)", message
+
+
+def check_receipt(receipt, path: str) -> str:
+    """``"receipt"`` or ``"experiment"``: which schema ``receipt`` matches, or InputError
+    naming the file, the JSON path and what was expected."""
+    if not isinstance(receipt, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+        raise InputError(f"expected a JSON object (a psgate receipt), found "
+                         f"{kind.get(type(receipt), 'a number')}", path=path)
+    name = "experiment" if "psgate_experiment" in receipt else "receipt"
+    if name == "receipt" and "psgate_receipt" not in receipt:
+        raise InputError("not a psgate receipt: expected a 'psgate_receipt' or "
+                         "'psgate_experiment' key", path=path)
+    found = receipt_problem(receipt, name) or _config_problem(receipt["config"])
+    if found:
+        raise InputError(f"{found[1]} (expected as schemas/{name}.schema.json describes)",
+                         path=path, field=None if found[0] == "(top level)" else found[0])
+    return name
+
+
+def _config_problem(cfg: dict) -> tuple[str, str] | None:
+    """What the schemas leave open in ``config`` and a replay would trip over."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    limits = cfg.get("limits", {})
+    if not isinstance(limits, dict):
+        return "config.limits", f"expected an object, found {limits!r:.40}"
+    for k, v in limits.items():
+        if k not in known or isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return (f"config.limits.{k}", f"expected one of {', '.join(sorted(known))} as a "
+                    f"whole number >= 1, found {v!r:.40}")
+    if not isinstance(cfg.get("cost_model"), dict):
+        return "config.cost_model", f"expected an object, found {cfg.get('cost_model')!r:.40}"
+    for k in COEFFICIENTS:
+        v = cfg["cost_model"].get(k, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            return f"config.cost_model.{k}", f"expected a number >= 0, found {v!r:.40}"
+    return None
+
+
+def read_receipt_file(p: Path) -> dict:
+    """One receipt.json, parsed and checked against its schema."""
+    try:
+        raw = p.read_bytes()
+        receipt = orjson.loads(raw)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError("no receipt.json here (an interrupted or foreign directory?)",
+                         path=str(p.parent)) from None
+    except IsADirectoryError:
+        raise InputError("expected a file, found a directory", path=str(p)) from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"receipt.json is not valid JSON ({exc})", path=str(p)) from None
+    dup = duplicate_key(raw, receipt)     # a parser keeps the last: two receipts in one
+    if dup is not None:
+        raise InputError("duplicate key in one JSON object", path=str(p), field=dup)
+    check_receipt(receipt, str(p))
+    return receipt
 
 
 def load_receipt(directory: str | Path, experiment_ok: bool = False) -> dict:
     """A replay's receipt; an experiment's (matched runs) only where ``experiment_ok``:
     the commands that read one run's ledger are pointed at a run's own directory."""
     d = Path(directory)
-    p = d / "receipt.json"
     if not d.is_dir():
         raise InputError("not a receipt directory", path=str(d))
-    try:
-        receipt = orjson.loads(p.read_bytes())
-    except FileNotFoundError:
-        raise InputError("no receipt.json here (an interrupted or foreign directory?)",
-                         path=str(d)) from None
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"receipt.json is not valid JSON ({exc})", path=str(p)) from None
-    if isinstance(receipt, dict) and "psgate_experiment" in receipt and not experiment_ok:
-        first = (receipt.get("runs") or [{}])[0].get("receipt", "runs/<id>/receipt.json")
+    receipt = read_receipt_file(d / "receipt.json")
+    if "psgate_experiment" in receipt and not experiment_ok:
+        first = receipt["runs"][0]["receipt"]
         raise InputError(f"an experiment receipt (matched runs); name one run's directory, "
                          f"e.g. {d / Path(first).parent}", path=str(d))
     return receipt
+
+
+def text_lines(path: Path) -> Iterator[str]:
+    """The lines of a CSV output (gzip or plain by its name), each decoded on its own so
+    that bytes that are not UTF-8, or a gzip stream cut short or corrupt, are reported
+    with the line they are on. A missing file raises FileNotFoundError as open does."""
+    n = 0
+    raw = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    with raw:
+        try:
+            for n, line in enumerate(raw, start=1):
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"byte {exc.start + 1} of the line is not UTF-8 "
+                                     f"(expected the UTF-8 CSV psgate writes)",
+                                     path=str(path), line=n) from None
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise InputError(f"not a complete gzip stream ({exc}; expected the gzip psgate "
+                             f"writes)", path=str(path), line=n + 1) from None
 
 
 def _resolve(given: str, abspath: str | None, override: str | None, what: str,
@@ -81,17 +202,27 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
     if cfg.get("gate_file"):
         gate_path = _resolve(cfg["gate_file"]["path"], env.get("gate_abspath"), gate, "gate",
                              cfg["gate_file"]["sha256"])
+    return dataclasses.replace(
+        replay_settings(receipt, out), trace=trace_path, gate_file=gate_path,
+        trace_label=receipt["trace"]["path"],
+        gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)
+
+
+def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
+    """How a (schema-checked) receipt says to replay, short of where its trace and gate
+    file are: what the runs of an experiment share."""
+    cfg = receipt["config"]
     cost = CostModel.from_json(cfg["cost_model"])
     return ReplayConfig(
-        trace=trace_path, baseline=cfg["baseline"]["name"], candidate=cfg["candidate"]["name"],
+        baseline=cfg["baseline"]["name"], candidate=cfg["candidate"]["name"],
         baseline_params=cfg["baseline"]["params"], candidate_params=cfg["candidate"]["params"],
-        capacity=cfg["capacity"], engine=cfg["engine"], out=out, force=True, gate_file=gate_path,
+        capacity=cfg["capacity"], engine=cfg["engine"], out=out, force=True,
         allow_unexercised=cfg["allow_unexercised"], paranoid=cfg["paranoid"],
+        tolerances=Tolerances.from_json(cfg.get("non_regression")),
         ledger_hits=cfg.get("ledger_hits", False), cost=cost,
         ledger_rows=cfg.get("ledger", {}).get("rows", "all"),
         ledger_compression=cfg.get("ledger", {}).get("compression", "none"),
-        trace_label=receipt["trace"]["path"], limits=Limits(**cfg.get("limits", {})),
-        gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)
+        limits=Limits(**cfg.get("limits", {})))
 
 
 def prepare_replay(receipt: dict, trace: str | None = None):

@@ -1,23 +1,38 @@
-"""verify: replay a receipt's trace and configuration again and compare the bytes.
+"""verify: recompute a receipt from its trace and configuration and compare everything.
 
-Everything but the receipt's ``environment`` section must come out identical:
-``receipt.json`` (compared as canonical JSON), ``ledger.csv`` and ``requests.csv``.
-The first difference is named (file and line, or JSON path), so a receipt is
-checkable by anyone who has the trace.
+A receipt is evidence only if editing it is caught, so nothing outside ``environment``
+is taken on trust:
+
+1. each output's SHA-256 recorded in the receipt (``outputs``) is checked against the
+   file on disk first, so a changed, extended or deleted ledger is named without a
+   replay (and without the trace);
+2. the replay is run again and its ``receipt.json`` compared as canonical JSON, then
+   every output line by line, to the last line (an extra line or gzip member counts);
+3. for an experiment (matched runs), every run's receipt must hash to the
+   ``receipt_sha256`` recorded for it, the whole experiment is run again from the
+   runs' traces and configuration, and every run's files, the generated traces,
+   ``runs.csv`` and the experiment receipt (gates, config, source, summary) compared.
+
+The first difference is named (file and line, or JSON path) with exit 1; a receipt
+that cannot be read as one (bad JSON, off its schema, bytes that are not UTF-8, a
+broken gzip stream) is bad input, exit 2.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from psgate import api
 from psgate.errors import InputError
-from psgate.receipt.ledger import open_text
-from psgate.receipt.receipt import deterministic_part
-from psgate.report.receipts import config_from_receipt, load_receipt
+from psgate.receipt.ledger import file_sha256
+from psgate.receipt.receipt import deterministic_part, dumps
+from psgate.report.receipts import (_resolve, config_from_receipt, load_receipt,
+                                    read_receipt_file, replay_settings, text_lines)
 
 
 @dataclass
@@ -49,77 +64,218 @@ def first_json_difference(a, b, path: str = "") -> str | None:
     return None if a == b else f"{path or '/'}: {a!r:.80} != {b!r:.80}"
 
 
-def first_line_difference(a: Path, b: Path) -> str | None:
-    with open_text(a) as fa, open_text(b) as fb:
-        for n, (x, y) in enumerate(zip(fa, fb), start=1):
-            if x != y:
-                return (f"{a.name}:{n}: receipt has {x.rstrip()!r:.120}, "
-                        f"replay gives {y.rstrip()!r:.120}")
-        rest_a, rest_b = fa.read(1), fb.read(1)
-    if rest_a or rest_b:
-        return f"{a.name}: {'the receipt' if rest_a else 'the replay'} has more lines"
+def first_line_difference(a: Path, b: Path, label: str | None = None) -> str | None:
+    """Line by line to the end of both files: a line only one of them has is a
+    difference (a gzip stream with a member appended reads as more lines)."""
+    label = label or a.name
+    pairs = itertools.zip_longest(text_lines(a), text_lines(b))
+    for n, (x, y) in enumerate(pairs, start=1):
+        if x == y:
+            continue
+        if y is None:
+            return f"{label}:{n}: the receipt's file has a line more, {x.rstrip()!r:.120}"
+        if x is None:
+            return f"{label}:{n}: the replay gives a line more, {y.rstrip()!r:.120}"
+        return (f"{label}:{n}: receipt has {x.rstrip()!r:.120}, "
+                f"replay gives {y.rstrip()!r:.120}")
     return None
 
 
-def verify_experiment(directory: Path, receipt: dict, progress=None) -> VerifyResult:
-    """Every run re-replayed and compared as a single receipt is; then each run's digest
-    and the paired summary recomputed from the runs' receipts."""
-    from psgate.receipt.receipt import dumps
-    from psgate.stats.bootstrap import paired_summary
-    import hashlib
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def recorded_outputs_difference(directory: Path, receipt: dict, prefix: str = "") -> str | None:
+    """The first output whose bytes on disk are not those the receipt recorded. A file
+    that differs and cannot even be read as psgate's CSV is bad input (InputError)."""
+    for name, rec in sorted(receipt["outputs"].items()):
+        if not (isinstance(rec, dict) and isinstance(rec.get("sha256"), str)):
+            raise InputError(f"expected {{\"sha256\": ...}}, found {rec!r:.60}",
+                             path=str(directory / "receipt.json"), field=f"outputs.{name}")
+        if not _plain_name(name):
+            return f"{prefix}receipt.json/outputs: {name!r} is not a file psgate writes"
+        p = directory / name
+        if not p.is_file():
+            return f"{prefix}{name}: missing (the receipt records its SHA-256)"
+        digest = file_sha256(p)
+        if digest != rec["sha256"]:
+            for _ in text_lines(p):     # unreadable: bad input, named by line
+                pass
+            return (f"{prefix}{name}: SHA-256 {digest[:16]}... on disk, the receipt records "
+                    f"{rec['sha256'][:16]}... (the file changed after it was written)")
+    return None
+
+
+def _compare_files(mine: Path, again: Path, names, prefix: str, compared: list[str]
+                   ) -> str | None:
+    for name in names:
+        compared.append(f"{prefix}{name}")
+        if not (mine / name).is_file():
+            return f"{prefix}{name}: missing from {mine}"
+        diff = first_line_difference(mine / name, again / name, f"{prefix}{name}")
+        if diff:
+            return diff
+    return None
+
+
+def _compare_replay(directory: Path, receipt: dict, again: dict, out: Path, prefix: str,
+                    compared: list[str]) -> str | None:
+    """A replay's receipt outside environment, then its outputs to the last line."""
+    compared.append(f"{prefix}receipt.json (outside environment)")
+    diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
+    if diff:
+        return f"{prefix}receipt.json{diff}"
+    return _compare_files(directory, out, sorted(again["outputs"]), prefix, compared)
+
+
+def _refuse_observed(receipt: dict, path: Path) -> None:
+    if receipt["config"]["engine"] == "vllm":
+        raise InputError("engine 'vllm' records observed cached tokens and times, which no "
+                         "second run reproduces byte for byte; replay the trace again instead",
+                         path=str(path), field="config.engine")
+
+
+def _run_receipt_sha256(receipt: dict) -> str:
+    return hashlib.sha256(dumps(deterministic_part(receipt))).hexdigest()
+
+
+def _corpus(receipt: dict, runs: dict[str, dict], work: Path) -> Path:
+    """A directory holding each run's trace under the name the experiment read it by,
+    found as a single replay's trace is (the recorded path, else the absolute one) and
+    held to the canonical digest its run recorded."""
+    d = work / "corpus"
+    d.mkdir()
+    for run in receipt["runs"]:
+        mine = runs[run["id"]]
+        env = mine.get("environment", {})
+        found = _resolve(mine["trace"]["path"], env.get("trace_abspath"), None, "trace",
+                         mine["trace"].get("sha256") or env.get("trace_sha256"),
+                         mine["trace"]["canonical_sha256"])
+        link = d / Path(mine["trace"]["path"]).name
+        if link.exists():
+            raise InputError(f"two runs name the trace {link.name}", field="runs",
+                             path=str(Path(run["receipt"])))
+        try:
+            link.symlink_to(Path(found).resolve())
+        except OSError:
+            shutil.copyfile(found, link)
+    return d
+
+
+def _workload_spec(source: dict, path: Path) -> str:
+    """``KIND:key=value,...`` that parses back to the recorded workload and params."""
+    from psgate.experiment import parse_workload
     import orjson
 
-    compared: list[str] = []
-    base, cand = [], []
-    for run in receipt["runs"]:
-        run_dir = directory / Path(run["receipt"]).parent
-        one = verify(run_dir, progress=progress)
-        compared += [f"{run['id']}/{c}" for c in one.compared]
-        if not one.identical:
-            return VerifyResult(False, f"{run['id']}: {one.first_difference}", compared)
-        mine = orjson.loads((run_dir / "receipt.json").read_bytes())
-        if hashlib.sha256(dumps(deterministic_part(mine))).hexdigest() != run["receipt_sha256"]:
-            return VerifyResult(False, f"runs/{run['id']}: receipt_sha256 differs from the "
-                                f"run's receipt", compared)
-        base.append(mine["runs"]["baseline"]["metrics"])
-        cand.append(mine["runs"]["candidate"]["metrics"])
-    b = receipt["config"]["bootstrap"]
-    again = paired_summary(base, cand, b["resamples"], b["seed"])
-    again["method"] = receipt["summary"]["method"]     # wording only (runs or traces)
-    compared.append("receipt.json summary (recomputed from the runs)")
-    diff = first_json_difference(receipt["summary"], again, "/summary")
+    params = source["params"]
+    spec = source["workload"] + ("" if not params else ":" + ",".join(
+        f"{k}={orjson.dumps(v).decode()}" for k, v in params.items()))
+    if parse_workload(spec) != (source["workload"], params):
+        raise InputError("the recorded workload parameters cannot be stated again as "
+                         "--workload KIND:key=value,...", path=str(path), field="source.params")
+    return spec
+
+
+def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
+                      ) -> VerifyResult:
+    """Recorded digests first (the experiment's outputs, each run's receipt and outputs),
+    then the experiment run again from the same traces and configuration and compared
+    whole: each run, the generated traces, runs.csv and the experiment receipt."""
+    from psgate.experiment import ExperimentConfig, run_experiment
+    from psgate.receipt.gate import Tolerances
+
+    top = directory / "receipt.json"
+    _refuse_observed(receipt, top)
+    compared = ["recorded SHA-256 of every output"]
+    diff = recorded_outputs_difference(directory, receipt)
     if diff:
-        return VerifyResult(False, f"receipt.json{diff}", compared)
-    return VerifyResult(True, None, compared)
+        return VerifyResult(False, diff, compared)
+    runs: dict[str, dict] = {}
+    for i, run in enumerate(receipt["runs"]):
+        rid, where = run["id"], f"runs/{run['id']}/receipt.json"
+        if run["receipt"] != where or rid in runs:
+            return VerifyResult(False, f"receipt.json/runs/{i}: run {rid!r} with receipt "
+                                f"{run['receipt']!r}, psgate writes one {where} per run",
+                                compared)
+        run_dir = directory / "runs" / rid
+        if not (run_dir / "receipt.json").is_file():
+            return VerifyResult(False, f"{where}: missing", compared)
+        mine = read_receipt_file(run_dir / "receipt.json")
+        if "psgate_experiment" in mine:
+            raise InputError("expected one run's receipt, found an experiment receipt",
+                             path=str(run_dir / "receipt.json"))
+        _refuse_observed(mine, run_dir / "receipt.json")
+        if _run_receipt_sha256(mine) != run["receipt_sha256"]:
+            return VerifyResult(False, f"{where}: its SHA-256 outside environment is not the "
+                                f"receipt_sha256 receipt.json/runs/{i} records", compared)
+        diff = recorded_outputs_difference(run_dir, mine, f"runs/{rid}/")
+        if diff:
+            return VerifyResult(False, diff, compared)
+        runs[rid] = mine
+
+    cfg, source = receipt["config"], receipt["source"]
+    first = runs[receipt["runs"][0]["id"]]
+    gate_path = gate_label = None
+    if cfg["gate_file"]:
+        gate_label = cfg["gate_file"]["path"]
+        gate_path = _resolve(gate_label, None, gate, "gate", cfg["gate_file"]["sha256"])
+    work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
+    try:
+        base = replace(replay_settings(first, work / "out"), force=False,
+                       gate_file=gate_path, gate_label=gate_label,
+                       tolerances=Tolerances.from_json(cfg.get("non_regression")))
+        exp = ExperimentConfig(replay=base, resamples=cfg["bootstrap"]["resamples"],
+                               bootstrap_seed=cfg["bootstrap"]["seed"])
+        if source["kind"] == "workload":
+            exp.workload, exp.runs, exp.seed = (_workload_spec(source, top), source["runs"],
+                                                source["base_seed"])
+        else:
+            exp.corpus = str(_corpus(receipt, runs, work))
+            exp.corpus_label = source["directory"]
+        again = run_experiment(exp).receipt
+        out = work / "out"
+        for run in again["runs"]:
+            rid, prefix = run["id"], f"{run['id']}/"
+            if rid not in runs:
+                break                   # the experiment receipt's comparison names it
+            mine = runs[rid]
+            redo = read_receipt_file(out / "runs" / rid / "receipt.json")
+            diff = _compare_replay(directory / "runs" / rid, mine, redo, out / "runs" / rid,
+                                   prefix, compared)
+            if diff:
+                return VerifyResult(False, diff, compared)
+            if source["kind"] == "workload":
+                diff = _compare_files(directory, out, [run["trace"]["path"]], "", compared)
+                if diff:
+                    return VerifyResult(False, diff, compared)
+        diff = _compare_files(directory, out, sorted(again["outputs"]), "", compared)
+        if diff:
+            return VerifyResult(False, diff, compared)
+        compared.append("receipt.json (outside environment, recomputed from the runs)")
+        diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
+        if diff:
+            return VerifyResult(False, f"receipt.json{diff}", compared)
+        return VerifyResult(True, None, compared)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def verify(directory: str | Path, trace: str | None = None, gate: str | None = None,
            progress=None) -> VerifyResult:
     directory = Path(directory)
-    receipt = load_receipt(directory, experiment_ok=trace is None and gate is None)
+    receipt = load_receipt(directory, experiment_ok=trace is None)
     if "psgate_experiment" in receipt:
-        return verify_experiment(directory, receipt, progress)
-    if receipt["config"]["engine"] == "vllm":
-        raise InputError("engine 'vllm' records observed cached tokens and times, which no "
-                         "second run reproduces byte for byte; replay the trace again instead",
-                         path=str(directory / "receipt.json"), field="config.engine")
+        return verify_experiment(directory, receipt, gate=gate)
+    _refuse_observed(receipt, directory / "receipt.json")
+    compared = ["recorded SHA-256 of every output"]
+    diff = recorded_outputs_difference(directory, receipt)
+    if diff:
+        return VerifyResult(False, diff, compared)
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
     try:
         cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate)
         again = api.replay(cfg, progress=progress).receipt
-        compared = ["receipt.json (outside environment)"]
-        diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
-        if diff:
-            return VerifyResult(False, f"receipt.json{diff}", compared)
-        for name in (receipt["config"].get("ledger", {}).get("file", "ledger.csv"),
-                     "requests.csv"):
-            compared.append(name)
-            mine = directory / name
-            if not mine.is_file():
-                return VerifyResult(False, f"{name}: missing from {directory}", compared)
-            diff = first_line_difference(mine, work / "out" / name)
-            if diff:
-                return VerifyResult(False, diff, compared)
-        return VerifyResult(True, None, compared)
+        diff = _compare_replay(directory, receipt, again, work / "out", "", compared)
+        return VerifyResult(diff is None, diff, compared)
     finally:
         shutil.rmtree(work, ignore_errors=True)

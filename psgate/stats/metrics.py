@@ -15,10 +15,13 @@ kept out of hit and latency metrics but counted.
 from __future__ import annotations
 
 import math
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
 from psgate.engines.cost import CostModel
-from psgate.engines.results import CANCELLED, DROPPED, REJECTED, RequestOutcome, RunResult
+from psgate.engines.results import (CANCELLED, DROPPED, REJECTED, OutcomeSink, RequestOutcome,
+                                    RunResult)
 
 METRICS = (
     "requests", "measured_requests", "hit_fraction", "token_hit_ratio", "saved_prefill_tokens",
@@ -43,104 +46,231 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(x, nd)
 
 
+class _Values:
+    """Latencies kept as 8-byte doubles, sorted in chunks as they arrive: a percentile needs
+    every value, but never a Python float object per value (32 bytes each) for all of
+    them at once, and never one sort over the whole run."""
+
+    CHUNK = 1 << 16
+    __slots__ = ("runs", "cur", "n")
+
+    def __init__(self) -> None:
+        self.runs: list[array] = []
+        self.cur = array("d")
+        self.n = 0
+
+    def append(self, x: float) -> None:
+        cur = self.cur
+        cur.append(x)
+        self.n += 1
+        if len(cur) >= self.CHUNK:
+            self.runs.append(array("d", sorted(cur)))
+            self.cur = array("d")
+
+    def sorted_runs(self) -> list[array]:
+        if self.cur:
+            self.runs.append(array("d", sorted(self.cur)))
+            self.cur = array("d")
+        return self.runs
+
+
+def kth_smallest(runs: list[array], k: int) -> float:
+    """The k-th smallest value (1-based) of the union of sorted runs: the value at rank k
+    of their merged sort, found by narrowing each run's live range around pivots (each
+    step at least halves the widest range), so nothing is merged or copied."""
+    lo = [0] * len(runs)
+    hi = [len(r) for r in runs]
+    idx = range(len(runs))
+    while True:
+        w = max(idx, key=lambda j: hi[j] - lo[j])
+        pivot = runs[w][(lo[w] + hi[w]) // 2]
+        less = [bisect_left(runs[j], pivot, lo[j], hi[j]) for j in idx]
+        upto = [bisect_right(runs[j], pivot, lo[j], hi[j]) for j in idx]
+        num_less = sum(less[j] - lo[j] for j in idx)
+        num_upto = sum(upto[j] - lo[j] for j in idx)
+        if k <= num_less:
+            hi = less
+        elif k <= num_upto:
+            return pivot
+        else:
+            k -= num_upto
+            lo = upto
+
+
+def _percentile(runs: list[array], n: int, p: float) -> float | None:
+    """nearest_rank over the sorted union of ``runs`` (``n`` values in all)."""
+    if not n:
+        return None
+    return kth_smallest(runs, max(1, math.ceil(p / 100.0 * n)))
+
+
+class _Scope:
+    """The running counts and sums of summarize() for one set of outcomes. Sums are taken
+    in the order outcomes arrive, as summing a list of them would, so the floats (and the
+    receipt) are the same whether outcomes are streamed or collected first."""
+
+    __slots__ = ("n", "measured", "waits", "rejected", "dropped", "cancelled", "frac_sum",
+                 "hit_n", "cached", "prompt", "new_blocks", "recompute", "prefill", "wait_ms")
+
+    def __init__(self) -> None:
+        self.n = self.measured = self.waits = self.rejected = self.dropped = 0
+        self.cancelled = self.hit_n = self.cached = self.prompt = 0
+        self.new_blocks = self.recompute = 0
+        self.frac_sum = self.prefill = self.wait_ms = 0.0
+
+    def add(self, o: RequestOutcome) -> bool:
+        """Counts o; True when o is measured (its latency belongs to the percentiles)."""
+        self.n += 1
+        state = o.state
+        if state == REJECTED:
+            self.rejected += 1
+        elif state == DROPPED:
+            self.dropped += 1
+        elif state == CANCELLED:
+            self.cancelled += 1
+        if o.waited:
+            self.waits += 1
+            self.wait_ms += o.wait_ms
+        if not o.measure or not o.counts_for_hits:
+            return False
+        self.measured += 1
+        self.frac_sum += o.cached_tokens / o.prompt_tokens
+        self.cached += o.cached_tokens
+        self.prompt += o.prompt_tokens
+        self.new_blocks += o.new_blocks
+        self.recompute += o.recompute_tokens
+        self.prefill += o.prefill_ms or 0.0
+        if o.cached_tokens > 0:
+            self.hit_n += 1
+        return True
+
+    def summary(self, cost: CostModel | None, hit: list[_Values], miss: list[_Values]) -> dict:
+        """The metrics; ``hit`` / ``miss``: the latencies of this scope's hits and misses."""
+        measured, cached, prompt = self.measured, self.cached, self.prompt
+        hit_runs = [r for v in hit for r in v.sorted_runs()]
+        miss_runs = [r for v in miss for r in v.sorted_runs()]
+        num_hit = sum(v.n for v in hit)
+        num_miss = sum(v.n for v in miss)
+        all_runs, num_all = hit_runs + miss_runs, num_hit + num_miss
+        saved_ms = (None if cost is None
+                    else cached * (cost.per_uncached_token_ms - cost.per_cached_token_ms))
+        return {
+            "requests": self.n,
+            "measured_requests": measured,
+            "hit_fraction": _r(self.frac_sum / measured) if measured else None,
+            "token_hit_ratio": _r(cached / prompt) if prompt else None,
+            "saved_prefill_tokens": cached,
+            "saved_prefill_ms": _r(saved_ms, 3),
+            "prefill_ms_total": None if cost is None else _r(self.prefill, 3),
+            "new_blocks": self.new_blocks,
+            "recompute_tokens": self.recompute,
+            "ttft_p50_ms": _r(_percentile(all_runs, num_all, 50), 3),
+            "ttft_p95_ms": _r(_percentile(all_runs, num_all, 95), 3),
+            "ttft_hit_p50_ms": _r(_percentile(hit_runs, num_hit, 50), 3),
+            "ttft_hit_p95_ms": _r(_percentile(hit_runs, num_hit, 95), 3),
+            "ttft_miss_p50_ms": _r(_percentile(miss_runs, num_miss, 50), 3),
+            "ttft_miss_p95_ms": _r(_percentile(miss_runs, num_miss, 95), 3),
+            "hit_requests": self.hit_n,
+            "miss_requests": measured - self.hit_n,
+            "admission_waits": self.waits,
+            "wait_ms_total": _r(self.wait_ms, 3),
+            "rejected": self.rejected,
+            "dropped": self.dropped,
+            "cancelled": self.cancelled,
+        }
+
+
+class MetricsAccumulator(OutcomeSink):
+    """What run_metrics needs from a run's outcomes, taken one outcome at a time: counts and
+    sums per scope (totals, each group, each role) and the latencies, 8 bytes each, kept
+    once per (group, role, hit) and shared by every scope they belong to."""
+
+    def __init__(self) -> None:
+        self.totals = _Scope()
+        self.groups: dict[str, _Scope] = {}
+        self.roles: dict[str, _Scope] = {}
+        self.latencies: dict[tuple[str, str | None, bool], _Values] = {}
+
+    def add(self, o: RequestOutcome, index: int = 0) -> None:
+        measured = self.totals.add(o)
+        g = self.groups.get(o.group)
+        if g is None:
+            g = self.groups[o.group] = _Scope()
+        g.add(o)
+        if o.role is not None:
+            r = self.roles.get(o.role)
+            if r is None:
+                r = self.roles[o.role] = _Scope()
+            r.add(o)
+        if measured and o.ttft_ms is not None:
+            key = (o.group, o.role, o.cached_tokens > 0)
+            v = self.latencies.get(key)
+            if v is None:
+                v = self.latencies[key] = _Values()
+            v.append(o.ttft_ms)
+
+    def extend(self, outcomes: Iterable[RequestOutcome]) -> "MetricsAccumulator":
+        for o in outcomes:
+            self.add(o)
+        return self
+
+    def _split(self, keep) -> tuple[list[_Values], list[_Values]]:
+        hit, miss = [], []
+        for (group, role, is_hit), v in self.latencies.items():
+            if keep(group, role):
+                (hit if is_hit else miss).append(v)
+        return hit, miss
+
+    def totals_summary(self, cost: CostModel | None) -> dict:
+        return self.totals.summary(cost, *self._split(lambda g, r: True))
+
+    def group_summary(self, group: str, cost: CostModel | None) -> dict:
+        scope = self.groups.get(group) or _Scope()
+        return scope.summary(cost, *self._split(lambda g, r: g == group))
+
+    def role_summary(self, role: str, cost: CostModel | None) -> dict:
+        return self.roles[role].summary(cost, *self._split(lambda g, r: r == role))
+
+
 def summarize(outcomes: Iterable[RequestOutcome], cost: CostModel | None) -> dict:
     """Metrics of a set of outcomes. ``cost`` None: the times are observed (the real
     engine), so the modeled ones (saved and total prefill time) are null, never mixed in."""
-    n = measured = waits = rejected = dropped = cancelled = 0
-    frac_sum = 0.0
-    hit_n = 0
-    cached = prompt = new_blocks = recompute = 0
-    prefill = wait_ms = 0.0
-    ttft, ttft_hit, ttft_miss = [], [], []
-    for o in outcomes:
-        n += 1
-        if o.state == REJECTED:
-            rejected += 1
-        elif o.state == DROPPED:
-            dropped += 1
-        elif o.state == CANCELLED:
-            cancelled += 1
-        if o.waited:
-            waits += 1
-            wait_ms += o.wait_ms
-        if not o.measure or not o.counts_for_hits:
-            continue
-        measured += 1
-        frac_sum += o.cached_tokens / o.prompt_tokens
-        cached += o.cached_tokens
-        prompt += o.prompt_tokens
-        new_blocks += o.new_blocks
-        recompute += o.recompute_tokens
-        prefill += o.prefill_ms or 0.0
-        if o.cached_tokens > 0:
-            hit_n += 1
-        if o.ttft_ms is not None:
-            ttft.append(o.ttft_ms)
-            (ttft_hit if o.cached_tokens > 0 else ttft_miss).append(o.ttft_ms)
-    for lst in (ttft, ttft_hit, ttft_miss):
-        lst.sort()
-    saved_ms = (None if cost is None
-                else cached * (cost.per_uncached_token_ms - cost.per_cached_token_ms))
-    return {
-        "requests": n,
-        "measured_requests": measured,
-        "hit_fraction": _r(frac_sum / measured) if measured else None,
-        "token_hit_ratio": _r(cached / prompt) if prompt else None,
-        "saved_prefill_tokens": cached,
-        "saved_prefill_ms": _r(saved_ms, 3),
-        "prefill_ms_total": None if cost is None else _r(prefill, 3),
-        "new_blocks": new_blocks,
-        "recompute_tokens": recompute,
-        "ttft_p50_ms": _r(nearest_rank(ttft, 50), 3),
-        "ttft_p95_ms": _r(nearest_rank(ttft, 95), 3),
-        "ttft_hit_p50_ms": _r(nearest_rank(ttft_hit, 50), 3),
-        "ttft_hit_p95_ms": _r(nearest_rank(ttft_hit, 95), 3),
-        "ttft_miss_p50_ms": _r(nearest_rank(ttft_miss, 50), 3),
-        "ttft_miss_p95_ms": _r(nearest_rank(ttft_miss, 95), 3),
-        "hit_requests": hit_n,
-        "miss_requests": measured - hit_n,
-        "admission_waits": waits,
-        "wait_ms_total": _r(wait_ms, 3),
-        "rejected": rejected,
-        "dropped": dropped,
-        "cancelled": cancelled,
-    }
+    return MetricsAccumulator().extend(outcomes).totals_summary(cost)
 
 
-def run_metrics(run: RunResult, cost: CostModel | None) -> dict:
+def run_metrics(run: RunResult, cost: CostModel | None,
+                acc: MetricsAccumulator | None = None) -> dict:
     """The receipt's view of one run: totals, per group, per role, who evicted whom
-    (``cost`` None for observed runs, see summarize)."""
-    totals = summarize(run.requests, cost)
+    (``cost`` None for observed runs, see summarize). ``acc``: the run's outcomes, already
+    accumulated as they were streamed (``run.requests`` is then empty)."""
+    if acc is None:
+        acc = MetricsAccumulator().extend(run.requests)
+    totals = acc.totals_summary(cost)
     totals["evictions"] = run.evictions
     totals["churn"] = _r(run.evictions / run.usable_blocks)
     for k in ("orphans_created", "orphan_blocks_max"):
         if k in run.orphans:       # the real engine does not track orphans
             totals[k] = run.orphans[k]
 
-    by_group: dict[str, list[RequestOutcome]] = {g: [] for g in run.groups}
-    by_role: dict[str, list[RequestOutcome]] = {}
-    for o in run.requests:
-        by_group.setdefault(o.group, []).append(o)
-        if o.role is not None:
-            by_role.setdefault(o.role, []).append(o)
     suffered: dict[str, int] = {}
     for row in run.evictions_by.values():
         for owner, n in row.items():
             suffered[owner] = suffered.get(owner, 0) + n
     groups = {}
-    for g in sorted(by_group):
-        m = summarize(by_group[g], cost)
+    for g in sorted(set(run.groups) | set(acc.groups)):
+        m = acc.group_summary(g, cost)
         m["evictions_suffered"] = suffered.get(g, 0)
         m["evictions_caused"] = sum(run.evictions_by.get(g, {}).values())
         m["occupancy_mean"] = _r(run.occupancy_mean.get(g, 0.0), 3)
         m["occupancy_max"] = run.occupancy_max.get(g, 0)
         groups[g] = m
-    roles = {role: summarize(by_role[role], cost) for role in sorted(by_role)}
+    roles = {role: acc.role_summary(role, cost) for role in sorted(acc.roles)}
     return {
         "totals": totals,
         "groups": groups,
         "roles": roles,
-        "evictions_by": {a: dict(sorted(row.items())) for a, row in sorted(run.evictions_by.items())},
+        "evictions_by": {a: dict(sorted(row.items()))
+                         for a, row in sorted(run.evictions_by.items())},
         "recompute_paid_tokens": {g: groups[g]["recompute_tokens"] for g in groups},
     }
 

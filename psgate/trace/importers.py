@@ -70,12 +70,36 @@ import orjson
 
 from psgate.errors import InputError
 from psgate.trace.model import seconds_to_ns
+from psgate.trace.reader import (MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_TIME_S, check_lines,
+                                 require_utf8_name)
 from psgate.trace.writer import header_line
 
 IMPORTER_VERSION = "psgate-import-v1"
 HASHING = "psgate-import-blake2b-128"
 CONTRACT_CYCLE = ("critical", "standard", "best-effort")
 _ZERO = bytes(16)
+MAX_OUTPUT_BYTES = 256 * 1024 * 1024
+HASH_OUTPUT_BYTES = 35      # one block hash in a trace line: 32 hex digits, 2 quotes, a comma
+
+
+class _OutputCap:
+    """Stops an import whose block hashes alone would make a trace over ``max_output_bytes``.
+    Re-blocking multiplies blocks (``block_size=1`` turns each 512-token Mooncake id into
+    512 hashes) and the whole trace is built in memory before it is written, so the count
+    is checked request by request, long before the memory or the file is spent."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.blocks = 0
+
+    def add(self, n: int) -> None:
+        self.blocks += n
+        if self.blocks * HASH_OUTPUT_BYTES > self.limit:
+            raise InputError(f"the imported trace would be over {self.limit} bytes (already "
+                             f"{self.blocks} block hashes of {HASH_OUTPUT_BYTES} bytes each), "
+                             f"the cap; choose a larger --block-size, fewer requests "
+                             f"(--option limit=N) or raise the cap with --option "
+                             f"max_output_bytes=N", path="--option max_output_bytes")
 
 
 # --------------------------------------------------------------------------------------
@@ -111,6 +135,9 @@ def _common(group_by: str, group_help: str) -> dict[str, Option]:
         "contracts_cycle": Option(False, bool, "contracts critical, standard, best-effort in "
                                                "turn by group (order of first appearance)"),
         "limit": Option(None, int, "keep only the first N requests in time order"),
+        "max_output_bytes": Option(MAX_OUTPUT_BYTES, int, "stop (exit 2) once the block "
+                                   "hashes made so far would take more than this many bytes "
+                                   "of trace (re-blocking multiplies them)"),
     }
 
 
@@ -180,7 +207,18 @@ def _need_int(obj: dict, key: str, where: _Where, minimum: int) -> int:
     v = obj[key]
     if not _is_int(v) or v < minimum:
         raise where(f"expected an integer >= {minimum}, found {v!r:.40}", key)
+    if v > MAX_JSON_INT:
+        raise where(f"expected an integer <= 2^53 - 1 (the most a trace can hold), found {v}",
+                    key)
     return v
+
+
+def _trace_time(t: float, where: _Where, field: str, rule: str) -> float:
+    """``t``, the trace time a source time became, if a trace can hold it."""
+    if not 0 <= t <= MAX_TIME_S:
+        raise where(f"gives t = {t:g} s ({rule}), beyond the {MAX_TIME_S:g} s a trace can "
+                    f"hold", field)
+    return t
 
 
 def _need_time(obj: dict, key: str, where: _Where) -> float:
@@ -210,7 +248,8 @@ class _Chainer:
 
     _NEW = object()
 
-    def __init__(self, native: int, block_size: int):
+    def __init__(self, native: int, block_size: int, cap: _OutputCap | None = None):
+        self.cap = cap
         self.native = native
         self.bs = block_size
         self.k = native // block_size
@@ -283,6 +322,8 @@ class _Chainer:
                 prev = h
             self.last_unidentified = extra
             tail = uncovered % self.bs
+        if self.cap is not None:
+            self.cap.add(len(out))
         return out, tail
 
     def _inconsistent(self, space, ids, x, seen, p, where, seen_at, field):
@@ -378,6 +419,9 @@ def _resolve_options(fmt: ImportFormat, options: dict) -> dict:
                          path="--block-size")
     if opts["limit"] is not None and opts["limit"] < 1:
         raise InputError(f"expected a positive integer, found {opts['limit']}", path="--limit")
+    if opts["max_output_bytes"] < 1:
+        raise InputError(f"expected a positive integer, found {opts['max_output_bytes']}",
+                         path="--option max_output_bytes")
     if opts["contracts_cycle"] and opts["contract"] is not None:
         raise InputError("give either a fixed contract or contracts_cycle, not both",
                          path="--contract")
@@ -390,6 +434,10 @@ def _resolve_options(fmt: ImportFormat, options: dict) -> dict:
 
 def _block_size(opts: dict, native: int, where: str) -> int:
     bs = opts["block_size"] or native
+    if bs > MAX_BLOCK_SIZE:
+        raise InputError(f"block size {bs} is above the {MAX_BLOCK_SIZE} tokens a trace can "
+                         f"hold; choose a smaller --block-size that divides {native}",
+                         path="--block-size" if opts["block_size"] else where)
     if native % bs:
         raise InputError(f"block size {bs} does not divide the source's native block size "
                          f"{native}", path="--block-size" if opts["block_size"] else where)
@@ -430,7 +478,7 @@ def _finish(fmt: str, reqs: list[_Req], opts: dict, *, bs: int, native: int, sou
         return fixed
 
     groups = {g: {"contracts": [contract_of(g)]} for g in group_index}
-    resolved = {k: v for k, v in opts.items()}
+    resolved = {k: v for k, v in opts.items() if k != "max_output_bytes"}   # no content
     resolved["block_size"] = bs
     if resolved["contract"] is None and not resolved["contracts_cycle"]:
         resolved["contract"] = "standard"
@@ -486,7 +534,7 @@ def _import_mooncake(src: Path, display: str, opts: dict) -> list[dict]:
     native = opts["native_block_size"]
     bs = _block_size(opts, native, "--native-block-size")
     grouper, tenant_rule = _mooncake_grouper(opts["group_by"])
-    chainer = _Chainer(native, bs)
+    chainer = _Chainer(native, bs, _OutputCap(opts["max_output_bytes"]))
     reqs: list[_Req] = []
     for lineno, obj in _jsonl(src, display):
         where = _Where(display, lineno)
@@ -498,7 +546,8 @@ def _import_mooncake(src: Path, display: str, opts: dict) -> list[dict]:
         rid = f"mc-{lineno}"
         blocks, tail = chainer.blocks("mooncake", "mooncake", ids, covered_last, uncovered,
                                       rid, where, f"line {lineno}", "hash_ids")
-        reqs.append(_Req(round(ts / 1000, 9), rid, grouper(ids), "mooncake", blocks, tail,
+        t = _trace_time(round(ts / 1000, 9), where, "timestamp", "timestamp / 1000")
+        reqs.append(_Req(t, rid, grouper(ids), "mooncake", blocks, tail,
                          n_out, chainer.last_unidentified))
     if not reqs:
         raise InputError("no requests in the file", path=display)
@@ -530,6 +579,7 @@ def _import_weka(src: Path, display: str, opts: dict) -> list[dict]:
         raise InputError(f"expected file, type or none, found '{group_by}'", path="--group-by")
     stagger = opts["stagger_s"]
     chainers: dict[int, _Chainer] = {}
+    cap = _OutputCap(opts["max_output_bytes"])       # one for all the sessions' chainers
     reqs: list[_Req] = []
     file_info = []
     native_sizes = set()
@@ -555,7 +605,7 @@ def _import_weka(src: Path, display: str, opts: dict) -> list[dict]:
         space = stem if scope_kind == "local" else "weka"
         chainer = chainers.get(native * 100000 + bs)
         if chainer is None:
-            chainer = chainers[native * 100000 + bs] = _Chainer(native, bs)
+            chainer = chainers[native * 100000 + bs] = _Chainer(native, bs, cap)
         offset = round(k * stagger, 9)
         if "requests" not in obj:
             raise top("missing", "requests")
@@ -571,7 +621,7 @@ def _import_weka(src: Path, display: str, opts: dict) -> list[dict]:
                 if type(r) is not dict:
                     raise _Where(fdisplay)(f"expected an object, found {_tname(r)}", fp[:-1])
                 t_rel = _need_time(r, "t", where)
-                t = base_t + t_rel
+                t = _trace_time(base_t + t_rel, where, "t", "session offset + t")
                 rid = f"{rid_prefix}{i}"
                 if r.get("type") == "subagent" or "requests" in r:
                     if "requests" not in r:
@@ -652,7 +702,7 @@ def _import_bailian(src: Path, display: str, opts: dict) -> list[dict]:
     group_by = opts["group_by"]
     if group_by not in ("chat", "type", "none"):
         raise InputError(f"expected chat, type or none, found '{group_by}'", path="--group-by")
-    chainer = _Chainer(native, bs)
+    chainer = _Chainer(native, bs, _OutputCap(opts["max_output_bytes"]))
     rows = []
     parent_of: dict = {}
     line_of: dict = {}
@@ -716,6 +766,8 @@ def _import_bailian(src: Path, display: str, opts: dict) -> list[dict]:
     t0 = min(r[2] for r in rows)
     reqs = []
     for lineno, cid, ts, typ, blocks, tail, n_out, unid in rows:
+        _trace_time(ts - t0, _Where(display, lineno), "timestamp",
+                    f"timestamp - earliest timestamp {t0:g}")
         group = {"chat": lambda: f"chat-{root(cid)}", "type": lambda: typ,
                  "none": lambda: "all"}[group_by]()
         reqs.append(_Req(round(ts - t0, 9), f"bl-{lineno}", group, "bailian", blocks, tail,
@@ -752,4 +804,7 @@ def import_trace(fmt: str, src: str | Path, **options) -> list[dict]:
                          path="FORMAT")
     opts = _resolve_options(spec, options)
     display = str(src)
-    return _IMPORTERS[fmt](Path(src), display, opts)
+    require_utf8_name(display)
+    lines = _IMPORTERS[fmt](Path(src), display, opts)
+    # What an importer writes must be what psgate reads: checked here, before any file.
+    return check_lines(lines, f"{display} (imported)")

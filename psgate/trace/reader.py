@@ -14,6 +14,7 @@ Every problem is an :class:`~psgate.errors.InputError` of the form
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from array import array
@@ -32,7 +33,12 @@ from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestE
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS_PER_REQUEST = 1 << 20
-MAX_TIME_S = 1e12          # about 31,700 years: times become integer nanoseconds
+# Times become signed 64-bit integer nanoseconds (up to about 9.22e9 s) in every engine and
+# policy, and the simulator's clock runs to 2^62 ns (about 4.61e9 s) at most. A trace's times
+# stop at 4e9 s (about 126 years): every event lies on that clock, with room after the last one
+# for what a replay adds (the prefill queue, decoding, admission waits).
+MAX_TIME_S = 4_000_000_000
+MAX_JSON_INT = 2**53 - 1   # the JSON interchange range (RFC 8785 refuses integers beyond it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +114,106 @@ class TraceSource:
                 raise InputError(f"no bundled trace named '{name}'; bundled traces: "
                                  f"{', '.join(bundled_trace_names())}", path=given)
             return cls(given, Path(str(bundled_trace_path(name))))
+        require_utf8_name(given)
         p = Path(given)
         if not p.exists():
             raise InputError("no such file", path=given)
         if not p.is_file():
             raise InputError("not a regular file", path=given)
         return cls(given, p)
+
+
+def require_utf8_name(name: str, option: str | None = None) -> None:
+    """File names go into receipts, headers and JSON on stdout, which hold UTF-8 only; a
+    name that is not UTF-8 is refused here rather than failing once a run is done."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError("the file name is not valid UTF-8 (psgate records file names in "
+                         "JSON); rename the file", path=option or name) from None
+
+
+def check_seed(seed, option: str) -> None:
+    """Seeds are written into trace headers and receipts, as JSON numbers: an integer
+    beyond 2^53 - 1 has no exact JSON form (RFC 8785) and would fail only at the end."""
+    if type(seed) is not int or abs(seed) > MAX_JSON_INT:
+        raise InputError(f"expected an integer in -(2^53 - 1)..2^53 - 1, found {seed!r:.40}",
+                         path=option)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _DuplicateKey(k)
+        seen[k] = v
+    return seen
+
+
+def duplicate_key(raw: bytes, obj) -> str | None:
+    """The first key that appears twice in one object of the JSON text ``raw`` (parsed as
+    ``obj``), else None. A parser keeps the last of two equal keys, so a line with a
+    duplicate would get the canonical digest of a line without it.
+
+    A line written as orjson writes it (psgate's own writers) cannot hide a duplicate: its
+    bytes are those of ``obj`` re-serialized. Other lines are parsed again, keeping pairs.
+    """
+    try:
+        if orjson.dumps(obj) == raw.strip():
+            return None
+    except TypeError:
+        pass
+    try:
+        json.loads(raw, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as dup:
+        return str(dup.args[0])
+    except (ValueError, RecursionError):
+        return None     # orjson parsed it; what json cannot is no duplicate key
+    return None
+
+
+def corpus_traces(directory: Path) -> list[Path]:
+    """Every ``*.jsonl`` entry of an incident corpus, sorted by name. An entry that is not a
+    readable regular file (a dangling symlink, a symlink loop, a directory, a FIFO, a file
+    without read permission) is an error, never skipped: a corpus that silently loses a
+    trace gates on less evidence than the operator put in it."""
+    try:
+        entries = sorted(p for p in directory.iterdir() if p.name.endswith(".jsonl"))
+    except OSError as exc:
+        raise InputError(f"cannot list the directory: {exc.strerror}",
+                         path=str(directory)) from None
+    for p in entries:
+        what = None
+        if p.is_symlink() and not p.exists():
+            what = "is a dangling symlink or a symlink loop"
+        elif p.is_dir():
+            what = "is a directory"
+        elif not p.is_file():
+            what = "is not a regular file"
+        if what is None:
+            try:
+                with open(p, "rb"):
+                    pass
+            except OSError as exc:
+                what = f"cannot be read ({exc.strerror})"
+        if what is not None:
+            raise InputError(f"corpus entry {what}: every *.jsonl entry must be a readable "
+                             f"trace file (fix or remove it)", path=str(p))
+    return entries
+
+
+def _outside_jcs(obj: dict) -> str | None:
+    """The first field of ``obj`` that RFC 8785 cannot write, to name it in the error."""
+    for key, value in obj.items():
+        try:
+            jcs.dumps(value)
+        except (rfc8785.CanonicalizationError, ValueError):
+            return key
+    return None
 
 
 def _is_number(v) -> bool:
@@ -141,12 +241,14 @@ class TraceReader:
     """
 
     def __init__(self, source: TraceSource, hashes: HashTable | None = None,
-                 limits: Limits | None = None, validated: TraceSummary | None = None):
+                 limits: Limits | None = None, validated: TraceSummary | None = None,
+                 stream=None):
         self.source = source
         self.validated = validated
         self.limits = limits or Limits()
         self.hashes = hashes if hashes is not None else HashTable()
         self.header: TraceHeader | None = None
+        self._stream = stream       # an open binary stream to read instead of the file
         self._fh = None
         self._line = 0
         self._file_sha = hashlib.sha256()
@@ -155,6 +257,10 @@ class TraceReader:
 
     # -- context management -------------------------------------------------
     def __enter__(self) -> "TraceReader":
+        if self._stream is not None:
+            self._fh = self._stream
+            self.header = self._read_header()
+            return self
         try:
             self._fh = open(self.source.path, "rb")
         except OSError as exc:
@@ -192,10 +298,15 @@ class TraceReader:
             raise self._err(f"invalid JSON ({exc})") from None
         if type(obj) is not dict:
             raise self._err(f"expected a JSON object, found {_type_name(obj)}")
+        dup = duplicate_key(raw, obj)
+        if dup is not None:
+            raise self._err("duplicate key in one JSON object (a parser would silently keep "
+                            "only the last)", dup)
         try:
             self._canon_sha.update(jcs.dumps(obj))
         except (rfc8785.CanonicalizationError, ValueError) as exc:
-            raise self._err(f"value outside the JSON interchange range ({exc})") from None
+            raise self._err(f"value outside the JSON interchange range ({exc})",
+                            _outside_jcs(obj)) from None
         self._canon_sha.update(b"\n")
         return obj
 
@@ -254,7 +365,7 @@ class TraceReader:
         fh, sha, ids = self._fh, self._file_sha, self.hashes.ids
         bs = self.header.block_size
         partial = self.header.partial
-        known: set[str] = set()
+        known: set[str] = set()      # request ids, kept only where a partial trace needs them
         loads = orjson.loads
         try:
             while True:
@@ -280,7 +391,8 @@ class TraceReader:
                         ev.done_ns = seconds_to_ns(obj["done_t"])
                     elif num_fields > 9:
                         self._optional_fields(obj, ev, t, t_ns)
-                    known.add(rid)
+                    if partial:
+                        known.add(rid)
                     yield ev
                 elif rid not in known and partial:
                     continue
@@ -375,8 +487,9 @@ class TraceReader:
                     raise err(f"expected an integer in 0..{bs - 1} (block_size {bs}), found "
                               f"{tail!r:.40}", "tail")
                 out = obj["out"]
-                if type(out) is not int or out < 0:
-                    raise err(f"expected an integer >= 0, found {out!r:.40}", "out")
+                if type(out) is not int or not 0 <= out <= MAX_JSON_INT:
+                    raise err(f"expected an integer >= 0 and <= 2^53 - 1, found {out!r:.40}",
+                              "out")
                 prompt_tokens = len(blocks) * bs + tail
                 if prompt_tokens == 0:
                     raise err("empty prompt: no blocks and tail 0", "blocks")
@@ -433,6 +546,9 @@ class TraceReader:
             if type(obj["priority"]) is not int:
                 raise err(f"expected an integer, found {_type_name(obj['priority'])}",
                           "priority")
+            if abs(obj["priority"]) > MAX_JSON_INT:
+                raise err(f"expected an integer in -(2^53 - 1)..2^53 - 1, found "
+                          f"{obj['priority']}", "priority")
             ev.priority = obj["priority"]
         if "priority_until" in obj:
             v = obj["priority_until"]
@@ -442,13 +558,17 @@ class TraceReader:
             ev.priority_until_ns = seconds_to_ns(v)
         if "done_t" in obj:
             v = obj["done_t"]
-            if not _is_number(v) or v < t or v > MAX_TIME_S:
+            if not _is_number(v) or v < t:
                 raise err(f"expected a time >= t ({t}), found {v!r:.40}", "done_t")
+            if v > MAX_TIME_S:
+                raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {v!r:.40}",
+                          "done_t")
             ev.done_ns = seconds_to_ns(v)
         if "prefill_ms" in obj:
             v = obj["prefill_ms"]
-            if not _is_number(v) or v < 0:
-                raise err(f"expected a number >= 0, found {v!r:.40}", "prefill_ms")
+            if not _is_number(v) or v < 0 or v > MAX_TIME_S * 1000:
+                raise err(f"expected a number of milliseconds in 0..{MAX_TIME_S * 1000:g}, "
+                          f"found {v!r:.40}", "prefill_ms")
             ev.prefill_ms = float(v)
 
     def summary(self) -> TraceSummary:
@@ -465,3 +585,52 @@ def validate_trace(given: str, hashes: HashTable | None = None, limits: Limits |
         for _ in reader.events():
             pass
         return reader.header, reader.summary()
+
+
+class _Feed:
+    """Lines about to be written, read back as the bytes the writer will write them as
+    (``psgate.trace.writer``), so that what is checked is exactly what lands in the file."""
+
+    def __init__(self, lines, origin: str, pulled: list):
+        self._it = iter(lines)
+        self._origin = origin
+        self._n = 0
+        self.pulled = pulled
+
+    def readline(self, size: int = -1) -> bytes:
+        line = next(self._it, None)
+        if line is None:
+            return b""
+        self._n += 1
+        try:
+            data = orjson.dumps(line) + b"\n"
+        except TypeError as exc:
+            raise InputError(f"cannot be written as JSON ({exc})", path=self._origin,
+                             line=self._n) from None
+        self.pulled.append(line)
+        return data[:size] if 0 <= size < len(data) else data
+
+    def close(self) -> None:
+        pass
+
+
+def checked_lines(lines, origin: str, limits: Limits | None = None) -> Iterator[dict]:
+    """``lines`` (a trace's dicts, header first), each passed on only once the reader has
+    accepted it: a writer that streams through this never writes a trace ``psgate validate``
+    refuses. ``origin`` names the output in errors (``origin:line: field ...``)."""
+    pulled: list[dict] = []
+    feed = _Feed(lines, origin, pulled)
+    with TraceReader(TraceSource(origin, Path(".")), limits=limits, stream=feed) as reader:
+        yield from pulled
+        pulled.clear()
+        for _ in reader.events():
+            yield from pulled
+            pulled.clear()
+        yield from pulled
+
+
+def check_lines(lines: list[dict], origin: str) -> list[dict]:
+    """``lines`` unchanged once every one of them passed the reader's checks."""
+    for _ in checked_lines(lines, origin):
+        pass
+    return lines

@@ -28,35 +28,66 @@ import orjson
 
 from psgate.errors import InputError
 from psgate.trace.hashing import HASHING_NAME, chain_hashes
+from psgate.trace.reader import (MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_TIME_S, checked_lines,
+                                 require_utf8_name)
 from psgate.trace.writer import header_line
 
 KEY_ENV = "PSGATE_HASH_KEY"
 MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 64                  # BLAKE2b's key size
 _SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
+KEY_FORMAT = (f"hex digits for {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes (surrounding whitespace "
+              f"and newlines ignored), e.g. the output of "
+              f"`python -c 'import secrets; print(secrets.token_hex(32))'`")
+UNKEYED_WARNING = ("--unkeyed: block hashes and the g-/s- pseudonyms of group (tenant) and scope "
+                   "names carry no secret, so anyone holding the trace can test guesses: short "
+                   "prompts, and tenant names (g-33f6b2a834a4 is 'acme-corp' for everyone)")
+
+
+def parse_key(text: bytes | str, where: str) -> bytes:
+    """A hash key as written in a key file or an environment variable: hex only.
+
+    One format everywhere, because the same key must give the same hashes whether it came
+    from ``--key-file``, ``$PSGATE_HASH_KEY`` or ``$PSGATE_CAPTURE_KEY_FILE``: a file read as
+    raw bytes and a variable read as hex would turn one key into two."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("ascii")
+        except UnicodeDecodeError:
+            raise InputError(f"expected the key as {KEY_FORMAT}; found non-ASCII bytes",
+                             path=where) from None
+    text = text.strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise InputError(f"expected the key as {KEY_FORMAT}; found characters that are not "
+                         f"hex digits", path=where) from None
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise InputError(f"expected the key as {KEY_FORMAT}; found {len(key)} bytes",
+                         path=where)
+    return key
+
+
+def read_key_file(path: str) -> bytes:
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the key file: {exc.strerror}", path=path) from None
+    return parse_key(text, path)
 
 
 def load_key(key_file: str | None, unkeyed: bool) -> bytes | None:
-    """The hash key from a file, else from $PSGATE_HASH_KEY (hex); None only if unkeyed."""
+    """The hash key from a file, else from $PSGATE_HASH_KEY (both hex); None only if
+    unkeyed and neither is given."""
     if key_file:
-        try:
-            key = Path(key_file).read_bytes().strip()
-        except OSError as exc:
-            raise InputError(f"cannot read the key file: {exc.strerror}", path=key_file) from None
-    elif os.environ.get(KEY_ENV):
-        try:
-            key = bytes.fromhex(os.environ[KEY_ENV].strip())
-        except ValueError:
-            raise InputError(f"${KEY_ENV} must be hex") from None
-    elif unkeyed:
+        return read_key_file(key_file)
+    if os.environ.get(KEY_ENV, "").strip():
+        return parse_key(os.environ[KEY_ENV], f"${KEY_ENV}")
+    if unkeyed:
         return None
-    else:
-        raise InputError("no hash key: pass --key-file FILE or set $PSGATE_HASH_KEY (hex); "
-                         "--unkeyed hashes without a key, which lets anyone test guesses "
-                         "of short prompts against the trace")
-    if len(key) < MIN_KEY_BYTES:
-        raise InputError(f"the hash key must be at least {MIN_KEY_BYTES} bytes, found "
-                         f"{len(key)}", path=key_file or f"${KEY_ENV}")
-    return key[:64]
+    raise InputError("no hash key: pass --key-file FILE or set $PSGATE_HASH_KEY (hex); "
+                     "--unkeyed hashes without a key, which lets anyone test guesses "
+                     "of short prompts and tenant names against the trace")
 
 
 def key_fingerprint(key: bytes | None) -> str:
@@ -76,8 +107,16 @@ def _scope_root(scope: tuple[str, ...], key: bytes | None) -> bytes:
 
 
 def redact_lines(src: str | Path, block_size: int, key: bytes | None) -> Iterator[dict]:
-    """Stream the redacted trace's lines (header first) from a raw request log."""
-    src = str(src)
+    """Stream the redacted trace's lines (header first) from a raw request log, each one
+    checked as ``psgate validate`` checks it before it is passed on."""
+    if type(block_size) is not int or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise InputError(f"expected an integer in 1..{MAX_BLOCK_SIZE}, found {block_size!r}",
+                         path="--block-size")
+    require_utf8_name(str(src))
+    return checked_lines(_redacted(str(src), block_size, key), f"{src} (redacted)")
+
+
+def _redacted(src: str, block_size: int, key: bytes | None) -> Iterator[dict]:
     hkey = key or b""
     yield header_line(block_size, hashing=HASHING_NAME + ("" if key else " (unkeyed)"),
                       source="psgate trace redact",
@@ -106,8 +145,8 @@ def redact_lines(src: str | Path, block_size: int, key: bytes | None) -> Iterato
             if type(obj) is not dict:
                 raise err("expected a JSON object")
             t = obj.get("t")
-            if type(t) not in (int, float) or not math.isfinite(t) or t < 0:
-                raise err("expected a time >= 0 in seconds", "t")
+            if type(t) not in (int, float) or not math.isfinite(t) or not 0 <= t <= MAX_TIME_S:
+                raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds", "t")
             if t < last_t:
                 raise err(f"time goes backwards ({t} after {last_t}): sort the log by t", "t")
             last_t = t
@@ -134,8 +173,8 @@ def redact_lines(src: str | Path, block_size: int, key: bytes | None) -> Iterato
             if root is None:
                 root = roots[scope] = _scope_root(scope, key)
             out = obj.get("out", 0)
-            if type(out) is not int or out < 0:
-                raise err("expected an integer >= 0", "out")
+            if type(out) is not int or not 0 <= out <= MAX_JSON_INT:
+                raise err("expected an integer >= 0 and <= 2^53 - 1", "out")
             new_id = f"r{len(ids)}"
             if rid is not None:
                 if str(rid) in ids:
@@ -152,5 +191,7 @@ def redact_lines(src: str | Path, block_size: int, key: bytes | None) -> Iterato
                 d = obj["done_t"]
                 if type(d) not in (int, float) or not math.isfinite(d) or d < t:
                     raise err("expected a time >= t", "done_t")
+                if d > MAX_TIME_S:
+                    raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds", "done_t")
                 line["done_t"] = d
             yield line

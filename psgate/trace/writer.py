@@ -7,6 +7,7 @@ from pathlib import Path
 
 import orjson
 
+from psgate.receipt.atomic import atomic_file
 from psgate.trace.model import FORMAT_VERSION
 
 
@@ -19,14 +20,9 @@ def dump_lines(lines: Iterable[dict]) -> bytes:
 
 
 def write_trace(path: Path, lines: Iterable[dict]) -> None:
-    """Stream lines into a temporary file beside ``path``, then rename it into place."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            for line in lines:
-                fh.write(orjson.dumps(line) + b"\n")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Stream lines into a temporary file beside ``path``, then rename it into place, so a
+    reader (or a replay started meanwhile) never sees half a trace, and a failure keeps
+    whatever ``path`` held before. A directory or a missing parent is bad input."""
+    with atomic_file(path) as fh:
+        for line in lines:
+            fh.write(orjson.dumps(line) + b"\n")

@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import math
+
 from psgate.errors import InputError
+from psgate.trace.reader import MAX_BLOCK_SIZE, MAX_JSON_INT, check_lines, check_seed
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,34 @@ def generate(kind: str, params: dict, cost=None) -> list[dict]:
         if d is not None and type(v) is not type(d) and not (
                 isinstance(d, float) and type(v) is int):
             raise InputError(f"'{k}' expects {type(d).__name__}, found {v!r}", path="--param")
-    if gen.uses_cost:
-        return gen.make(cost=cost, **params)
-    if cost is not None:
+        _check_value(k, v)
+    if cost is not None and not gen.uses_cost:
         uses = ", ".join(k for k, g in gens.items() if g.uses_cost)
         raise InputError(f"workload '{kind}' does not derive its rates from a cost model; "
                          f"those that do: {uses}", path="--cost-model")
-    return gen.make(**params)
+    try:
+        lines = gen.make(cost=cost, **params) if gen.uses_cost else gen.make(**params)
+    except (ArithmeticError, ValueError, IndexError) as exc:
+        raise InputError(f"workload '{kind}': these parameters give no trace ({exc})",
+                         path="--param") from None
+    # What a generator writes must be what psgate reads: checked here, before any file.
+    return check_lines(lines, f"workload '{kind}' output")
+
+
+def _check_value(key: str, v) -> None:
+    """Generic bounds every generator relies on: counts, sizes, times, rates and fractions
+    are never negative (a negative rate would walk arrival times backwards for ever);
+    priorities may be; every number is finite and has an exact JSON form."""
+    if key == "seed":
+        check_seed(v, "--seed")
+    elif key == "block_size":
+        if not 1 <= v <= MAX_BLOCK_SIZE:
+            raise InputError(f"'block_size' must be in 1..{MAX_BLOCK_SIZE}, found {v}",
+                             path="--param")
+    elif type(v) is float and not math.isfinite(v):
+        raise InputError(f"'{key}' must be a finite number, found {v!r}", path="--param")
+    elif type(v) in (int, float) and abs(v) > MAX_JSON_INT:
+        raise InputError(f"'{key}' must be at most 2^53 - 1 in magnitude, found {v!r:.40}",
+                         path="--param")
+    elif type(v) in (int, float) and v < 0 and "priority" not in key:
+        raise InputError(f"'{key}' must be >= 0, found {v!r}", path="--param")

@@ -290,16 +290,17 @@ def borrowing(**overrides) -> list[dict]:
     rng = random.Random(p["seed"])
     bs = p["block_size"]
     n = p["prefix_tokens"] // bs
+    tail = 1 % bs          # one token past the prefix; with one-token blocks none can be
     events = []
     for i in range(p["idle_prefixes"]):
         t = i * 0.1
-        events.append((t, _request(t, f"i{i}", "idle", "standard", chain(f"idle-{i}", n), 1,
+        events.append((t, _request(t, f"i{i}", "idle", "standard", chain(f"idle-{i}", n), tail,
                                    p["out"], f"idle-{i}", "benign", measure=False)))
     active = [chain(f"active-{i}", n) for i in range(p["active_prefixes"])]
     for i, t in enumerate(poisson(rng, p["warmup_s"], p["duration_s"], p["rate"])):
         k = rng.randrange(p["active_prefixes"])
-        events.append((t, _request(t, f"a{i}", "active", "standard", active[k], 1, p["out"],
-                                   f"active-{k}", "victim")))
+        events.append((t, _request(t, f"a{i}", "active", "standard", active[k], tail,
+                                   p["out"], f"active-{k}", "victim")))
     events.sort(key=lambda e: e[0])
     header = header_line(bs, hashing=SYNTHETIC_HASHING,
                          source="psgate workload borrowing (PrefixShield paper)",

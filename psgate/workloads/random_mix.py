@@ -41,8 +41,11 @@ def random_mix(**overrides) -> list[dict]:
         if k == len(c) and rng.random() < 0.5:
             blocks = blocks + chain(f"u{i}", rng.randint(1, 2), parent=c[-1] if c else None)
         tail = rng.randrange(bs)
-        if not blocks and tail == 0:
-            tail = 1
+        if not blocks and tail == 0:       # a prompt is never empty
+            if bs > 1:
+                tail = 1
+            else:                          # one-token blocks leave no room for a tail
+                blocks = chain(f"u{i}", 1)
         r = {"t": t, "op": "request", "id": f"r{i}", "group": f"g{g}",
              "contract": CONTRACTS[g % 3], "scope": "m" if rng.random() < 0.9 else "m2",
              "blocks": blocks, "tail": tail, "out": rng.randint(0, 3 * bs),

@@ -1,0 +1,227 @@
+"""Every shell example in README.md (and examples/ci/README.md) runs as written.
+
+Commands come from indented code blocks and ```sh fences: a line starting with
+``psgate``, ``python``/``python3``, ``bash``, a virtualenv's ``bin/`` or an environment
+assignment, with backslash continuations joined and trailing ``# comments`` dropped. Each
+code block runs in a fresh temporary directory (commands of one block share it, as a
+reader typing them would) holding the files the examples name. A command either runs as
+written, runs as listed in SUBSTITUTED (scaled down, or a placeholder filled in), or is
+listed in SKIPPED with the reason; a command in neither table runs as written, and a
+table entry the README no longer has fails the test, so the tables stay honest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = {"README.md": ROOT / "README.md", "examples/ci/README.md": ROOT / "examples/ci/README.md"}
+EXAMPLE_TRACE = ROOT / "psgate" / "data" / "traces" / "example.jsonl"
+PROGRAM = re.compile(r"^(psgate|python3?|bash|\.venv[\w.-]*/bin/\w+|[A-Z_]+=\S*)\s")
+
+SKIPPED = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && "
+    "python -m pytest -q": "the whole test suite, of which this test is a part",
+    "bash scripts/install-calibrate.sh .venv-calibrate":
+        "installs torch and transformers from the package index (gigabytes)",
+    ".venv-calibrate/bin/psgate calibrate --model-config examples/models/tiny-qwen2 --device "
+    "cpu -o tiny-cpu.json": "needs the calibrate virtualenv (torch)",
+    ".venv-calibrate/bin/psgate calibrate --model-config examples/models/qwen2.5-7b-instruct "
+    "--device cuda -o my-gpu-7b.json": "needs torch and a GPU",
+    "bash scripts/install-vllm.sh .venv-vllm": "installs vLLM from the package index (3.5 GB)",
+    "PSGATE_POLICY=prefixshield PSGATE_POLICY_CONFIG=policy.json "
+    "PSGATE_LEDGER=/var/log/psgate-evictions.csv vllm serve MODEL --enable-prefix-caching":
+        "serves a model with vLLM",
+    "psgate bench [--quick] [--json] [--repeats N] [--vllm-python PY]":
+        "a synopsis; tests/test_bench.py runs psgate bench --quick --json (about a minute)",
+    "python tools/bench_prefixshield_b.py [--quick]":
+        "about 5 minutes even with --quick on this machine",
+    "python tools/bench_prefixshield_b.py --seeds 10 --variant "
+    "'fill 0.75={\"evidence_fill\": 0.75}'": "replays the paper's workloads at 10 seeds",
+    "bash scripts/install-vllm.sh .venv-vllm && .venv-vllm/bin/python "
+    "tools/record_vllm_golden.py": "installs and drives vLLM",
+    "python -m pytest tests/test_cli.py --update-golden":
+        "rewrites the committed golden receipts",
+    "python examples/paper/reproduce.py [--quick]":
+        "minutes even with --quick; .ci/run runs it after the tests",
+    "python3 tools/calibrate_gpu.py --out examples/cost-models --prefix h200": "needs a GPU",
+    "PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz_soak.py -k fuzz -s":
+        "tests/test_fuzz_soak.py runs in the suite at its default example count",
+}
+
+# README command -> (what runs instead, why)
+SUBSTITUTED = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install . && psgate replay "
+    "--baseline lru --candidate prefixshield":
+        ("psgate replay --baseline lru --candidate prefixshield",
+         "psgate is installed here from this checkout; the main job runs as written"),
+    "psgate replay --workload one-touch --runs 10 --seed 1 --baseline lru --candidate "
+    "prefixshield --gate gate.toml --out exp":
+        ("psgate replay --workload one-touch --runs 2 --seed 1 --baseline lru --candidate "
+         "prefixshield --gate stat-gate.toml --out exp",
+         "2 matched runs instead of 10; the gate file is the README's own stat checks"),
+    "psgate explain review --request r1234":
+        ("psgate explain review --request a50", "a request of the example trace"),
+    "psgate replay --trace T.jsonl --baseline lru --candidate prefixshield --cost-model "
+    "my-gpu-7b.json":
+        ("psgate replay --trace T.jsonl --baseline lru --candidate prefixshield --cost-model "
+         "examples/cost-models/h200-qwen2.5-7b.json",
+         "the committed calibration instead of one measured on your GPU"),
+    "python tools/profile_replay.py --policy prefixshield [--trace reuse|cold|debt] [--e2e] "
+    "[--full]": ("python tools/profile_replay.py --policy prefixshield --trace debt --e2e",
+                 "a synopsis; one of its forms"),
+    "python tools/soak.py --traces 10000": ("python tools/soak.py --traces 20",
+                                            "20 random traces instead of 10,000"),
+    "python tools/fuzz_atheris.py trace -max_total_time=600":
+        ("python tools/fuzz_atheris.py trace -runs=200", "200 inputs instead of 10 minutes"),
+}
+
+# stdout is one JSON object (or nothing) for every psgate command but these
+NOT_JSON = {
+    "psgate explain": "prints its text on stdout (one JSON object with --json)",
+    "psgate summary receipt --format markdown": "the Markdown is the command's product",
+}
+
+# files the examples name, made in every block's directory
+FIXTURES = {
+    "T.jsonl": "the bundled example trace",
+    "incident.jsonl": "the bundled example trace",
+    "gate.toml": "examples/ci/gate.toml",
+    "stat-gate.toml": "the README's code block of stat checks",
+    "last-release/": "a receipt of the example trace, as the last release would have left",
+}
+
+
+def _blocks(text: str) -> list[list[str]]:
+    """The shell code blocks: ```sh fences and indented blocks (4 spaces after a blank)."""
+    lines, out, i, prev_blank = text.split("\n"), [], 0, True
+    while i < len(lines):
+        m = re.match(r"^```(\w*)", lines[i])
+        if m:
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            if m.group(1) in ("sh", "bash", "shell", "console"):
+                out.append(lines[i + 1:j])
+            i, prev_blank = j + 1, False
+            continue
+        if lines[i].startswith("    ") and prev_blank:
+            body = []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i][4:])
+                i += 1
+            out.append(body)
+            prev_blank = True
+            continue
+        prev_blank = not lines[i].strip()
+        i += 1
+    return out
+
+
+def _commands(block: list[str]) -> list[str]:
+    cmds, cur = [], None
+    for ln in block:
+        if cur is not None:
+            cur += " " + ln.strip()
+        elif not ln.strip() or ln[:1].isspace():
+            continue                       # blank, or a comment continued under a command
+        else:
+            cur = ln
+        if cur.endswith("\\"):
+            cur = cur[:-1].rstrip()
+            continue
+        cmd = re.sub(r"\s+", " ", re.sub(r"\s+#\s.*$", "", cur)).strip()
+        if PROGRAM.match(cmd + " "):
+            cmds.append(cmd)
+        cur = None
+    return cmds
+
+
+def readme_blocks() -> list[tuple[str, int, list[str]]]:
+    out = []
+    for doc, path in DOCS.items():
+        for k, block in enumerate(_blocks(path.read_text())):
+            cmds = _commands(block)
+            if cmds:
+                out.append((doc, k, cmds))
+    return out
+
+
+BLOCKS = readme_blocks()
+
+
+def test_tables_name_only_commands_the_readme_has():
+    seen = {c for _, _, cmds in BLOCKS for c in cmds}
+    assert not set(SKIPPED) - seen, sorted(set(SKIPPED) - seen)
+    assert not set(SUBSTITUTED) - seen, sorted(set(SUBSTITUTED) - seen)
+    assert len(seen) >= 20, sorted(seen)
+
+
+def _stat_gate() -> str:
+    """The README's stat checks (the block of TOML that uses ``stat``), as a gate file."""
+    for block in _blocks(DOCS["README.md"].read_text()):
+        text = "\n".join(block)
+        if text.lstrip().startswith("[[check]]") and "stat = " in text:
+            return text + "\n"
+    raise AssertionError("README.md has no TOML block of stat checks")
+
+
+def _env() -> dict:
+    bin_dir = str(Path(sys.executable).parent)
+    return dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], NO_COLOR="1",
+                COLUMNS="100")
+
+
+def _workdir(tmp_path: Path, cmds: list[str]) -> Path:
+    for name in ("tools", "scripts", "examples", "tests"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    text = " ".join(cmds)
+
+    def wanted(name: str) -> bool:       # named, and not an output the block writes
+        return re.search(rf"(^|[ /]){re.escape(name)}\b", text) is not None and \
+            f"-o {name}" not in text
+
+    for name in ("T.jsonl", "incident.jsonl"):
+        if wanted(name):
+            shutil.copy(EXAMPLE_TRACE, tmp_path / name)
+    if wanted("gate.toml"):
+        shutil.copy(ROOT / "examples" / "ci" / "gate.toml", tmp_path / "gate.toml")
+    (tmp_path / "stat-gate.toml").write_text(_stat_gate())
+    if any("last-release" in c for c in cmds):
+        proc = subprocess.run(["psgate", "replay", "--trace", "incident.jsonl", "--baseline",
+                               "lru", "--candidate", "prefixshield", "--out", "last-release",
+                               "--quiet"], cwd=tmp_path, env=_env(), capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return tmp_path
+
+
+@pytest.mark.parametrize("doc,k,cmds", BLOCKS,
+                         ids=[f"{doc}:{k}:{cmds[0][:40]}" for doc, k, cmds in BLOCKS])
+def test_readme_block_runs(doc, k, cmds, tmp_path):
+    runnable = [c for c in cmds if c not in SKIPPED]
+    if not runnable:
+        pytest.skip("; ".join(SKIPPED[c] for c in cmds))
+    cwd = _workdir(tmp_path, cmds)
+    for cmd in runnable:
+        run = SUBSTITUTED[cmd][0] if cmd in SUBSTITUTED else cmd
+        if "fuzz_atheris" in run:
+            pytest.importorskip("atheris")
+        proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", run], cwd=cwd, env=_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{doc}: `{cmd}` exited {proc.returncode}:\n" \
+                                     f"{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if run.startswith("psgate ") and not any(run.startswith(p) for p in NOT_JSON) \
+                and proc.stdout.strip():
+            lines = proc.stdout.strip().splitlines()
+            assert len(lines) == 1, f"`{run}`: stdout is not one JSON object:\n{proc.stdout}"
+            json.loads(lines[0])
