@@ -12,37 +12,34 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
-import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psgate import __version__
-from psgate.engines import ENGINES, engine_class, engine_info
+from psgate.atomic import StagedOutput, prepare_out_dir
+from psgate.contracts import CONTRACT_NAMES
+from psgate.engines import ENGINES, engine_class
 from psgate.engines.cost import CostModel
 from psgate.engines.results import Tee
 from psgate.engines.vllm_pool import vllm_version
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, InputError
 from psgate.policies import make_policy
-from psgate.receipt.atomic import StagedOutput, prepare_out_dir
+from psgate.receipt.assemble import assemble_receipt, run_record
 from psgate.receipt.gate import (GateSpec, Tolerances, effective_tolerances, evaluate,
                                  load_gate_file, needs_paired)
 from psgate.receipt.ledger import (COMPRESSIONS, LEDGER_ROWS, LedgerWriter, RequestSpool,
-                                   file_sha256, ledger_name, write_requests)
-from psgate.receipt.receipt import RECEIPT_FORMAT, dumps, validate_receipt
+                                   ledger_name, write_requests)
+from psgate.receipt.receipt import dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.bootstrap import paired_summary
-from psgate.stats.metrics import MetricsAccumulator, paired_difference, run_metrics
+from psgate.stats.metrics import MetricsAccumulator, run_metrics
 from psgate.trace.future import future_uses
 from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, require_utf8_name,
                                  validate_trace)
 
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
-DEFAULT_CONTRACTS = ("critical", "standard", "best-effort")
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
@@ -69,7 +66,7 @@ class ReplayConfig:
     ledger_rows: str = "all"            # or "evictions"
     ledger_compression: str = "none"    # or "gzip"
     cost: CostModel = field(default_factory=CostModel)
-    contracts: tuple[str, ...] = DEFAULT_CONTRACTS
+    contracts: tuple[str, ...] = CONTRACT_NAMES
     # How the trace and gate file are named in outputs when that differs from where
     # they are read (verify re-runs a receipt with the names it recorded).
     trace_label: str | None = None
@@ -116,33 +113,6 @@ def validate(trace: str, limits: Limits | None = None) -> dict:
             "cancels": summary.num_cancels, "dones": summary.num_dones,
             "distinct_blocks": summary.num_distinct_blocks,
             "skipped_unknown": summary.num_skipped_unknown}
-
-
-def _environment(src: TraceSource, out: Path, started: float, gate: str | None,
-                 trace_sha256: str) -> dict:
-    """Where and how this replay ran, including the trace file's own SHA-256: a trace
-    re-serialized with another key order or spacing is the same evidence (same canonical
-    digest), so the file's bytes belong here, not in the deterministic part."""
-    pkgs = {}
-    for name in ("typer", "rich", "orjson", "jsonschema", "rfc8785"):
-        try:
-            from importlib.metadata import version
-            pkgs[name] = version(name)
-        except Exception:  # noqa: BLE001 - a missing version is not an error here
-            pkgs[name] = None
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "packages": pkgs,
-        "trace_abspath": str(src.path.resolve()),
-        "trace_sha256": trace_sha256,
-        "gate_abspath": str(Path(gate).resolve()) if gate else None,
-        "out_dir": str(out.resolve()),
-        "cwd": os.getcwd(),
-        "started_unix": round(started, 3),
-        "wall_s": round(time.time() - started, 3),
-    }
 
 
 def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> ReplayResult:
@@ -230,19 +200,8 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                     acc.extend(result.requests)
                     spool.extend(result.requests)
                 results.append(result)
-                runs[label] = {
-                    "policy": result.policy,
-                    "aborted": result.aborted,
-                    "metrics": run_metrics(result, None if cfg.engine == "vllm" else cfg.cost,
-                                           acc),
-                    "counts": result.counts,
-                    "invariants": {n: v.to_json() for n, v in sorted(result.invariants.items())},
-                    "orphans": result.orphans,
-                    "rejected_ids": result.rejected_ids,
-                    "span_s": round((result.end_ns - result.start_ns) / 1e9, 9),
-                }
-                if result.observed is not None:
-                    runs[label]["observed"] = result.observed
+                runs[label] = run_record(result, run_metrics(
+                    result, None if cfg.engine == "vllm" else cfg.cost, acc))
         finally:
             ledger.close()
         write_requests(staged.path("requests.csv"), spools)
@@ -253,46 +212,12 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                                     [runs["candidate"]["metrics"]], resamples=100, seed=0)
         tolerances = effective_tolerances(spec, cfg.tolerances).validated()
         gate = evaluate(runs, spec, cfg.allow_unexercised, paired, tolerances)
-        receipt = {
-            "psgate_receipt": RECEIPT_FORMAT,
-            "tool": {"name": "psgate", "version": __version__},
-            "trace": {
-                "path": src.display, "canonical_sha256": summary.canonical_sha256,
-                "block_size": header.block_size, "hashing": header.hashing,
-                "source": header.source, "partial": header.partial,
-                "num_lines": summary.num_lines, "num_requests": summary.num_requests,
-                "num_cancels": summary.num_cancels, "num_dones": summary.num_dones,
-                "num_distinct_blocks": summary.num_distinct_blocks,
-                "num_skipped_unknown": summary.num_skipped_unknown,
-            },
-            "config": {
-                "engine": cfg.engine, "capacity": cfg.capacity, "usable_blocks": cfg.capacity - 1,
-                "block_size": header.block_size, "contracts": contracts,
-                "cost_model": cfg.cost.to_json(),
-                "baseline": policies["baseline"].describe(),
-                "candidate": policies["candidate"].describe(),
-                "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
-                "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
-                "ledger": {"rows": cfg.ledger_rows, "compression": cfg.ledger_compression,
-                           "file": ledger_name(cfg.ledger_compression)},
-                "limits": cfg.limits.to_json(),
-                "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
-                "non_regression": tolerances.to_json(),
-                "replay_model": "psgate replay model v1: blocks held from admission, "
-                                "ceil((prompt+out)/block_size) per request, prompt blocks cached",
-            },
-            "runs": runs,
-            "comparison": paired_difference(runs["baseline"]["metrics"],
-                                            runs["candidate"]["metrics"]),
-            "gate": gate,
-            "outputs": {name: {"sha256": file_sha256(staged.path(name))}
-                        for name in (ledger_name(cfg.ledger_compression), "requests.csv")},
-        }
-        info = engine_info(cfg.engine, cfg.model_config, cfg.time_compression)
-        if info is not None:     # sim receipts stay as they were: no key at all
-            receipt["config"]["engine_info"] = info
-        receipt["environment"] = _environment(src, cfg.out, started, cfg.gate_file,
-                                              summary.sha256)
+        receipt = assemble_receipt(
+            cfg, src=src, header=header, summary=summary, policies=policies,
+            contracts=contracts, gate_name=gate_name, gate_sha=gate_sha, tolerances=tolerances,
+            runs=runs, gate=gate, started=started,
+            outputs={name: staged.path(name)
+                     for name in (ledger_name(cfg.ledger_compression), "requests.csv")})
         validate_receipt(receipt)
         staged.path("receipt.json").write_bytes(dumps(receipt))
         staged.commit()

@@ -44,7 +44,7 @@ from pathlib import Path
 import orjson
 
 from psgate.trace.hashing import HASHING_NAME, chain_hashes
-from psgate.trace.redact import _pseudonym, _scope_root, key_fingerprint
+from psgate.trace.redact import key_fingerprint, pseudonym, scope_root
 from psgate.trace.writer import header_line
 
 SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
@@ -149,8 +149,8 @@ class CaptureWriter:
             _, _, rid, group, contract, scope, toks, max_tokens, client = ev
             root = self._roots.get(scope)
             if root is None:
-                root = self._roots[scope] = _scope_root(scope, self.key)
-            new_id = base = _pseudonym("r", rid if client is None else client, self.key)
+                root = self._roots[scope] = scope_root(scope, self.key)
+            new_id = base = pseudonym("r", rid if client is None else client, self.key)
             n = 1
             while new_id in self._used:
                 n += 1
@@ -159,8 +159,8 @@ class CaptureWriter:
             self._ids[rid] = new_id
             self.num_requests += 1
             return {"t": t, "op": "request", "id": new_id,
-                    "group": _pseudonym("g", group, self.key), "contract": contract,
-                    "scope": _pseudonym("s", "\x00".join(scope), self.key),
+                    "group": pseudonym("g", group, self.key), "contract": contract,
+                    "scope": pseudonym("s", "\x00".join(scope), self.key),
                     "blocks": chain_hashes(list(toks), self.bs, self.key, parent=root),
                     "tail": len(toks) % self.bs, "out": int(max_tokens or 0)}
         new_id = self._ids.pop(ev[2], None)

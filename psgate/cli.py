@@ -21,13 +21,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from psgate import __version__, api
+from psgate.atomic import check_destination, write_atomic
 from psgate.engines.cost import COEFFICIENTS, MAX_COEFFICIENT_MS, CostModel, load_cost_model
 from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, InputError,
                            PsgateError)
 from psgate.policies import policy_class, policy_names
 from psgate.experiment import DEFAULT_RESAMPLES
 from psgate.receipt.gate import Tolerances, load_gate_file
-from psgate.receipt.atomic import check_destination, write_atomic
 from psgate.receipt.junit import write_junit
 from psgate.report.diff import diff as diff_receipts
 from psgate.report.explain import explain as explain_rows

@@ -33,9 +33,9 @@ from typing import Callable
 import orjson
 
 from psgate import __version__, api
+from psgate.atomic import EXPERIMENT_OUTPUTS, StagedOutput, prepare_out_dir
 from psgate.engines.cost import CostModel
 from psgate.errors import InputError
-from psgate.receipt.atomic import EXPERIMENT_OUTPUTS, StagedOutput, prepare_out_dir
 from psgate.receipt.gate import (GateSpec, effective_tolerances, evaluate_experiment,
                                  load_gate_file)
 from psgate.receipt.ledger import file_sha256

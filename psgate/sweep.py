@@ -37,13 +37,13 @@ from typing import Callable
 import orjson
 
 from psgate import api
+from psgate.atomic import write_atomic
 from psgate.engines.cost import CostModel
 from psgate.errors import EngineUnavailable, InputError
 from psgate.trace.reader import check_seed, corpus_traces
 from psgate.experiment import (DEFAULT_RESAMPLES, ExperimentConfig, parse_workload,
                                run_experiment)
 from psgate.policies import policy_names
-from psgate.receipt.atomic import write_atomic
 from psgate.receipt.gate import Tolerances
 from psgate.receipt.receipt import dumps
 from psgate.workloads import generators
@@ -78,10 +78,10 @@ class SweepConfig:
 _CODE_DIGEST: str | None = None
 # The code a cell's sim replays run (files, and folders ending in /), relative to psgate/;
 # the CLI, reports, calibration and the live vLLM engines are not in it.
-REPLAY_CODE = ("__init__.py", "api.py", "errors.py", "experiment.py", "resources.py",
-               "sweep.py", "engines/__init__.py", "engines/cost.py", "engines/results.py",
-               "engines/sim.py", "invariants/", "policies/", "receipt/", "stats/", "trace/",
-               "workloads/")
+REPLAY_CODE = ("__init__.py", "api.py", "atomic.py", "contracts.py", "errors.py",
+               "experiment.py", "resources.py", "sweep.py", "engines/__init__.py",
+               "engines/cost.py", "engines/results.py", "engines/sim.py", "invariants/",
+               "policies/", "receipt/", "stats/", "trace/", "workloads/")
 
 
 def code_digest() -> str:

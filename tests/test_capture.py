@@ -121,7 +121,7 @@ def test_lines_reach_the_file_within_the_flush_interval(tmp_path):
 
 
 def test_ids_are_keyed_pseudonyms_of_the_client_id_and_unique_in_a_file(tmp_path):
-    from psgate.trace.redact import _pseudonym
+    from psgate.trace.redact import pseudonym
     clock = Clock()
     w = CaptureWriter(tmp_path, KEY, 16, clock=clock, t0=90.0, t0_unix=1234.5)
     for i in range(3):       # the client reused its id: the internal ids differ
@@ -134,6 +134,6 @@ def test_ids_are_keyed_pseudonyms_of_the_client_id_and_unique_in_a_file(tmp_path
     assert lines[0]["capture"]["t0_unix"] == 1234.5
     assert lines[1]["t"] == 10.0                               # clock 100, zero at 90
     ids = [x["id"] for x in lines[1:] if x["op"] == "request"]
-    base = _pseudonym("r", "cmpl-client-7", KEY)
+    base = pseudonym("r", "cmpl-client-7", KEY)
     assert ids == [base, f"{base}.2", f"{base}.3"]
     api.validate(str(tmp_path / "capture-000001.jsonl"))

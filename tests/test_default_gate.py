@@ -19,7 +19,7 @@ import pytest
 from psgate import api, cli
 from psgate.errors import InputError
 from psgate.experiment import DEFAULT_RESAMPLES, ExperimentConfig, run_experiment
-from psgate.policies import _REGISTRY, register
+from psgate.policies import register, unregister
 from psgate.policies.lru import LRUPolicy
 from psgate.receipt.gate import Tolerances, evaluate, evaluate_experiment, load_gate_file
 from psgate.receipt.receipt import validate_receipt
@@ -80,7 +80,7 @@ def _policies():
         register(cls)
     yield
     for cls in (_MRU, _Starve):
-        _REGISTRY.pop(cls.name)
+        unregister(cls.name)
 
 
 def _replay(tmp_path, baseline, candidate, name="out", **kw):

@@ -26,15 +26,9 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ
     "PSGATE_FUZZ_EXAMPLES"), suppress_health_check=list(HealthCheck))
 TRIED = {"trace": 0, "gate": 0}
 
-VALID = [
-    {"psgate_trace": 1, "block_size": 4},
-    {"t": 0, "op": "request", "id": "a", "group": "g", "contract": "standard", "scope": "m",
-     "blocks": ["a1", "a2"], "tail": 1, "out": 2},
-    {"t": 0.5, "op": "request", "id": "b", "group": "g", "contract": "standard", "scope": "m",
-     "blocks": ["a1", "b2"], "tail": 0, "out": 0, "done_t": 1},
-    {"t": 0.6, "op": "cancel", "id": "a"},
-]
-VALID_TEXT = "".join(json.dumps(x) + "\n" for x in VALID).encode()
+# The seed trace tools/fuzz_atheris.py starts from too.
+VALID_TEXT = (Path(__file__).parent / "data" / "fuzz_seed.jsonl").read_bytes()
+VALID = [json.loads(line) for line in VALID_TEXT.splitlines()]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) |

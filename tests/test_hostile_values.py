@@ -22,7 +22,7 @@ from psgate.errors import InputError
 from psgate.policies import policy_names
 from psgate.trace import reader
 from psgate.trace.reader import validate_trace
-from psgate.trace.redact import _pseudonym
+from psgate.trace.redact import pseudonym
 from psgate.workloads import generate, generators
 
 REPO = Path(__file__).resolve().parent.parent
@@ -337,7 +337,7 @@ def test_unkeyed_warns_that_tenant_names_are_guessable(run, tmp_path):
     assert code == 0
     assert "warning" in err and "tenant" in err, err
     group = json.loads((tmp_path / "o.jsonl").read_text().splitlines()[1])["group"]
-    assert group == _pseudonym("g", "acme-corp", None) == "g-33f6b2a834a4"
+    assert group == pseudonym("g", "acme-corp", None) == "g-33f6b2a834a4"
 
 
 # -- 13: other values ---------------------------------------------------------------------

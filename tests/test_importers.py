@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from psgate import api
+from psgate.contracts import CONTRACT_NAMES
 from psgate.errors import InputError
 from psgate.trace import validate_trace
-from psgate.trace.importers import CONTRACT_CYCLE, FORMATS, import_trace
+from psgate.trace.importers import FORMATS, import_trace
 from psgate.trace.writer import write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +189,7 @@ def test_mooncake_group_by_rules_and_contract_cycle(tmp_path):
     _validated(tmp_path, lines)
     lines = import_trace("mooncake", src, contract="best-effort")
     assert {x["contract"] for x in lines[1:]} == {"best-effort"}
-    assert CONTRACT_CYCLE == ("critical", "standard", "best-effort")
+    assert CONTRACT_NAMES == ("critical", "standard", "best-effort")
 
 
 def test_mooncake_ties_keep_file_order_and_out_of_order_is_sorted(tmp_path):

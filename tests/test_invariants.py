@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policies import register, _REGISTRY
+from psgate.policies import register, unregister
 from psgate.policies.lru import LRUPolicy
 
 from helpers import replay_file, write
@@ -65,7 +65,7 @@ def _register_broken():
         register(cls)
     yield
     for cls in (_PinnedVictimLRU, _PinnedInBatchLRU, _LyingCountLRU, _LostCandidateLRU):
-        _REGISTRY.pop(cls.name)
+        unregister(cls.name)
 
 
 def _pressure_trace(tmp_path):
@@ -203,4 +203,4 @@ def test_orphans_measured_on_replay(tmp_path):
         result, log, _ = replay_file(p, capacity=6, policy="lru", paranoid=True)
         assert log.evictions == ["g:a2"] and result.orphans["orphans_created"] == 0
     finally:
-        _REGISTRY.pop("test-mru")
+        unregister("test-mru")

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgate import api
-from psgate.bench import INSTANT, write_tiny_trace
+from psgate.bench.traces import INSTANT, write_tiny_trace
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, Tee)
 from psgate.engines.sim import SimEngine

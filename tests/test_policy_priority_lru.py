@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.errors import InputError
-from psgate.policies import _REGISTRY, make_policy, register
+from psgate.policies import make_policy, register, unregister
 from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 
@@ -282,6 +282,6 @@ def test_matches_reference_model(tmp_path, lines, capacity):
     try:
         _, ref_log, _ = replay_file(p, capacity=capacity, policy="test-ref-priority-lru")
     finally:
-        _REGISTRY.pop("test-ref-priority-lru")
+        unregister("test-ref-priority-lru")
     assert log.victims == ref_log.victims
     assert [d.rank for d in log.decisions] == [d.rank for d in ref_log.decisions]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.errors import InputError
-from psgate.policies import _REGISTRY, make_policy, register
+from psgate.policies import make_policy, register, unregister
 from psgate.policies.base import Decision, EvictionPolicy
 
 
@@ -149,6 +149,35 @@ def test_move_threshold_two_needs_two_hits(tmp_path):
     result, log, _ = run(tmp_path, BASE, cap=7, small_ratio=0.5, move_threshold=2)
     assert log.evictions == ["g:a1"]            # one hit is not enough any more
     assert log.decisions[0].rank["freq"] == 1
+
+
+# S = a1 (hit twice), b1 (hit once), c1; D and E then need one and two evictions.
+TWO_HITS = BASE[:3] + [
+    {"t": 3, "id": "H1", "blocks": ["a1"], "tail": 1, "done_t": 3.1},
+    {"t": 3.2, "id": "H2", "blocks": ["a1"], "tail": 1, "done_t": 3.3},
+    {"t": 3.4, "id": "H3", "blocks": ["b1"], "tail": 1, "done_t": 3.5},
+    {"t": 4, "id": "D", "blocks": ["d1", "d2", "d3", "d4"], "done_t": 4.1},
+    {"t": 5, "id": "E", "blocks": ["e1", "e2"], "done_t": 5.1},
+]
+
+
+@pytest.mark.parametrize("threshold, evictions, moved, main", [
+    # the reference's default: only a1 (two hits) moves to M; b1 (one hit) leaves S
+    # first, then S's FIFO order takes c1 and D's last block d4 (cached first)
+    (2, ["g:b1", "g:c1", "g:d4"], 1, [1]),
+    # psgate's default: a1 and b1 both move to M, so S gives up c1, d4 and d3
+    (1, ["g:c1", "g:d4", "g:d3"], 2, [1, 2]),
+])
+def test_move_threshold_exact_eviction_order(tmp_path, threshold, evictions, moved, main):
+    _, log, engine = run(tmp_path, TWO_HITS, cap=7, small_ratio=0.5,
+                         move_threshold=threshold)
+    assert log.evictions == evictions
+    assert all(d.queue == "small" for d in log.decisions)
+    assert log.decisions[0].rank["moved_to_main"] == moved
+    assert [d.rank["moved_to_main"] for d in log.decisions[1:]] == [0, 0]
+    pol = engine.policy
+    assert sorted(b for b in range(len(pol.queue)) if pol.queue[b] == 1) == main
+    assert pol.freq[1] == 2                     # a1's two hits go with it to M
 
 
 def test_select_does_not_mutate_and_is_memoized(tmp_path):
@@ -301,7 +330,7 @@ def test_matches_reference_model(tmp_path, lines, capacity, small_ratio, thresho
         _, ref_log, _ = replay_file(p, capacity=capacity, policy="test-ref-s3fifo",
                                     params=params)
     finally:
-        _REGISTRY.pop("test-ref-s3fifo")
+        unregister("test-ref-s3fifo")
     assert log.victims == ref_log.victims
     assert log.evictions == ref_log.evictions
     assert [d.queue for d in log.decisions] == [d.queue for d in ref_log.decisions]

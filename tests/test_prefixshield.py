@@ -717,7 +717,7 @@ def _audits(engine, log):
 KC = {"critical": [3.0, 6.0], "standard": [2.0, 4.0], "best-effort": [1.25, 3.0]}   # w 2.4/1.6/1
 
 
-def _random_trace(tmp_path, seed, num_requests=420, groups=6):
+def random_trace(tmp_path, seed, num_requests=420, groups=6):
     rnd = random.Random(seed)
     docs = [[f"{seed:x}{d:03x}{i:02x}" for i in range(8)] for d in range(30)]
     fresh = iter(range(10**6))
@@ -788,7 +788,7 @@ class _Model:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kinetic_index_matches_brute_force(tmp_path, seed):
-    path = _random_trace(tmp_path, seed)
+    path = random_trace(tmp_path, seed)
     stats = {"selections": 0, "responsible": 0, "fallback": 0, "multi_contract": 0,
              "in_batch": 0, "switch": 0, "ineligible_debtor": 0, "ranked": 0, "ties": 0,
              "tie_decisions": 0}
@@ -1014,7 +1014,7 @@ def test_select_victim_outside_a_batch_is_a_peek_that_changes_nothing():
 # -- determinism ------------------------------------------------------------------
 
 def test_same_trace_twice_gives_identical_ledgers(tmp_path):
-    path = _random_trace(tmp_path, 11, num_requests=200)
+    path = random_trace(tmp_path, 11, num_requests=200)
     runs = []
     for _ in range(2):
         result, log, _ = replay(path, 41, params={"contracts": KC}, paranoid=False)
@@ -1028,7 +1028,7 @@ def test_same_trace_twice_gives_identical_ledgers(tmp_path):
 def test_fallback_queues_dropped_and_rebuilt_decide_the_same(tmp_path, seed):
     """The all-groups fallback queues are dropped after a run of debt-picked victims and
     rebuilt at the next fallback: the decisions are those of queues kept all along."""
-    path = _random_trace(tmp_path, seed)
+    path = random_trace(tmp_path, seed)
     rebuilds = []
 
     def patience(n):

@@ -18,7 +18,7 @@ from psgate.policies.prefixshield_b import EVIDENCE, NATIVE_CHOICE, SEGMENT_CHOI
 
 from helpers import NoteLog, replay_file, write, write_lines
 from test_differential import traces
-from test_prefixshield import C, KC, Driver, _random_trace
+from test_prefixshield import C, KC, Driver, random_trace
 
 
 def _checked(path, cap, params=None, policy="prefixshield-b"):
@@ -116,7 +116,7 @@ def test_segment_order_only_while_probationary_candidates_reach_the_bound(
 
 
 def test_bound_zero_matches_prefixshield_on_a_multi_group_trace(tmp_path):
-    path = _random_trace(tmp_path, 5, num_requests=300)
+    path = random_trace(tmp_path, 5, num_requests=300)
     _, ps, _ = _checked(path, 40, {"contracts": KC}, policy="prefixshield")
     _, b0, _ = _checked(path, 40, {"contracts": KC, "probationary_bound": 0.0})
     assert ps.evictions == b0.evictions and len(ps.evictions) > 100
@@ -371,7 +371,7 @@ def _counting(engine, log):
                                     {"probationary_bound": 0.6},
                                     {"probationary_bound": 0.2, "leaf_only": False}])
 def test_invariants_hold_on_random_multi_group_traces(tmp_path, seed, params):
-    path = _random_trace(tmp_path, seed, num_requests=250)
+    path = random_trace(tmp_path, seed, num_requests=250)
     result, log, _ = replay_file(path, 30 + 7 * seed, policy="prefixshield-b", paranoid=True,
                                  params={"contracts": KC, **params}, setup=_counting)
     assert result.aborted is None

@@ -14,7 +14,7 @@ import pytest
 
 from psgate.api import ReplayConfig, replay
 from psgate.invariants.prefixshield import BucketAudit
-from psgate.policies import _REGISTRY, register
+from psgate.policies import register, unregister
 from psgate.policies.prefixshield import PrefixShield
 
 from helpers import NoteLog, replay_file, write
@@ -88,7 +88,7 @@ def _register_faulty():
         register(cls)
     yield
     for cls in FAULTY:
-        _REGISTRY.pop(cls.name)
+        unregister(cls.name)
 
 
 def _hits_trace(tmp_path):
@@ -147,8 +147,9 @@ def test_i1_catches_an_uncharged_recompute(tmp_path):
     assert v.first_violation.endswith("materialized 1 block(s) for g1/standard; the policy "
                                       "charged 0 to g1/standard")
     # the checker's running totals come from engine events, not from the policy
-    assert engine.family.materialized == {"g1": 4, "g2": 1}
-    assert engine.family.charged == {"g1": 2, "g2": 1}
+    audit, = engine.auditors
+    assert audit.materialized == {"g1": 4, "g2": 1}
+    assert audit.charged == {"g1": 2, "g2": 1}
 
 
 def _debt_trace(tmp_path, name="debt.jsonl"):

@@ -50,6 +50,8 @@ SKIPPED = {
     "tools/record_vllm_golden.py": "installs and drives vLLM",
     "python -m pytest tests/test_cli.py --update-golden":
         "rewrites the committed golden receipts",
+    "python -m pytest tests/test_golden_policies.py --update-golden":
+        "rewrites the committed golden policy outcomes",
     "python examples/paper/reproduce.py [--quick]":
         "minutes even with --quick; .ci/run runs it after the tests",
     "python3 tools/calibrate_gpu.py --out examples/cost-models --prefix h200": "needs a GPU",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +42,6 @@ def test_verify_identical_then_tampered(receipts, tmp_path):
     proc = psgate("verify", receipts / "ps")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verified"] is True
-    import shutil
     bad = tmp_path / "bad"
     shutil.copytree(receipts / "ps", bad)
     lines = (bad / "ledger.csv").read_text().splitlines(keepends=True)
@@ -91,6 +91,42 @@ def test_explain_eviction_and_request(receipts):
     assert "admission" in proc.stdout
     proc = psgate("explain", receipts / "ps", "--decision", "999999")
     assert_one_line_error(proc, 2, "--decision", "has no ledger row 999999")
+
+
+def _relabelled(receipts, tmp_path, engine):
+    """The prefixshield receipt as if another engine had made it (no recorded digest
+    covers receipt.json itself)."""
+    d = tmp_path / engine
+    shutil.copytree(receipts / "ps", d)
+    r = json.loads((d / "receipt.json").read_text())
+    r["config"]["engine"] = engine
+    (d / "receipt.json").write_text(json.dumps(r))
+    return d
+
+
+def test_a_real_engine_receipt_is_never_re_simulated_with_sim(receipts, tmp_path):
+    real = _relabelled(receipts, tmp_path, "vllm")
+    proc = psgate("explain", real, "--decision", "47", "--candidates")
+    assert_one_line_error(proc, 2, "explain --candidates re-simulates", "engine 'vllm'",
+                          "vllm-pool is proven equal to")
+    proc = psgate("explain", real, "--decision", "47")      # the ledger alone: no replay
+    assert proc.returncode == 0, proc.stderr
+    proc = psgate("report", real, "-o", tmp_path / "real.html")
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "real.html").read_text()
+    assert "Times are observed on the real vLLM runtime, not modeled." in page
+    assert "Times are modeled" not in page and "TTFT (ms, modeled)" not in page
+    assert "No time series: drawing the time series re-simulates" in page
+    assert 'id="plot-occupancy"' not in page
+    pool = _relabelled(receipts, tmp_path, "vllm-pool")
+    proc = psgate("explain", pool, "--decision", "47", "--candidates")
+    assert proc.returncode == 0 and "<- victim" in proc.stdout, proc.stderr
+    proc = psgate("report", pool, "-o", tmp_path / "pool.html")
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "pool.html").read_text()
+    assert "Times are modeled by the cost model, not observed." in page
+    assert "re-simulated with sim, which the conformance suite proves equal to vllm-pool" in page
+    assert 'id="plot-occupancy"' in page
 
 
 def test_diff_exit_codes(receipts, tmp_path):

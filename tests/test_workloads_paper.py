@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from psgate.api import ReplayConfig, replay
+from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.errors import InputError
-from psgate.policies.prefixshield import DEFAULT_CONTRACTS
 from psgate.trace.reader import validate_trace
 from psgate.trace.writer import dump_lines, write_trace
 from psgate.workloads import generate, generators

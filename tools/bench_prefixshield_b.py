@@ -41,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from psgate.bench import INSTANT, load  # noqa: E402  (validate once, keep the events)
+from psgate.bench.traces import INSTANT, load  # noqa: E402  (validate once, keep the events)
+from psgate.contracts import CONTRACT_NAMES  # noqa: E402
 from psgate.engines.cost import CostModel  # noqa: E402
 from psgate.engines.sim import SimEngine  # noqa: E402
 from psgate.policies import make_policy  # noqa: E402
@@ -51,7 +52,6 @@ from psgate.trace.importers import import_trace  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
 from psgate.workloads import generate, generators  # noqa: E402
 
-CONTRACTS = ("critical", "standard", "best-effort")
 PAPER_CAPACITY = 512
 ATTACKS = [("one-touch", {}), ("low-and-slow", {}), ("two-pass-replay", {}),
            ("delayed-replay", {"delay_fraction": 0.5})]
@@ -73,7 +73,7 @@ def replay(loaded, capacity: int, label: str, params: dict, cost: CostModel) -> 
     header, summary, hashes, events = loaded
     name = "prefixshield-b" if label.startswith("ps-b") else label
     engine = SimEngine(header=header, hashes=hashes, capacity=capacity,
-                       policy=make_policy(name, params), contracts=CONTRACTS,
+                       policy=make_policy(name, params), contracts=CONTRACT_NAMES,
                        done_ids=summary.done_ids, groups=summary.groups, cost=cost)
     result = engine.run(events)
     metrics = run_metrics(result, cost)

@@ -11,7 +11,6 @@ crash-*. Extra arguments go to libFuzzer (-runs, -max_total_time, -seed, a corpu
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -25,14 +24,7 @@ with atheris.instrument_imports(include=["psgate"]):
     from psgate.trace import validate_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED_TRACE = "".join(json.dumps(x) + "\n" for x in [
-    {"psgate_trace": 1, "block_size": 4},
-    {"t": 0, "op": "request", "id": "a", "group": "g", "contract": "standard", "scope": "m",
-     "blocks": ["a1", "a2"], "tail": 1, "out": 2},
-    {"t": 0.5, "op": "request", "id": "b", "group": "g", "contract": "standard", "scope": "m",
-     "blocks": ["a1", "b2"], "tail": 0, "out": 0, "done_t": 1},
-    {"t": 0.6, "op": "cancel", "id": "a"},
-    {"t": 0.7, "op": "done", "id": "b"}]).encode()
+SEED_TRACE = (ROOT / "tests" / "data" / "fuzz_seed.jsonl").read_bytes()   # the tests' seed too
 SEED_GATE = (b'[[check]]\nmetric = "hit_fraction"\nop = ">="\nref = "baseline"\n'
              b'select = "role:victim"\ndelta = -0.01\n')
 

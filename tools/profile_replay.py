@@ -20,7 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from psgate import api, bench  # noqa: E402
+from psgate import api  # noqa: E402
+from psgate.bench.suite import FULL, QUICK  # noqa: E402
+from psgate.bench.traces import (INSTANT, load, make_engine, write_debt_trace,  # noqa: E402
+                                 write_reuse_trace)
+from psgate.contracts import CONTRACT_NAMES  # noqa: E402
 from psgate.policies import make_policy  # noqa: E402
 
 
@@ -33,25 +37,25 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="the full-scale trace sizes")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
-    scale = bench.FULL if args.full else bench.QUICK
+    scale = FULL if args.full else QUICK
     work = Path(tempfile.mkdtemp(prefix="psgate-profile-"))
     try:
         path = work / f"{args.trace}.jsonl"
         if args.trace == "debt":
             cap, groups, turns = scale.select[0]
-            bench.write_debt_trace(path, cap, groups, turns)
+            write_debt_trace(path, cap, groups, turns)
         else:
             requests, blocks, cap = scale.cold if args.trace == "cold" else scale.reuse
-            bench.write_reuse_trace(path, requests, blocks, cap, cold=args.trace == "cold")
+            write_reuse_trace(path, requests, blocks, cap, cold=args.trace == "cold")
         prof = cProfile.Profile()
         if args.e2e:
             cfg = api.ReplayConfig(trace=str(path), baseline=args.policy,
                                    candidate=args.policy, capacity=cap, out=work / "out",
-                                   force=True, cost=bench.INSTANT, contracts=bench.CONTRACTS)
+                                   force=True, cost=INSTANT, contracts=CONTRACT_NAMES)
             prof.runcall(api.replay, cfg)
         else:
-            loaded = bench.load(path)
-            engine = bench._engine(loaded, make_policy(args.policy), cap)
+            loaded = load(path)
+            engine = make_engine(loaded, make_policy(args.policy), cap)
             prof.runcall(engine.run, loaded.events)
         st = pstats.Stats(prof)
         total = st.total_tt

@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from psgate.api import DEFAULT_CONTRACTS, contract_table  # noqa: E402
+from psgate.api import contract_table  # noqa: E402
+from psgate.contracts import CONTRACT_NAMES  # noqa: E402
 from psgate.engines.sim import SimEngine  # noqa: E402
 from psgate.policies import make_policy, policy_names  # noqa: E402
 from psgate.trace.future import future_uses  # noqa: E402
@@ -49,7 +50,7 @@ def soak(num_traces: int, seed: int, policies: list[str], quiet: bool = False) -
             if policy.needs_future:
                 policy.set_future(future_uses(src, hashes))
             engine = SimEngine(header=header, hashes=hashes, capacity=capacity, policy=policy,
-                               contracts=contract_table(DEFAULT_CONTRACTS, [policy]),
+                               contracts=contract_table(CONTRACT_NAMES, [policy]),
                                done_ids=summary.done_ids, paranoid=True, groups=summary.groups)
             try:
                 with TraceReader(src, hashes) as reader:

@@ -11,4 +11,5 @@
 ``grid`` (the forms and the held-out rule) needs nothing, so options are checked before
 anything heavy loads; ``fit`` needs numpy; ``measure`` needs torch and transformers
 (``psgate[calibrate]``). Only ``psgate calibrate`` imports them, never replay or ``sim``.
+Of psgate, calibration uses the engines' cost model (what it fits), the workloads and errors.
 """

@@ -3,8 +3,12 @@
 ``sim`` is psgate's own block pool and service model, reproducing vLLM v1's
 block pool; ``vllm-pool`` runs the same service model on vLLM's own
 KVCacheManager; ``vllm`` replays on the real vLLM runtime and records observed
-results (both need vLLM, imported only when chosen). Engines never import the
-receipt or the CLI.
+results (both need vLLM, imported only when chosen).
+
+Engines import traces, the hard invariant checker, errors, resources and, of the policies,
+only the interface and the registry: a policy family's own checkers come from the policy
+(``invariant_auditors``), so no engine knows a policy's parameters. Engines never import
+the receipt, the reports or the CLI.
 """
 
 from __future__ import annotations

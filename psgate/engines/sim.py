@@ -34,17 +34,19 @@ from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNF
                                     OutcomeSink, RequestOutcome, RunResult)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.invariants.prefixshield import BucketAudit
 from psgate.policies.base import EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.trace.keys import HASH_MASK, KEY_SHIFT, content_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
 
 NS_PER_MS = 1_000_000
 _WAITING, _RUNNING = 1, 2
-_KEY_SHIFT = 32
 
 
-class _Req:
+class RequestState:
+    """A request from arrival until its blocks are released (engines built on sim share it:
+    slots, as thousands may wait at once)."""
+
     __slots__ = ("ev", "preq", "gid", "ns", "state", "blocks", "num_total", "admit_ns",
                  "first_token_ns", "release_ns", "seq", "done_ns", "awaits_done", "outcome",
                  "wait_start_ns")
@@ -68,7 +70,7 @@ class _Req:
         self.wait_start_ns = -1
 
 
-class _PolicyFault(Exception):
+class PolicyFault(Exception):
     """The policy chose a block that is not a candidate; the run cannot go on."""
 
 
@@ -142,15 +144,15 @@ class SimEngine:
         self.other_lost: set[int] = set()
 
         self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
-                                  groups=tuple(groups), key_shift=_KEY_SHIFT))
+                                  groups=tuple(groups), key_shift=KEY_SHIFT))
         parent = hashes.parent
 
         def parent_of(k: int) -> int:
-            p = parent[k & 0xFFFFFFFF]
-            return NO_KEY if p < 0 else ((k >> _KEY_SHIFT) << _KEY_SHIFT) | p
+            p = parent[k & HASH_MASK]
+            return NO_KEY if p < 0 else ((k >> KEY_SHIFT) << KEY_SHIFT) | p
 
         self.checker = InvariantChecker(n, parent_of, paranoid=paranoid,
-                                        parent_table=parent, key_shift=_KEY_SHIFT)
+                                        parent_table=parent, key_shift=KEY_SHIFT)
         # Hooks a policy leaves at the base class's no-op are not called per block, and
         # a policy with its own evict_batch evicts a whole batch in one call.
         cls = type(policy)
@@ -165,17 +167,15 @@ class SimEngine:
         # Decisions (the ranking fields of each eviction) are built only for a recorder
         # that writes them.
         self._records = type(self.recorder) is not NullRecorder
-        claims = policy.claims()
-        self.family = (BucketAudit(policy.params["contracts"], policy.params["eps"], claims)
-                       if claims else None)
+        self.auditors = policy.invariant_auditors()
         self.paranoid = paranoid
 
         self.now = 0
         self.start_ns: int | None = None
-        self.heap: list[tuple[int, int, _Req]] = []
-        self.line: deque[_Req] = deque()            # capacity waits: head-of-line blocking
-        self.group_lines: dict[int, deque[_Req]] = {}  # quota waits: per group
-        self.reqs: dict[str, _Req] = {}     # id -> request, while admitted or waiting
+        self.heap: list[tuple[int, int, RequestState]] = []
+        self.line: deque[RequestState] = deque()        # capacity waits: head-of-line blocking
+        self.group_lines: dict[int, deque[RequestState]] = {}   # quota waits: per group
+        self.reqs: dict[str, RequestState] = {}     # id -> request, while admitted or waiting
         self.server_free_ns = 0
         self.seq = 0
         self.outcomes: list[RequestOutcome] = []    # when no sink takes them
@@ -213,10 +213,10 @@ class SimEngine:
         if v > self.occ_max[g]:
             self.occ_max[g] = v
 
-    def _where(self, r: _Req) -> str:
+    def _where(self, r: RequestState) -> str:
         return f"{self.trace_path}:{r.ev.line} (request {r.ev.id}, {self.label})"
 
-    def _where_fn(self, r: _Req):
+    def _where_fn(self, r: RequestState):
         """_where(r), formatted only if a check fails."""
         return lambda: self._where(r)
 
@@ -238,13 +238,13 @@ class SimEngine:
         """Every block holding (ns, hid), earliest inserted first."""
         if self.slot_ns[hid] == ns:
             b = self.slot_blk[hid]
-            return [] if b < 0 else [b] + self.more.get((ns << _KEY_SHIFT) | hid, [])
-        return list(self.other.get((ns << _KEY_SHIFT) | hid, ()))
+            return [] if b < 0 else [b] + self.more.get(content_key(ns, hid), [])
+        return list(self.other.get(content_key(ns, hid), ()))
 
     def _index_add(self, k: int, b: int) -> bool:
         """Block b now holds content k; True when k had been lost (a recompute)."""
-        h = k & 0xFFFFFFFF
-        ns = k >> _KEY_SHIFT
+        h = k & HASH_MASK
+        ns = k >> KEY_SHIFT
         o = self.slot_ns[h]
         if o < 0:
             self.slot_ns[h] = ns
@@ -266,8 +266,8 @@ class SimEngine:
 
     def _index_drop(self, k: int, b: int) -> None:
         """Block b no longer holds content k; with no copy left, k is lost."""
-        h = k & 0xFFFFFFFF
-        if self.slot_ns[h] == k >> _KEY_SHIFT:
+        h = k & HASH_MASK
+        if self.slot_ns[h] == k >> KEY_SHIFT:
             later = self.more.get(k)
             if self.slot_blk[h] == b:
                 if later:
@@ -307,7 +307,7 @@ class SimEngine:
                 if self.progress is not None:
                     self.progress(ev.line)
             self._drain()
-        except _PolicyFault as exc:
+        except PolicyFault as exc:
             self.aborted = str(exc)
         return self._result()
 
@@ -331,7 +331,7 @@ class SimEngine:
         # release at the end, in admission order, letting anyone still waiting in.
         while True:
             running = sorted((r for r in self.reqs.values()
-                              if type(r) is _Req and r.state == _RUNNING),
+                              if type(r) is RequestState and r.state == _RUNNING),
                              key=lambda r: r.seq)
             if not running:
                 break
@@ -363,13 +363,13 @@ class SimEngine:
                              priority_until_ns=ev.priority_until_ns, index=self.num_requests)
         self.num_requests += 1
         if self.policy.wants_block_keys:
-            base = ns << _KEY_SHIFT
+            base = ns << KEY_SHIFT
             preq.block_keys = [base | h for h in ev.blocks]
         outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
                                  measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
                                  prompt_tokens=ev.prompt_tokens)
         num_total = -(-(ev.prompt_tokens + ev.out) // bs)
-        r = _Req(ev, preq, g, num_total, outcome, ev.id in self.done_ids)
+        r = RequestState(ev, preq, g, num_total, outcome, ev.id in self.done_ids)
         cap = self.policy.capacity_for(preq)
         if num_total > (self.num_usable if cap is None else min(cap, self.num_usable)):
             outcome.state = REJECTED
@@ -393,7 +393,7 @@ class SimEngine:
         elif status == "nofit":
             self._wait(r, self.line)
 
-    def _wait(self, r: _Req, line: deque) -> None:
+    def _wait(self, r: RequestState, line: deque) -> None:
         line.append(r)
         if r.wait_start_ns < 0:
             r.wait_start_ns = self.now
@@ -418,14 +418,14 @@ class SimEngine:
                     break
                 q.popleft()
 
-    def _try_admit(self, r: _Req) -> str:
+    def _try_admit(self, r: RequestState) -> str:
         ev = r.ev
         bs = self.bs
         ns = r.ns
         ref = self.ref
         max_hits = min((ev.prompt_tokens - 1) // bs, len(ev.blocks))
         hits: list[int] = []
-        base = ns << _KEY_SHIFT
+        base = ns << KEY_SHIFT
         evb = ev.blocks
         if len(self.slot_ns) < len(self.hashes.names):
             self._grow_slots()
@@ -521,7 +521,7 @@ class SimEngine:
         self._admitted(r, hits, new, cached_now, max_hits, recompute, note)
         return "ok"
 
-    def _admitted(self, r: _Req, hits: list[int], new: list[int],
+    def _admitted(self, r: RequestState, hits: list[int], new: list[int],
                   cached_now: list[tuple[int, int]], max_hits: int, recompute: int,
                   note: dict | None) -> None:
         """The pool has given r its blocks: start its prefill on the server, schedule
@@ -564,21 +564,23 @@ class SimEngine:
             self._schedule(r, first + round(ev.out * self.cost.per_output_token_ms * NS_PER_MS))
 
         where = self._where_fn(r)
-        base = r.ns << _KEY_SHIFT
+        base = r.ns << KEY_SHIFT
         ns_keys = [base | h for h in ev.blocks[:num_hits]]
         self.checker.admitted(where, ns_keys, hits, max_hits, new, cached_now)
         self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
                                       policy)
-        if self.family is not None:
-            self.family.admitted(where, ev.group, ev.contract, now / 1e9, num_full - num_hits,
-                                 policy.audit())
+        if self.auditors:
+            audit = policy.audit()
+            for auditor in self.auditors:
+                auditor.admitted(where, ev.group, ev.contract, now / 1e9, num_full - num_hits,
+                                 audit)
         if self._records:
             rec.admission(now, preq, num_hits, len(new), num_full - num_hits, note)
         if getattr(rec, "hits", False):
             for pos, b in enumerate(hits):
                 rec.hit(now, preq, pos, b, names[ev.blocks[pos]], self.group_names[owner[b]])
 
-    def _evicted(self, r: _Req, victims: list[int], decisions: list | None,
+    def _evicted(self, r: RequestState, victims: list[int], decisions: list | None,
                  num_asked: int) -> None:
         """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
         in order as _evict would, record it, and drop its content."""
@@ -604,17 +606,17 @@ class SimEngine:
                 if i >= num_valid or k == NO_KEY or ref[v] != 0:
                     if batch_rec is not None:       # the rows of the victims before it
                         batch_rec(now, preq, decisions[:i], victims[:i], hash_names, owners)
-                    raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
-                                       f"{v}, which is not an eviction candidate (pinned or "
-                                       f"holding no content)")
+                    raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
+                                      f"{v}, which is not an eviction candidate (pinned or "
+                                      f"holding no content)")
                 og = owner[v]
                 if rec is not None:
-                    rec.eviction(now, preq, decisions[i], v, names[k & 0xFFFFFFFF], gnames[og])
+                    rec.eviction(now, preq, decisions[i], v, names[k & HASH_MASK], gnames[og])
                 elif batch_rec is not None:
-                    hash_names.append(names[k & 0xFFFFFFFF])
+                    hash_names.append(names[k & HASH_MASK])
                     owners.append(gnames[og])
-                h = k & 0xFFFFFFFF                     # _drop_content, inline
-                if (slot_ns[h] == k >> _KEY_SHIFT and slot_blk[h] == v
+                h = k & HASH_MASK                      # _drop_content, inline
+                if (slot_ns[h] == k >> KEY_SHIFT and slot_blk[h] == v
                         and (not more or k not in more)):
                     slot_blk[h] = -1
                     slot_lost[h] = 1
@@ -631,21 +633,21 @@ class SimEngine:
         if batch_rec is not None:
             batch_rec(now, preq, decisions, victims, hash_names, owners)
         if len(victims) != num_asked:
-            raise _PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
-                               f"{len(victims)} blocks where {num_asked} were asked for")
+            raise PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
+                              f"{len(victims)} blocks where {num_asked} were asked for")
 
-    def _evict(self, d, r: _Req) -> None:
+    def _evict(self, d, r: RequestState) -> None:
         v = d.victim
         k = self.key[v]
         where = self._where_fn(r)
         self.checker.evicted(where, v)
         if not (0 < v < self.num_blocks) or self.ref[v] != 0 or k == NO_KEY:
-            raise _PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, which "
-                               f"is not an eviction candidate (pinned or holding no content)")
+            raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, which "
+                              f"is not an eviction candidate (pinned or holding no content)")
         og = self.owner[v]
         if self._records:
             self.recorder.eviction(self.now, r.preq, d, v,
-                                   self.hashes.names[k & 0xFFFFFFFF], self.group_names[og])
+                                   self.hashes.names[k & HASH_MASK], self.group_names[og])
         self._drop_content(v, k)
         self.key[v] = NO_KEY
         self.policy.on_evict(v)
@@ -659,21 +661,21 @@ class SimEngine:
         content with no copy left is lost (a later recompute is counted)."""
         self._index_drop(k, v)
 
-    def _schedule(self, r: _Req, release_ns: int) -> None:
+    def _schedule(self, r: RequestState, release_ns: int) -> None:
         # Always through the heap, even when due now: releasing from inside an
         # admission would re-enter the waiting line.
         release_ns = max(release_ns, self.now)
         r.release_ns = release_ns
         heapq.heappush(self.heap, (release_ns, r.seq, r))
 
-    def _schedule_done(self, r: _Req) -> None:
+    def _schedule_done(self, r: RequestState) -> None:
         """Hold for done - t from admission, never releasing before the first token."""
         release = max(r.admit_ns + (r.done_ns - r.ev.t_ns), r.first_token_ns)
         if release != r.done_ns:
             self.counts["done_shifted"] += 1
         self._schedule(r, release)
 
-    def _release(self, r: _Req, state: str) -> None:
+    def _release(self, r: RequestState, state: str) -> None:
         ref, key, owner = self.ref, self.key, self.owner
         uncached: list[int] = []
         freed: list[int] = []
@@ -695,7 +697,7 @@ class SimEngine:
         self.policy.on_free(freed, self.now)
         self._released(r, state)
 
-    def _released(self, r: _Req, state: str) -> None:
+    def _released(self, r: RequestState, state: str) -> None:
         """r's blocks went back to the pool: check it and finish r's outcome."""
         where = self._where_fn(r)
         self.checker.released(where, r.blocks)
@@ -711,7 +713,7 @@ class SimEngine:
         del self.reqs[r.ev.id]        # a finished request's id is forgotten: its later
         self._finalize(r)             # cancel or done counts as late all the same
 
-    def _finalize(self, r: _Req) -> None:
+    def _finalize(self, r: RequestState) -> None:
         if r.outcome.state != REJECTED:
             self.num_in_flight -= 1
         if self.sink is None:
@@ -721,7 +723,7 @@ class SimEngine:
 
     def _cancel(self, ev: CancelEvent) -> None:
         r = self.reqs.get(ev.id)
-        if type(r) is not _Req:
+        if type(r) is not RequestState:
             self.counts["late_cancels"] += 1
             return
         if r.state == _WAITING:
@@ -741,7 +743,7 @@ class SimEngine:
 
     def _done(self, ev: DoneEvent) -> None:
         r = self.reqs.get(ev.id)
-        if type(r) is not _Req:
+        if type(r) is not RequestState:
             self.counts["late_dones"] += 1
             return
         r.done_ns = ev.t_ns
@@ -752,9 +754,9 @@ class SimEngine:
     # -- results ----------------------------------------------------------------
     def _result(self) -> RunResult:
         invariants = self.checker.results()
-        if self.family is not None:
-            self.family.finish()
-            invariants.update(self.family.results())
+        for auditor in self.auditors:
+            auditor.finish()
+            invariants.update(auditor.results())
         end = self.now
         span = max(1, end - (self.start_ns or 0))
         occ_mean = {}

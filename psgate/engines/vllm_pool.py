@@ -26,10 +26,11 @@ import hashlib
 import importlib
 import importlib.util
 
-from psgate.engines.sim import _KEY_SHIFT, SimEngine, _PolicyFault, _Req
+from psgate.engines.sim import PolicyFault, RequestState, SimEngine
 from psgate.engines.vllm_queue import PolicyFreeQueue
 from psgate.errors import EngineUnavailable
 from psgate.policies.base import Decision
+from psgate.trace.keys import KEY_SHIFT
 
 SUPPORTED_VLLM = "0.32."
 INSTALL_HINT = "install it with: bash scripts/install-vllm.sh (see README, 'vLLM engines')"
@@ -146,7 +147,7 @@ class VllmPoolEngine(SimEngine):
         self.key_copies: dict[int, int] = {}     # content key -> blocks holding it in vLLM
         self.lost: set[int] = set()              # content evicted with no copy left
         self._tokens: dict[int, list[int]] = {}
-        self._cur: _Req | None = None
+        self._cur: RequestState | None = None
         self._begun = False
         self._new: list[int] = []
         self._cached_now: list[tuple[int, int]] = []
@@ -182,7 +183,7 @@ class VllmPoolEngine(SimEngine):
             cache_full(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
             r = self._cur
             ev = r.ev
-            base = r.ns << _KEY_SHIFT
+            base = r.ns << KEY_SHIFT
             key, copies, lost = self.key, self.key_copies, self.lost
             for pos in range(num_cached_blocks, num_full_blocks):
                 b = blocks[pos].block_id
@@ -228,7 +229,7 @@ class VllmPoolEngine(SimEngine):
             self.lost.add(k)
 
     # -- the request lifecycle -------------------------------------------------
-    def _vllm_request(self, r: _Req):
+    def _vllm_request(self, r: RequestState):
         ev = r.ev
         vreq = self.vreqs.get(ev.id)
         if vreq is None:
@@ -239,7 +240,7 @@ class VllmPoolEngine(SimEngine):
             self.vreqs[ev.id] = vreq
         return vreq
 
-    def _try_admit(self, r: _Req) -> str:
+    def _try_admit(self, r: RequestState) -> str:
         ev = r.ev
         bs = self.bs
         preq = r.preq
@@ -261,8 +262,8 @@ class VllmPoolEngine(SimEngine):
                                       num_lookahead_tokens=ev.out)
         if got is None:
             if self._begun:
-                raise _PolicyFault(f"{self._where(r)}: vLLM refused the allocation after "
-                                   f"it had started")
+                raise PolicyFault(f"{self._where(r)}: vLLM refused the allocation after "
+                                  f"it had started")
             self._cur = None
             return "nofit"
         self._begin()
@@ -271,9 +272,9 @@ class VllmPoolEngine(SimEngine):
         blocks = list(self.mgr.get_block_ids(ev.id)[0])
         hits = [b.block_id for b in hit_blocks]
         if len(blocks) != r.num_total or blocks[:num_hits] != hits:
-            raise _PolicyFault(f"{self._where(r)}: vLLM gave the request {len(blocks)} blocks, "
-                               f"the replay model expects {r.num_total} "
-                               f"(ceil((prompt + out) / block_size))")
+            raise PolicyFault(f"{self._where(r)}: vLLM gave the request {len(blocks)} blocks, "
+                              f"the replay model expects {r.num_total} "
+                              f"(ceil((prompt + out) / block_size))")
         r.blocks = blocks
         note = self.policy.end_admit(preq, self.now)
         max_hits = min((ev.prompt_tokens - 1) // bs, num_full)
@@ -281,7 +282,7 @@ class VllmPoolEngine(SimEngine):
         self._cur = None
         return "ok"
 
-    def _release(self, r: _Req, state: str) -> None:
+    def _release(self, r: RequestState, state: str) -> None:
         vreq = self.vreqs.pop(r.ev.id)
         vreq.status = self._Status.FINISHED_STOPPED
         self._cur = r
@@ -289,7 +290,7 @@ class VllmPoolEngine(SimEngine):
         self._cur = None
         self._released(r, state)
 
-    def _finalize(self, r: _Req) -> None:
+    def _finalize(self, r: RequestState) -> None:
         self.vreqs.pop(r.ev.id, None)    # rejected or dropped: vLLM holds nothing for it
         super()._finalize(r)
 

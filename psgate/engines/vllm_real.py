@@ -38,12 +38,13 @@ from pathlib import Path
 from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, RunResult)
-from psgate.engines.sim import _KEY_SHIFT, NullRecorder
+from psgate.engines.sim import NullRecorder
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
 from psgate.errors import InputError
 from psgate.policies import make_policy
+from psgate.trace.keys import content_key
 from psgate.trace.model import CancelEvent, RequestEvent
 
 DIFFERENCE_CLASSES = ("preempted", "output_block_hit", "state", "timing")
@@ -178,7 +179,7 @@ class VllmRealEngine:
             ev = by_id[rid]
             ns = ns_ids[(ev.group, ev.scope)]
             if pos < len(ev.blocks):
-                return (ns << _KEY_SHIFT) | ev.blocks[pos]
+                return content_key(ns, ev.blocks[pos])
             return -2 - (hash((rid, pos)) & 0xFFFFFFFF)    # generated tokens: never shared
 
         def name_of(rid, pos, block):

@@ -1,4 +1,9 @@
-"""The policy registry: every eviction policy psgate can replay, by name."""
+"""The policy registry: every eviction policy psgate can replay, by name.
+
+One module per policy behind the interface in ``base``. Policies see the contract table and
+their own family's invariant checkers (which they hand the engine), never an engine, a
+trace reader or anything above: the engine tells them all they may know.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,11 @@ def register(cls):
         raise ValueError(f"policy name missing or taken: {cls.name!r}")
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def unregister(name: str) -> None:
+    """Forget a policy registered at run time (a test's stand-in), freeing its name."""
+    del _REGISTRY[name]
 
 
 def _load_builtin() -> None:

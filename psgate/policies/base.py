@@ -235,7 +235,17 @@ class EvictionPolicy(ABC):
         """For needs_future policies: content key -> trace-order request indices using it."""
 
     def claims(self) -> tuple[str, ...]:
-        """Family invariants the engine must check for this policy ("I1", "I2")."""
+        """Family invariants this policy promises to keep ("I1", "I2")."""
+        return ()
+
+    def invariant_auditors(self) -> tuple[Any, ...]:
+        """Independent checkers of this policy's own invariants, fresh for each run.
+
+        Only the policy knows its parameters (a contract table, a tolerance), so it builds
+        them and the engine merely feeds them: each gets ``admitted(where, group, contract,
+        t_s, num_materialized, audit)`` after every admission (``audit`` is what
+        :meth:`audit` returned), then ``finish()``, and ``results()`` gives its verdicts by
+        name. An auditor keeps its own books, so a policy cannot vouch for itself."""
         return ()
 
     def contract_table(self) -> list[str] | None:

@@ -45,6 +45,8 @@ from array import array
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
+from psgate.contracts import DEFAULT_CONTRACTS
+from psgate.invariants.prefixshield import BucketAudit
 from psgate.policies import register
 from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 from psgate.policies.history import PrefixHistory
@@ -54,8 +56,6 @@ NS_PER_S = 1_000_000_000
 _SHIFT = SeqQueues.SHIFT
 SEGMENTS = ("probationary", "normal", "reuse")
 PROBATIONARY, NORMAL, REUSE = 0, 1, 2
-DEFAULT_CONTRACTS = {"critical": [64.0, 256.0], "standard": [40.0, 192.0],
-                     "best-effort": [16.0, 128.0]}
 
 
 def _r(x: float) -> float:
@@ -98,6 +98,11 @@ class PrefixShield(EvictionPolicy):
 
     def claims(self) -> tuple[str, ...]:
         return ("I1", "I2") if self.params["gate"] else ("I1",)
+
+    def invariant_auditors(self) -> tuple[BucketAudit, ...]:
+        claims = self.claims()
+        return ((BucketAudit(self.params["contracts"], self.params["eps"], claims),)
+                if claims else ())
 
     def contract_table(self) -> list[str]:
         return list(self.contract_names)

@@ -163,7 +163,7 @@ def load_gate_file(path: str) -> GateSpec:
                     defaults=doc.get("defaults", {}))
 
 
-def _select(scopes: dict, select: str) -> dict | None:
+def select_scope(scopes: dict, select: str) -> dict | None:
     """One scope of a run's metrics or of the paired summary: ``run``, ``group:NAME`` or
     ``role:NAME`` (a role the trace labels)."""
     if select == "run":
@@ -241,7 +241,7 @@ def _file_checks(add, metrics: dict[str, dict], spec: GateSpec | None,
         for sel in targets:
             name = c["name"] if sel == c["select"] else f"{c['name']} [{sel}]"
             if stat != "value":
-                scope = None if paired is None else _select(paired, sel)
+                scope = None if paired is None else select_scope(paired, sel)
                 entry = None if scope is None else scope.get(c["metric"])
                 observed = None if entry is None else entry.get(stat)
                 threshold = round(c["ref"] + c["delta"], 9)
@@ -256,10 +256,10 @@ def _file_checks(add, metrics: dict[str, dict], spec: GateSpec | None,
                     add(name, "paired", sel, c["metric"], c["op"], threshold, observed,
                         OPS[c["op"]](observed, threshold), stat=stat)
                 continue
-            target = _select(metrics[c["run"]], sel)
+            target = select_scope(metrics[c["run"]], sel)
             observed = None if target is None else target.get(c["metric"])
             if c["ref"] == "baseline":
-                base = _select(metrics["baseline"], sel)
+                base = select_scope(metrics["baseline"], sel)
                 ref_value = None if base is None else base.get(c["metric"])
             else:
                 ref_value = c["ref"]
@@ -308,7 +308,7 @@ def _non_regression(add, metrics: dict[str, dict], tol: Tolerances) -> None:
         return
     b, c = metrics["baseline"], metrics["candidate"]
     for sel in _nr_scopes(b, c):
-        sb, sc = _select(b, sel) or {}, _select(c, sel) or {}
+        sb, sc = select_scope(b, sel) or {}, select_scope(c, sel) or {}
         n = min(sb.get("measured_requests") or 0, sc.get("measured_requests") or 0)
         for metric, direction, kind in NON_REGRESSION:
             op = ">=" if direction == "higher" else "<="
@@ -343,7 +343,7 @@ def _non_regression_paired(add, paired: dict, tol: Tolerances) -> None:
     if not tol.enabled:
         return
     for sel in _nr_scopes(paired):
-        scope = _select(paired, sel) or {}
+        scope = select_scope(paired, sel) or {}
         nm = scope.get("measured_requests")
         n = 0 if nm is None else min(nm["baseline_mean"], nm["candidate_mean"])
         for metric, direction, kind in NON_REGRESSION:

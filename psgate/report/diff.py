@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from psgate.errors import InputError
-from psgate.receipt.gate import OPS, GateSpec, _select, expand_select
+from psgate.receipt.gate import OPS, GateSpec, expand_select, select_scope
 from psgate.stats.bootstrap import paired_summary
 from psgate.report.receipts import load_receipt
 
@@ -118,7 +118,7 @@ def _file_regressions(a: dict, b: dict, spec: GateSpec | None) -> list[str]:
             if stat != "value":
                 got = {}
                 for k in ("a", "b"):
-                    entry = _select(paired[k], sel)
+                    entry = select_scope(paired[k], sel)
                     entry = None if entry is None else entry.get(c["metric"])
                     got[k] = None if entry is None else entry.get(stat)
                 threshold = round(c["ref"] + c["delta"], 9)
@@ -126,7 +126,7 @@ def _file_regressions(a: dict, b: dict, spec: GateSpec | None) -> list[str]:
             else:
                 got = {}
                 for k, r in (("a", a), ("b", b)):
-                    scope = _select(r["runs"][run]["metrics"], sel)
+                    scope = select_scope(r["runs"][run]["metrics"], sel)
                     got[k] = None if scope is None else scope.get(c["metric"])
                 if c["ref"] == "baseline":       # A's value is the reference of both
                     ref_a = ref_b = (None if got["a"] is None

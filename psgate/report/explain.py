@@ -16,11 +16,12 @@ from pathlib import Path
 
 import orjson
 
-from psgate.engines.sim import _KEY_SHIFT, NullRecorder
+from psgate.engines.sim import NullRecorder
 from psgate.errors import InputError
 from psgate.receipt.ledger import fmt_t
 from psgate.report.receipts import (config_from_receipt, load_receipt, prepare_replay,
                                     replay_run, text_lines)
+from psgate.trace.keys import split_key
 from psgate.trace.model import RequestEvent
 from psgate.trace.reader import HashTable, TraceReader, TraceSource
 
@@ -119,7 +120,7 @@ class _StopAt(NullRecorder):
         if self.seq == self.target:
             eng = self.engine
             names = eng.hashes.names
-            cands = [(b, names[eng.key[b] & 0xFFFFFFFF], eng.group_names[eng.owner[b]])
+            cands = [(b, names[split_key(eng.key[b])[1]], eng.group_names[eng.owner[b]])
                      for b in eng.policy.candidates()]
             raise _Stop(cands)
 
@@ -127,7 +128,7 @@ class _StopAt(NullRecorder):
 def candidates_at(receipt: dict, run: str, seq: int, trace: str | None = None
                   ) -> list[tuple[int, str, str]]:
     """Replay ``run`` up to ledger row ``seq`` and return the policy's candidates then."""
-    prepared = prepare_replay(receipt, trace)
+    prepared = prepare_replay(receipt, trace, "explain --candidates")
     try:
         replay_run(receipt, prepared, run, _StopAt(seq, prepared[0].ledger_hits))
     except _Stop as stop:
@@ -293,7 +294,7 @@ class _Replayed(NullRecorder):
     def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
         self.seq += 1
         eng = self.engine
-        ns = eng.key[block] >> _KEY_SHIFT           # the victim still holds its content
+        ns = split_key(eng.key[block])[0]      # the victim still holds its content
         if ns not in self._scopes:
             self._scopes = {v: k[1] for k, v in eng.ns_ids.items()}
         self.evicted[self.seq] = (hash_name, self._scopes.get(ns))
@@ -324,7 +325,8 @@ def _run_rows(directory: Path, receipt: dict, run: str, trace: _Trace,
     if not evictions_only and not trace.multi_scope:
         yield from _ledger_lines(directory, name, run)
         return
-    prepared = prepare_replay(receipt, trace.override)
+    prepared = prepare_replay(receipt, trace.override, "explaining a request or block from "
+                              "an evictions-only ledger or a multi-scope trace")
     rec = _Replayed(stop_after, prepared[0].ledger_hits and not evictions_only)
     try:
         replay_run(receipt, prepared, run, rec)

@@ -20,7 +20,8 @@ import orjson
 
 from psgate.engines.sim import NullRecorder
 from psgate.errors import EngineUnavailable, InputError, PsgateError
-from psgate.report.receipts import load_receipt, prepare_replay, replay_run, text_lines
+from psgate.report.receipts import (load_receipt, prepare_replay, replay_run,
+                                    resimulation_refusal, text_lines)
 
 RUNS = ("baseline", "candidate")
 MAX_SAMPLES = 400
@@ -28,6 +29,10 @@ MAX_SAMPLES = 400
 ROLE_COLOURS = {"victim": "#1f77b4", "attacker": "#d62728", "benign": "#2ca02c",
                 "(none)": "#7f7f7f"}
 RUN_COLOURS = {"baseline": "#7f7f7f", "candidate": "#1f77b4"}
+
+# What a receipt's times are: sim and vllm-pool model them, the real vLLM engine observes them.
+TIMES = {"modeled": "Times are modeled by the cost model, not observed.",
+         "observed": "Times are observed on the real vLLM runtime, not modeled."}
 
 
 def _plt():
@@ -72,7 +77,7 @@ class _Sampler(NullRecorder):
 
 
 def sample_series(receipt: dict, trace: str | None) -> dict[str, _Sampler]:
-    prepared = prepare_replay(receipt, trace)
+    prepared = prepare_replay(receipt, trace, "drawing the time series")
     out = {}
     for run in RUNS:
         admitted = receipt["runs"][run]["counts"].get("admitted", 1)
@@ -177,13 +182,20 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
     sections: list[str] = []
     plots: list[str] = []
 
-    # time series from a replay
-    try:
-        series = sample_series(receipt, trace)
-    except PsgateError as exc:
-        series = None
-        sections.append(f'<p class="note">Time series need the trace: {html.escape(str(exc))}'
-                        f'</p>')
+    # time series from a replay, which runs sim
+    refusal = resimulation_refusal(receipt, "drawing the time series")
+    series = None
+    if refusal:
+        sections.append(f'<p class="note">No time series: {html.escape(refusal)}</p>')
+    else:
+        if receipt["config"]["engine"] == "vllm-pool":
+            sections.append('<p class="note">Time series are re-simulated with sim, which the '
+                            'conformance suite proves equal to vllm-pool.</p>')
+        try:
+            series = sample_series(receipt, trace)
+        except PsgateError as exc:
+            sections.append(f'<p class="note">Time series need the trace: '
+                            f'{html.escape(str(exc))}</p>')
     if series:
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
         for ax, run in zip(axes, RUNS):
@@ -221,6 +233,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
     plt.close(fig)
 
     # TTFT distributions
+    clock = "observed" if receipt["config"]["engine"] == "vllm" else "modeled"
     fig, ax = plt.subplots(figsize=(11, 3.2))
     for run in RUNS:
         ttft = sorted(float(r["ttft_ms"]) for r in requests.get(run, [])
@@ -228,7 +241,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
         if ttft:
             ax.step(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], where="post",
                     label=f"{run}: {names[run]}")
-    ax.set_xlabel("TTFT (ms, modeled)")
+    ax.set_xlabel(f"TTFT (ms, {clock})")
     ax.set_ylabel("fraction of requests")
     ax.legend(fontsize=8)
     plots.append(_plot("TTFT distribution (cumulative, measured requests)", "ttft", _svg(fig)))
@@ -291,7 +304,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
 <p>{html.escape(receipt['trace']['path'])} replayed under <b>{html.escape(names['baseline'])}</b>
 (baseline) and <b>{html.escape(names['candidate'])}</b> (candidate);
 {gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} gate checks passed.
-Times are modeled by the cost model, not observed.</p>
+{TIMES[clock]}</p>
 <h2>Gate</h2>{_table(["verdict", "check", "metric", "op", "threshold", "observed", "note"],
                      gate_rows)}
 <h2>Metrics</h2>{_table(["run", "scope", "hit fraction", "token hit ratio", "saved tokens",
@@ -468,13 +481,14 @@ def build_experiment_report(directory: Path, receipt: dict, plt) -> str:
     gate = receipt["gate"]
     names = {run: cfg[run]["name"] for run in RUNS}
     level = cfg.get("bootstrap", {}).get("level", 0.95)
+    clock = "observed" if cfg["engine"] == "vllm" else "modeled"
     plots = [
         _plot(f"Hit fraction: per-run and paired difference with its {level:.0%} bootstrap "
               f"interval", "paired-hits", _paired_plot(plt, receipt, "hit_fraction",
                                                        "hit fraction")),
-        _plot(f"p95 TTFT (modeled): per-run and paired difference with its {level:.0%} "
+        _plot(f"p95 TTFT ({clock}): per-run and paired difference with its {level:.0%} "
               f"bootstrap interval", "paired-ttft",
-              _paired_plot(plt, receipt, "ttft_p95_ms", "p95 TTFT (ms, modeled)")),
+              _paired_plot(plt, receipt, "ttft_p95_ms", f"p95 TTFT (ms, {clock})")),
         _plot("Hit fraction of every run under both policies", "runs", _runs_plot(plt, receipt)),
     ]
     plt.close("all")
@@ -528,8 +542,7 @@ def build_experiment_report(directory: Path, receipt: dict, plt) -> str:
 (candidate) over {s['num_runs']} matched run(s) of {html.escape(source)};
 {gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} gate checks passed.
 Numbers are run-level means; a difference is candidate - baseline, paired run by run, with a
-{level:.0%} percentile-bootstrap interval over runs. Times are modeled by the cost model, not
-observed. Each run's own report:
+{level:.0%} percentile-bootstrap interval over runs. {TIMES[clock]} Each run's own report:
 <code>psgate report {html.escape(str(directory))}/runs/ID</code>.</p>
 <h2>Gate</h2>{_table(["verdict", "check", "metric", "op", "threshold", "observed", "note"],
                      gate_rows)}

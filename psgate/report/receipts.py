@@ -159,8 +159,8 @@ def text_lines(path: Path) -> Iterator[str]:
                              f"writes)", path=str(path), line=n + 1) from None
 
 
-def _resolve(given: str, abspath: str | None, override: str | None, what: str,
-             sha256: str | None, canonical_sha256: str | None = None) -> str:
+def resolve_input(given: str, abspath: str | None, override: str | None, what: str,
+                  sha256: str | None, canonical_sha256: str | None = None) -> str:
     """The file a receipt names: the override, else the path as recorded (relative to
     here), else the absolute path recorded in the environment; its bytes must match, or,
     for a trace, its canonical digest (the same content re-serialized is the same trace)."""
@@ -195,13 +195,13 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
                         gate: str | None = None) -> ReplayConfig:
     cfg = receipt["config"]
     env = receipt.get("environment", {})
-    trace_path = _resolve(receipt["trace"]["path"], env.get("trace_abspath"), trace, "trace",
-                          receipt["trace"].get("sha256") or env.get("trace_sha256"),
-                          receipt["trace"]["canonical_sha256"])
+    trace_path = resolve_input(receipt["trace"]["path"], env.get("trace_abspath"), trace,
+                               "trace", receipt["trace"].get("sha256") or env.get("trace_sha256"),
+                               receipt["trace"]["canonical_sha256"])
     gate_path = None
     if cfg.get("gate_file"):
-        gate_path = _resolve(cfg["gate_file"]["path"], env.get("gate_abspath"), gate, "gate",
-                             cfg["gate_file"]["sha256"])
+        gate_path = resolve_input(cfg["gate_file"]["path"], env.get("gate_abspath"), gate,
+                                  "gate", cfg["gate_file"]["sha256"])
     return dataclasses.replace(
         replay_settings(receipt, out), trace=trace_path, gate_file=gate_path,
         trace_label=receipt["trace"]["path"],
@@ -225,9 +225,26 @@ def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
         limits=Limits(**cfg.get("limits", {})))
 
 
-def prepare_replay(receipt: dict, trace: str | None = None):
+def resimulation_refusal(receipt: dict, what: str) -> str | None:
+    """Why ``what`` cannot re-simulate this receipt's runs, or None when it can.
+
+    A ``vllm`` receipt records what the real runtime did (its cached tokens, its clock);
+    a sim replay of the same trace would show sim's state under that receipt's name."""
+    engine = receipt["config"]["engine"]
+    if engine != "vllm":
+        return None
+    return (f"{what} re-simulates the runs, and this receipt's engine '{engine}' recorded "
+            f"observed results of the real vLLM runtime, which no simulation reproduces "
+            f"(sim and vllm-pool receipts can be re-simulated: sim is what vllm-pool is "
+            f"proven equal to by the conformance suite)")
+
+
+def prepare_replay(receipt: dict, trace: str | None, what: str):
     """The receipt's configuration and its trace validated once: (cfg, header, summary,
-    hashes), for any number of ``replay_run`` calls."""
+    hashes), for any number of ``replay_run`` calls, which run sim."""
+    refusal = resimulation_refusal(receipt, what)
+    if refusal:
+        raise InputError(refusal, field="config.engine")
     cfg = config_from_receipt(receipt, Path("."), trace=trace)
     hashes = HashTable()
     header, summary = validate_trace(cfg.trace, hashes, cfg.limits)

@@ -31,8 +31,8 @@ from psgate import api
 from psgate.errors import InputError
 from psgate.receipt.ledger import file_sha256
 from psgate.receipt.receipt import deterministic_part, dumps
-from psgate.report.receipts import (_resolve, config_from_receipt, load_receipt,
-                                    read_receipt_file, replay_settings, text_lines)
+from psgate.report.receipts import (config_from_receipt, load_receipt, read_receipt_file,
+                                    replay_settings, resolve_input, text_lines)
 
 
 @dataclass
@@ -148,9 +148,9 @@ def _corpus(receipt: dict, runs: dict[str, dict], work: Path) -> Path:
     for run in receipt["runs"]:
         mine = runs[run["id"]]
         env = mine.get("environment", {})
-        found = _resolve(mine["trace"]["path"], env.get("trace_abspath"), None, "trace",
-                         mine["trace"].get("sha256") or env.get("trace_sha256"),
-                         mine["trace"]["canonical_sha256"])
+        found = resolve_input(mine["trace"]["path"], env.get("trace_abspath"), None, "trace",
+                              mine["trace"].get("sha256") or env.get("trace_sha256"),
+                              mine["trace"]["canonical_sha256"])
         link = d / Path(mine["trace"]["path"]).name
         if link.exists():
             raise InputError(f"two runs name the trace {link.name}", field="runs",
@@ -218,7 +218,7 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
     gate_path = gate_label = None
     if cfg["gate_file"]:
         gate_label = cfg["gate_file"]["path"]
-        gate_path = _resolve(gate_label, None, gate, "gate", cfg["gate_file"]["sha256"])
+        gate_path = resolve_input(gate_label, None, gate, "gate", cfg["gate_file"]["sha256"])
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
     try:
         base = replace(replay_settings(first, work / "out"), force=False,

@@ -1,19 +1,18 @@
 """Where each block's content is used next: the trace's future, for the belady reference.
 
-One pass over a trace gives, per content key (namespace << 32 | block hash id,
-namespaces numbered by first appearance of (group, scope) as the engine numbers
-them), the trace-order indices of the requests that name it. Memory is one
-entry per block reference, so this exists only for the clairvoyant reference.
+One pass over a trace gives, per content key (:mod:`psgate.trace.keys`, namespaces
+numbered by first appearance of (group, scope) as the engines number them), the
+trace-order indices of the requests that name it. Memory is one entry per block
+reference, so this exists only for the clairvoyant reference.
 """
 
 from __future__ import annotations
 
 from array import array
 
+from psgate.trace.keys import KEY_SHIFT
 from psgate.trace.model import RequestEvent
 from psgate.trace.reader import HashTable, TraceReader, TraceSource
-
-KEY_SHIFT = 32
 
 
 def future_uses(src: TraceSource, hashes: HashTable) -> dict[int, array]:

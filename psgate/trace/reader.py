@@ -216,11 +216,11 @@ def _outside_jcs(obj: dict) -> str | None:
     return None
 
 
-def _is_number(v) -> bool:
+def is_number(v) -> bool:
     return (type(v) is int or type(v) is float) and math.isfinite(v)
 
 
-def _type_name(v) -> str:
+def type_name(v) -> str:
     if v is None:
         return "null"
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
@@ -297,7 +297,7 @@ class TraceReader:
                 raise self._err(f"truncated or invalid JSON on the last line ({exc})") from None
             raise self._err(f"invalid JSON ({exc})") from None
         if type(obj) is not dict:
-            raise self._err(f"expected a JSON object, found {_type_name(obj)}")
+            raise self._err(f"expected a JSON object, found {type_name(obj)}")
         dup = duplicate_key(raw, obj)
         if dup is not None:
             raise self._err("duplicate key in one JSON object (a parser would silently keep "
@@ -320,7 +320,7 @@ class TraceReader:
                             "and 'block_size'", "psgate_trace")
         ver = obj["psgate_trace"]
         if type(ver) is not int:
-            raise self._err(f"expected the integer {FORMAT_VERSION}, found {_type_name(ver)}",
+            raise self._err(f"expected the integer {FORMAT_VERSION}, found {type_name(ver)}",
                             "psgate_trace")
         if ver != FORMAT_VERSION:
             if ver > FORMAT_VERSION:
@@ -334,14 +334,14 @@ class TraceReader:
                             "block_size")
         for key in ("hashing", "source"):
             if key in obj and type(obj[key]) is not str:
-                raise self._err(f"expected a string, found {_type_name(obj[key])}", key)
+                raise self._err(f"expected a string, found {type_name(obj[key])}", key)
         groups = obj.get("groups")
         if groups is not None:
             if type(groups) is not dict:
-                raise self._err(f"expected an object, found {_type_name(groups)}", "groups")
+                raise self._err(f"expected an object, found {type_name(groups)}", "groups")
             for name, spec in groups.items():
                 if type(spec) is not dict:
-                    raise self._err(f"expected an object, found {_type_name(spec)}",
+                    raise self._err(f"expected an object, found {type_name(spec)}",
                                     f"groups.{name}")
                 contracts = spec.get("contracts")
                 if contracts is not None and (type(contracts) is not list or not all(
@@ -350,7 +350,7 @@ class TraceReader:
                                     f"groups.{name}.contracts")
         partial = obj.get("partial", False)
         if type(partial) is not bool:
-            raise self._err(f"expected a boolean, found {_type_name(partial)}", "partial")
+            raise self._err(f"expected a boolean, found {type_name(partial)}", "partial")
         return TraceHeader(block_size=bs, hashing=obj.get("hashing"), source=obj.get("source"),
                            groups=groups, partial=partial, raw=obj)
 
@@ -431,8 +431,8 @@ class TraceReader:
             t = obj.get("t")
             if t is None and "t" not in obj:
                 raise err("missing", "t")
-            if not _is_number(t):
-                raise err(f"expected a finite number of seconds, found {_type_name(t)}", "t")
+            if not is_number(t):
+                raise err(f"expected a finite number of seconds, found {type_name(t)}", "t")
             if t < 0 or t > MAX_TIME_S:
                 raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {t}", "t")
             t_ns = seconds_to_ns(t)
@@ -445,7 +445,7 @@ class TraceReader:
                 raise err(f"expected one of {', '.join(_OPS)}, found {found}", "op")
             rid = obj.get("id")
             if type(rid) is not str or not rid:
-                found = "nothing" if "id" not in obj else _type_name(rid)
+                found = "nothing" if "id" not in obj else type_name(rid)
                 raise err(f"expected a non-empty string, found {found}", "id")
 
             if op == "request":
@@ -458,7 +458,7 @@ class TraceReader:
                     v = obj[key]
                     if type(v) is not str or (key != "scope" and not v):
                         raise err(f"expected a{' non-empty' if key != 'scope' else ''} string, "
-                                  f"found {_type_name(v)}", key)
+                                  f"found {type_name(v)}", key)
                 group = obj["group"]
                 contract = obj["contract"]
                 if groups is not None:
@@ -472,7 +472,7 @@ class TraceReader:
                                   "contract")
                 blocks = obj["blocks"]
                 if type(blocks) is not list:
-                    raise err(f"expected an array of block hashes, found {_type_name(blocks)}",
+                    raise err(f"expected an array of block hashes, found {type_name(blocks)}",
                               "blocks")
                 if len(blocks) > self.limits.max_blocks_per_request:
                     raise err(f"{len(blocks)} blocks in one request, more than the cap of "
@@ -536,15 +536,15 @@ class TraceReader:
             if key in obj:
                 v = obj[key]
                 if type(v) is not str or not v:
-                    raise err(f"expected a non-empty string, found {_type_name(v)}", key)
+                    raise err(f"expected a non-empty string, found {type_name(v)}", key)
                 setattr(ev, key, v)
         if "measure" in obj:
             if type(obj["measure"]) is not bool:
-                raise err(f"expected a boolean, found {_type_name(obj['measure'])}", "measure")
+                raise err(f"expected a boolean, found {type_name(obj['measure'])}", "measure")
             ev.measure = obj["measure"]
         if "priority" in obj:
             if type(obj["priority"]) is not int:
-                raise err(f"expected an integer, found {_type_name(obj['priority'])}",
+                raise err(f"expected an integer, found {type_name(obj['priority'])}",
                           "priority")
             if abs(obj["priority"]) > MAX_JSON_INT:
                 raise err(f"expected an integer in -(2^53 - 1)..2^53 - 1, found "
@@ -552,13 +552,13 @@ class TraceReader:
             ev.priority = obj["priority"]
         if "priority_until" in obj:
             v = obj["priority_until"]
-            if not _is_number(v) or v < 0 or v > MAX_TIME_S:
+            if not is_number(v) or v < 0 or v > MAX_TIME_S:
                 raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {v!r:.40}",
                           "priority_until")
             ev.priority_until_ns = seconds_to_ns(v)
         if "done_t" in obj:
             v = obj["done_t"]
-            if not _is_number(v) or v < t:
+            if not is_number(v) or v < t:
                 raise err(f"expected a time >= t ({t}), found {v!r:.40}", "done_t")
             if v > MAX_TIME_S:
                 raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {v!r:.40}",
@@ -566,7 +566,7 @@ class TraceReader:
             ev.done_ns = seconds_to_ns(v)
         if "prefill_ms" in obj:
             v = obj["prefill_ms"]
-            if not _is_number(v) or v < 0 or v > MAX_TIME_S * 1000:
+            if not is_number(v) or v < 0 or v > MAX_TIME_S * 1000:
                 raise err(f"expected a number of milliseconds in 0..{MAX_TIME_S * 1000:g}, "
                           f"found {v!r:.40}", "prefill_ms")
             ev.prefill_ms = float(v)

@@ -96,12 +96,16 @@ def key_fingerprint(key: bytes | None) -> str:
     return hashlib.blake2b(key, digest_size=8, person=b"psgate-keyfp").hexdigest()
 
 
-def _pseudonym(kind: str, value: str, key: bytes | None) -> str:
+def pseudonym(kind: str, value: str, key: bytes | None) -> str:
+    """A keyed stand-in for an identifier of ``kind`` ("g", "s", "r"): equal values stay
+    equal, so who shares what survives redaction, and without the key no name comes back."""
     h = hashlib.blake2b(f"{kind}\x00{value}".encode(), key=key or b"", digest_size=6)
     return f"{kind}-{h.hexdigest()}"
 
 
-def _scope_root(scope: tuple[str, ...], key: bytes | None) -> bytes:
+def scope_root(scope: tuple[str, ...], key: bytes | None) -> bytes:
+    """The keyed seed of a (group, scope)'s redacted block chain: the same prompt in two
+    scopes gets unrelated hashes, as the cache itself never shares across them."""
     data = b"psgate-scope-v1" + b"".join(s.encode() + b"\x00" for s in scope)
     return hashlib.blake2b(data, key=key or b"", digest_size=16).digest()
 
@@ -171,7 +175,7 @@ def _redacted(src: str, block_size: int, key: bytes | None) -> Iterator[dict]:
             scope = tuple(str(obj.get(f) or "") for f in _SCOPE_FIELDS)
             root = roots.get(scope)
             if root is None:
-                root = roots[scope] = _scope_root(scope, key)
+                root = roots[scope] = scope_root(scope, key)
             out = obj.get("out", 0)
             if type(out) is not int or not 0 <= out <= MAX_JSON_INT:
                 raise err("expected an integer >= 0 and <= 2^53 - 1", "out")
@@ -183,8 +187,8 @@ def _redacted(src: str, block_size: int, key: bytes | None) -> Iterator[dict]:
             else:
                 ids[f"\x00{n}"] = new_id
             line = {"t": t, "op": "request", "id": new_id,
-                    "group": _pseudonym("g", obj["group"], key), "contract": obj["contract"],
-                    "scope": _pseudonym("s", "\x00".join(scope), key),
+                    "group": pseudonym("g", obj["group"], key), "contract": obj["contract"],
+                    "scope": pseudonym("s", "\x00".join(scope), key),
                     "blocks": chain_hashes(toks, block_size, hkey, parent=root),
                     "tail": len(toks) % block_size, "out": out}
             if "done_t" in obj:

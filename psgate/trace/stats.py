@@ -15,7 +15,8 @@
 
 from __future__ import annotations
 
-from psgate.policies.prefixshield import DEFAULT_CONTRACTS
+from psgate.contracts import DEFAULT_CONTRACTS
+from psgate.trace.keys import KEY_SHIFT
 from psgate.trace.model import RequestEvent
 from psgate.trace.reader import HashTable, TraceReader, TraceSource
 
@@ -80,7 +81,7 @@ def trace_stats(given: str) -> dict:
                                              "contract": ev.contract})
             g["requests"] += 1
             ns = ns_ids.setdefault((ev.group, ev.scope), len(ns_ids))
-            base = ns << 32
+            base = ns << KEY_SHIFT
             cap = (ev.prompt_tokens - 1) // bs
             hit = 0
             leading = True

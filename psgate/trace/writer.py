@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from psgate.receipt.atomic import atomic_file
+from psgate.atomic import atomic_file
 from psgate.trace.model import FORMAT_VERSION
 
 

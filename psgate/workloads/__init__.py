@@ -8,6 +8,9 @@ before any policy is compared on it, and written into every trace header):
 Generators whose arrival rates derive from prefill capacity (C_prefill) take the
 cost model too: the defaults unless a calibrated file is given, whose name and
 SHA-256 then go into the header beside the derived rates.
+
+Generators import the trace writer, the contract table and, of the engines, only the cost
+model: a workload never depends on a policy or on how a replay runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Helpers shared by the generators: synthetic chained block hashes, arrivals, headers."""
+"""Helpers shared by the generators: parameters and their checks, request lines,
+synthetic chained block hashes, arrivals, headers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 from collections.abc import Iterator
 
 from psgate.engines.cost import CostModel
+from psgate.errors import InputError
 
 SYNTHETIC_HASHING = "synthetic-blake2b-128"
 
@@ -55,3 +57,72 @@ def unique_prefill_rate(cost: CostModel, prompt_tokens: int, n: int = 32) -> flo
     (no hits) are served back to back by one FIFO prefill server under ``cost``."""
     total_ms = n * cost.prefill_ms(prompt_tokens, 0)
     return n / (total_ms / 1000.0)
+
+
+def resolve_params(kind: str, defaults: dict, overrides: dict) -> dict:
+    """The defaults with ``overrides`` on top. generate() refuses unknown parameters
+    first; a generator called directly refuses them the same way."""
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise InputError(f"unknown parameter(s) for '{kind}': {', '.join(unknown)}; known: "
+                         f"{', '.join(defaults)}", path="--param")
+    return {**defaults, **overrides}
+
+
+def need(kind: str, ok: bool, key: str, what: str, value) -> None:
+    """Refuses parameter ``key`` of workload ``kind`` unless ``ok``: bad input, in the
+    words of generate()'s own checks, so every refusal reads alike."""
+    if not ok:
+        raise InputError(f"workload '{kind}': '{key}' expects {what}, found {value!r}",
+                         path="--param")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def positive(kind: str, p: dict, *keys: str) -> None:
+    for k in keys:
+        need(kind, _number(p[k]) and p[k] > 0, k, "a value > 0", p[k])
+
+
+def nonneg(kind: str, p: dict, *keys: str) -> None:
+    for k in keys:
+        need(kind, _number(p[k]) and p[k] >= 0, k, "a value >= 0", p[k])
+
+
+def fraction(kind: str, p: dict, *keys: str) -> None:
+    for k in keys:
+        need(kind, _number(p[k]) and 0 <= p[k] <= 1, k, "a fraction in [0, 1]", p[k])
+
+
+def ordered(kind: str, p: dict, lo: str, hi: str) -> None:
+    need(kind, p[lo] <= p[hi], hi, f"a value >= {lo} ({p[lo]})", p[hi])
+
+
+def whole_block(kind: str, p: dict, *keys: str) -> None:
+    """Token counts that must hold at least one full block (a prompt's shared part)."""
+    bs = p["block_size"]
+    for k in keys:
+        need(kind, p[k] >= bs, k, f"at least one block ({bs} tokens)", p[k])
+
+
+def distinct(kind: str, p: dict, *keys: str) -> None:
+    """Groups that must differ: a victim measured against itself measures nothing."""
+    for i, k in enumerate(keys):
+        need(kind, p[k] not in [p[j] for j in keys[:i]], k,
+             f"a group other than {' and '.join(keys[:i])}", p[k])
+
+
+def request(t: float, rid: str, group: str, contract: str, blocks: list[str], tail: int,
+            out: int, prefix: str, role: str, *, measure: bool = True, scope: str = "m",
+            **extra) -> dict:
+    """A request line (``t`` to the microsecond); ``measure`` is written only when false
+    and ``extra`` (priority hints, ...) last, so lines without them stay as they were."""
+    r = {"t": round(t, 6), "op": "request", "id": rid, "group": group, "contract": contract,
+         "scope": scope, "blocks": blocks, "tail": tail, "out": out, "prefix": prefix,
+         "role": role}
+    if not measure:
+        r["measure"] = False
+    r.update(extra)
+    return r

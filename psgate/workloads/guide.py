@@ -79,14 +79,14 @@ from __future__ import annotations
 import math
 import random
 
+from psgate.contracts import CONTRACT_NAMES
 from psgate.engines.cost import CostModel
-from psgate.errors import InputError
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
 from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
-                                     poisson, unique_prefill_rate)
+                                     fraction, need, nonneg, ordered, poisson, positive,
+                                     request, resolve_params, unique_prefill_rate)
 
-CONTRACT_CYCLE = ("critical", "standard", "best-effort")
 
 STEADY_DEFAULTS = {
     "seed": 0, "block_size": 16, "tenants": 4, "prompts_per_tenant": 2,
@@ -165,38 +165,6 @@ COLD_DEFAULTS = {
 
 # -- helpers ---------------------------------------------------------------------
 
-def _params(kind: str, defaults: dict, overrides: dict) -> dict:
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise InputError(f"unknown parameter(s) for '{kind}': {', '.join(unknown)}; known: "
-                         f"{', '.join(defaults)}", path="--param")
-    return {**defaults, **overrides}
-
-
-def _need(ok: bool, key: str, what: str, value) -> None:
-    if not ok:
-        raise InputError(f"'{key}' expects {what}, found {value!r}", path="--param")
-
-
-def _positive(p: dict, *keys: str) -> None:
-    for k in keys:
-        _need(p[k] > 0, k, "a value > 0", p[k])
-
-
-def _nonneg(p: dict, *keys: str) -> None:
-    for k in keys:
-        _need(p[k] >= 0, k, "a value >= 0", p[k])
-
-
-def _ordered(p: dict, lo: str, hi: str) -> None:
-    _need(p[lo] <= p[hi], hi, f"a value >= {lo} ({p[lo]})", p[hi])
-
-
-def _fraction(p: dict, *keys: str) -> None:
-    for k in keys:
-        _need(0 <= p[k] <= 1, k, "a fraction in [0, 1]", p[k])
-
-
 def _rng(kind: str, seed: int, cls: str) -> random.Random:
     # A str seed is hashed with SHA-512 by random.seed: stable across runs and versions.
     return random.Random(f"psgate-guide/{kind}/{seed}/{cls}")
@@ -218,18 +186,6 @@ def _prompt(prefix: list[str], prefix_tokens: int, label: str, suffix_tokens: in
 
 def _hot(label: str, tokens: int, bs: int) -> list[str]:
     return chain(label, tokens // bs)
-
-
-def _request(t: float, rid: str, group: str, contract: str, scope: str, blocks: list[str],
-             tail: int, out: int, prefix: str, role: str, measure: bool = True,
-             **extra) -> dict:
-    r = {"t": _t(t), "op": "request", "id": rid, "group": group, "contract": contract,
-         "scope": scope, "blocks": blocks, "tail": tail, "out": out, "prefix": prefix,
-         "role": role}
-    if not measure:
-        r["measure"] = False
-    r.update(extra)
-    return r
 
 
 class _Events:
@@ -274,8 +230,8 @@ def _hot_reads(ev: "_Events", rng: random.Random, group: str, contract: str,
         k = rng.randrange(len(hot))
         rid = f"{group}-{i}"
         blocks, tail = _prompt(hot[k], prefix_tokens, f"q/{rid}", suffix_tokens, bs)
-        ev.add(_request(t, rid, group, contract, "m", blocks, tail, out,
-                        f"{group}-{label}-{k}", role, measure=t >= measure_from))
+        ev.add(request(t, rid, group, contract, blocks, tail, out,
+                       f"{group}-{label}-{k}", role, measure=t >= measure_from))
 
 
 def _hot_prompt_tenants(kind: str, p: dict, scope_of):
@@ -286,7 +242,7 @@ def _hot_prompt_tenants(kind: str, p: dict, scope_of):
     ev = _Events()
     groups = {}
     for g in range(p["tenants"]):
-        group, contract = f"tenant-{g}", CONTRACT_CYCLE[g % 3]
+        group, contract = f"tenant-{g}", CONTRACT_NAMES[g % 3]
         groups[group] = contract
         hot = [_hot(f"{group}-sys-{k}", p["prefix_tokens"], bs)
                for k in range(p["prompts_per_tenant"])]
@@ -296,8 +252,8 @@ def _hot_prompt_tenants(kind: str, p: dict, scope_of):
             rid = f"{group}-{i}"
             n = rng.randint(p["suffix_min_tokens"], p["suffix_max_tokens"])
             blocks, tail = _prompt(hot[k], p["prefix_tokens"], f"q/{rid}", n, bs)
-            ev.add(_request(t, rid, group, contract, scope_of(t), blocks, tail, p["out"],
-                            f"{group}-sys-{k}", "benign", measure=t >= p["warmup_s"]))
+            ev.add(request(t, rid, group, contract, blocks, tail, p["out"], f"{group}-sys-{k}",
+                           "benign", measure=t >= p["warmup_s"], scope=scope_of(t)))
     return ev, groups
 
 
@@ -305,11 +261,11 @@ def _hot_prompt_tenants(kind: str, p: dict, scope_of):
                     "rates, no attacker (a no-regression baseline)", STEADY_DEFAULTS)
 def steady(**overrides) -> list[dict]:
     kind = "steady"
-    p = _params(kind, STEADY_DEFAULTS, overrides)
-    _positive(p, "block_size", "tenants", "prompts_per_tenant", "prefix_tokens",
-              "rate_per_tenant", "duration_s")
-    _nonneg(p, "suffix_min_tokens", "out", "warmup_s")
-    _ordered(p, "suffix_min_tokens", "suffix_max_tokens")
+    p = resolve_params(kind, STEADY_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "tenants", "prompts_per_tenant", "prefix_tokens",
+             "rate_per_tenant", "duration_s")
+    nonneg(kind, p, "suffix_min_tokens", "out", "warmup_s")
+    ordered(kind, p, "suffix_min_tokens", "suffix_max_tokens")
     bs = p["block_size"]
     ev, groups = _hot_prompt_tenants(kind, p, lambda t: "m")
     derived = {"working_set_blocks": p["tenants"] * p["prompts_per_tenant"]
@@ -323,12 +279,12 @@ def steady(**overrides) -> list[dict]:
                     "system prompt within a few ms, plus background tenants", FANOUT_DEFAULTS)
 def fanout(**overrides) -> list[dict]:
     kind = "fanout"
-    p = _params(kind, FANOUT_DEFAULTS, overrides)
-    _positive(p, "block_size", "fanout", "burst_gap_s", "system_tokens", "duration_s",
-              "background_prompts", "background_prefix_tokens")
-    _nonneg(p, "burst_spread_ms", "task_min_tokens", "fanout_out", "background_tenants",
-            "background_suffix_tokens", "background_rate", "background_out", "warmup_s")
-    _ordered(p, "task_min_tokens", "task_max_tokens")
+    p = resolve_params(kind, FANOUT_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "fanout", "burst_gap_s", "system_tokens", "duration_s",
+             "background_prompts", "background_prefix_tokens")
+    nonneg(kind, p, "burst_spread_ms", "task_min_tokens", "fanout_out", "background_tenants",
+           "background_suffix_tokens", "background_rate", "background_out", "warmup_s")
+    ordered(kind, p, "task_min_tokens", "task_max_tokens")
     bs = p["block_size"]
     ev = _Events()
     groups = {"agents": "standard"}
@@ -343,11 +299,11 @@ def fanout(**overrides) -> list[dict]:
             rid = f"f{b}-{j}"
             n = rng.randint(p["task_min_tokens"], p["task_max_tokens"])
             blocks, tail = _prompt(system, p["system_tokens"], f"task/{rid}", n, bs)
-            ev.add(_request(t0 + dt, rid, "agents", "standard", "m", blocks, tail,
-                            p["fanout_out"], "agents-sys", "victim",
-                            measure=t0 >= p["warmup_s"]))
+            ev.add(request(t0 + dt, rid, "agents", "standard", blocks, tail,
+                           p["fanout_out"], "agents-sys", "victim",
+                           measure=t0 >= p["warmup_s"]))
     for g in range(p["background_tenants"]):
-        group, contract = f"bg-{g}", CONTRACT_CYCLE[(g + 1) % 3]
+        group, contract = f"bg-{g}", CONTRACT_NAMES[(g + 1) % 3]
         groups[group] = contract
         hot = [_hot(f"{group}-doc-{k}", p["background_prefix_tokens"], bs)
                for k in range(p["background_prompts"])]
@@ -371,12 +327,12 @@ def fanout(**overrides) -> list[dict]:
                     "prompts", TENANT_FLOOD_DEFAULTS)
 def tenant_flood(**overrides) -> list[dict]:
     kind = "tenant-flood"
-    p = _params(kind, TENANT_FLOOD_DEFAULTS, overrides)
-    _positive(p, "block_size", "victim_tenants", "prompts_per_victim", "victim_prefix_tokens",
-              "victim_rate", "flood_tokens", "duration_s")
-    _nonneg(p, "victim_suffix_tokens", "victim_out", "flood_start_s", "flood_rate",
-            "flood_out")
-    _ordered(p, "flood_start_s", "flood_end_s")
+    p = resolve_params(kind, TENANT_FLOOD_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "victim_tenants", "prompts_per_victim", "victim_prefix_tokens",
+             "victim_rate", "flood_tokens", "duration_s")
+    nonneg(kind, p, "victim_suffix_tokens", "victim_out", "flood_start_s", "flood_rate",
+           "flood_out")
+    ordered(kind, p, "flood_start_s", "flood_end_s")
     bs = p["block_size"]
     ev = _Events()
     groups = {}
@@ -398,8 +354,8 @@ def tenant_flood(**overrides) -> list[dict]:
             n_flood += 1
             rid = f"x{i}"
             blocks, tail = _prompt([], 0, f"flood/{rid}", p["flood_tokens"], bs)
-            ev.add(_request(t, rid, "flooder", "best-effort", "m", blocks, tail,
-                            p["flood_out"], f"flood-{i}", "attacker"))
+            ev.add(request(t, rid, "flooder", "best-effort", blocks, tail,
+                           p["flood_out"], f"flood-{i}", "attacker"))
     victim_ws = (p["victim_tenants"] * p["prompts_per_victim"]
                  * _blocks(p["victim_prefix_tokens"], bs))
     derived = {"victim_working_set_blocks": victim_ws, "flood_requests": n_flood,
@@ -413,14 +369,14 @@ def tenant_flood(**overrides) -> list[dict]:
                     "priority-lru, some expiring mid-trace", PRIORITY_EXPIRY_DEFAULTS)
 def priority_expiry(**overrides) -> list[dict]:
     kind = "priority-expiry"
-    p = _params(kind, PRIORITY_EXPIRY_DEFAULTS, overrides)
-    _positive(p, "block_size", "duration_s", "chat_prompts", "chat_prefix_tokens",
-              "promo_prefix_tokens", "session_context_tokens", "batch_tokens")
-    _nonneg(p, "warmup_s", "chat_suffix_tokens", "chat_rate", "chat_out",
-            "promo_suffix_tokens", "promo_rate", "promo_out", "promo_end_s", "session_rate",
-            "session_turn_tokens", "session_followup_min_s", "session_retention_s",
-            "session_out", "batch_rate", "batch_out")
-    _ordered(p, "session_followup_min_s", "session_followup_max_s")
+    p = resolve_params(kind, PRIORITY_EXPIRY_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "duration_s", "chat_prompts", "chat_prefix_tokens",
+             "promo_prefix_tokens", "session_context_tokens", "batch_tokens")
+    nonneg(kind, p, "warmup_s", "chat_suffix_tokens", "chat_rate", "chat_out",
+           "promo_suffix_tokens", "promo_rate", "promo_out", "promo_end_s", "session_rate",
+           "session_turn_tokens", "session_followup_min_s", "session_retention_s",
+           "session_out", "batch_rate", "batch_out")
+    ordered(kind, p, "session_followup_min_s", "session_followup_max_s")
     bs = p["block_size"]
     ev = _Events()
     seed = p["seed"]
@@ -436,9 +392,9 @@ def priority_expiry(**overrides) -> list[dict]:
             rid = f"c{i}"
             blocks, tail = _prompt(chat[k], p["chat_prefix_tokens"], f"q/{rid}",
                                    p["chat_suffix_tokens"], bs)
-            ev.add(_request(t, rid, "chat", "critical", "m", blocks, tail, p["chat_out"],
-                            f"chat-sys-{k}", "victim", measure=t >= warm,
-                            priority=p["chat_priority"]))
+            ev.add(request(t, rid, "chat", "critical", blocks, tail, p["chat_out"],
+                           f"chat-sys-{k}", "victim", measure=t >= warm,
+                           priority=p["chat_priority"]))
 
     promo = _hot("promo-sys", p["promo_prefix_tokens"], bs)
     rng = _rng(kind, seed, "promo")
@@ -448,9 +404,9 @@ def priority_expiry(**overrides) -> list[dict]:
             rid = f"p{i}"
             blocks, tail = _prompt(promo, p["promo_prefix_tokens"], f"q/{rid}",
                                    p["promo_suffix_tokens"], bs)
-            ev.add(_request(t, rid, "promo", "standard", "m", blocks, tail, p["promo_out"],
-                            "promo-sys", "benign", measure=t >= warm,
-                            priority=p["promo_priority"], priority_until=_t(p["promo_end_s"])))
+            ev.add(request(t, rid, "promo", "standard", blocks, tail, p["promo_out"],
+                           "promo-sys", "benign", measure=t >= warm,
+                           priority=p["promo_priority"], priority_until=_t(p["promo_end_s"])))
 
     rng = _rng(kind, seed, "assist")
     n_sessions = n_late_followups = 0
@@ -461,9 +417,9 @@ def priority_expiry(**overrides) -> list[dict]:
             first, tail1 = _prompt(context, p["session_context_tokens"], f"session-{i}/turn-0",
                                    0, bs)
             until1 = _t(t + p["session_retention_s"])
-            ev.add(_request(t, f"s{i}-0", "assist", "standard", "m", first, tail1,
-                            p["session_out"], f"session-{i}", "benign", measure=t >= warm,
-                            priority=p["session_priority"], priority_until=until1))
+            ev.add(request(t, f"s{i}-0", "assist", "standard", first, tail1,
+                           p["session_out"], f"session-{i}", "benign", measure=t >= warm,
+                           priority=p["session_priority"], priority_until=until1))
             t2 = t + rng.uniform(p["session_followup_min_s"], p["session_followup_max_s"])
             if t2 >= p["duration_s"]:
                 continue
@@ -472,18 +428,18 @@ def priority_expiry(**overrides) -> list[dict]:
                                     f"session-{i}/turn-1", p["session_turn_tokens"], bs)
             if _t(t2) >= until1:
                 n_late_followups += 1
-            ev.add(_request(t2, f"s{i}-1", "assist", "standard", "m", second, tail2,
-                            p["session_out"], f"session-{i}", "benign", measure=t2 >= warm,
-                            priority=p["session_priority"],
-                            priority_until=_t(t2 + p["session_retention_s"])))
+            ev.add(request(t2, f"s{i}-1", "assist", "standard", second, tail2,
+                           p["session_out"], f"session-{i}", "benign", measure=t2 >= warm,
+                           priority=p["session_priority"],
+                           priority_until=_t(t2 + p["session_retention_s"])))
 
     rng = _rng(kind, seed, "batch")
     if p["batch_rate"] > 0:
         for i, t in enumerate(poisson(rng, 0.0, p["duration_s"], p["batch_rate"])):
             rid = f"b{i}"
             blocks, tail = _prompt([], 0, f"batch/{rid}", p["batch_tokens"], bs)
-            ev.add(_request(t, rid, "batch", "best-effort", "m", blocks, tail, p["batch_out"],
-                            f"batch-{i}", "attacker", measure=t >= warm))
+            ev.add(request(t, rid, "batch", "best-effort", blocks, tail, p["batch_out"],
+                           f"batch-{i}", "attacker", measure=t >= warm))
     derived = {"hints": PRIORITY_HINTS, "sessions": n_sessions,
                "followups_after_hint_expired": n_late_followups,
                "protected_blocks": p["chat_prompts"] * _blocks(p["chat_prefix_tokens"], bs)
@@ -497,13 +453,13 @@ def priority_expiry(**overrides) -> list[dict]:
                     "old KV becomes useless", REVISION_ROLLOVER_DEFAULTS)
 def revision_rollover(**overrides) -> list[dict]:
     kind = "revision-rollover"
-    p = _params(kind, REVISION_ROLLOVER_DEFAULTS, overrides)
-    _positive(p, "block_size", "tenants", "prompts_per_tenant", "prefix_tokens",
-              "rate_per_tenant", "duration_s")
-    _nonneg(p, "suffix_min_tokens", "out", "rollover_s", "warmup_s")
-    _ordered(p, "suffix_min_tokens", "suffix_max_tokens")
-    _need(p["old_scope"] != p["new_scope"], "new_scope", "a scope other than old_scope",
-          p["new_scope"])
+    p = resolve_params(kind, REVISION_ROLLOVER_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "tenants", "prompts_per_tenant", "prefix_tokens",
+             "rate_per_tenant", "duration_s")
+    nonneg(kind, p, "suffix_min_tokens", "out", "rollover_s", "warmup_s")
+    ordered(kind, p, "suffix_min_tokens", "suffix_max_tokens")
+    need(kind, p["old_scope"] != p["new_scope"], "new_scope", "a scope other than old_scope",
+         p["new_scope"])
     bs = p["block_size"]
     # The same text under both revisions: equal hashes, different scopes.
     ev, groups = _hot_prompt_tenants(
@@ -523,17 +479,17 @@ def adapter_scope(base: str, k: int) -> str:
                     "prompts; the active set cycles", ADAPTER_CHURN_DEFAULTS)
 def adapter_churn(**overrides) -> list[dict]:
     kind = "adapter-churn"
-    p = _params(kind, ADAPTER_CHURN_DEFAULTS, overrides)
-    _positive(p, "block_size", "tenants", "adapters", "prefix_tokens", "active_adapters",
-              "cycle_s", "rate", "duration_s")
-    _nonneg(p, "cycle_step", "suffix_min_tokens", "out", "warmup_s")
-    _ordered(p, "suffix_min_tokens", "suffix_max_tokens")
-    _need(p["active_adapters"] <= p["adapters"], "active_adapters",
-          f"at most adapters ({p['adapters']})", p["active_adapters"])
+    p = resolve_params(kind, ADAPTER_CHURN_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "tenants", "adapters", "prefix_tokens", "active_adapters",
+             "cycle_s", "rate", "duration_s")
+    nonneg(kind, p, "cycle_step", "suffix_min_tokens", "out", "warmup_s")
+    ordered(kind, p, "suffix_min_tokens", "suffix_max_tokens")
+    need(kind, p["active_adapters"] <= p["adapters"], "active_adapters",
+         f"at most adapters ({p['adapters']})", p["active_adapters"])
     bs = p["block_size"]
     n = p["adapters"]
     tenants = min(p["tenants"], n)
-    groups = {f"tenant-{g}": CONTRACT_CYCLE[g % 3] for g in range(tenants)}
+    groups = {f"tenant-{g}": CONTRACT_NAMES[g % 3] for g in range(tenants)}
     prompts = []
     for k in range(n):
         label = f"tenant-{k % tenants}-sys" if p["shared_tenant_prompt"] else f"lora-{k:02d}-sys"
@@ -547,9 +503,9 @@ def adapter_churn(**overrides) -> list[dict]:
         rid = f"r{i}"
         m = rng.randint(p["suffix_min_tokens"], p["suffix_max_tokens"])
         blocks, tail = _prompt(prompts[k], p["prefix_tokens"], f"q/{rid}", m, bs)
-        ev.add(_request(t, rid, group, groups[group], adapter_scope(p["base_scope"], k), blocks,
-                        tail, p["out"], f"lora-{k:02d}-sys", "benign",
-                        measure=t >= p["warmup_s"]))
+        ev.add(request(t, rid, group, groups[group], blocks, tail, p["out"], f"lora-{k:02d}-sys",
+                       "benign", measure=t >= p["warmup_s"],
+                       scope=adapter_scope(p["base_scope"], k)))
     derived = {"adapter_working_set_blocks": n * _blocks(p["prefix_tokens"], bs),
                "cycles": math.ceil(p["duration_s"] / p["cycle_s"])}
     return ev.lines(_header(kind, p, groups, derived))
@@ -561,20 +517,20 @@ def adapter_churn(**overrides) -> list[dict]:
                     "after arrival and much later, and observed done_t", CANCELLATION_DEFAULTS)
 def cancellation(**overrides) -> list[dict]:
     kind = "cancellation"
-    p = _params(kind, CANCELLATION_DEFAULTS, overrides)
-    _positive(p, "block_size", "duration_s", "chat_tenants", "chat_prompts",
-              "chat_prefix_tokens", "doc_burst_gap_s", "doc_tokens")
-    _nonneg(p, "warmup_s", "chat_suffix_min_tokens", "chat_rate", "chat_out", "doc_burst",
-            "doc_spread_ms", "doc_out", "early_min_ms", "late_min_s", "abandon_min_ms",
-            "done_min_s")
-    _ordered(p, "chat_suffix_min_tokens", "chat_suffix_max_tokens")
-    _ordered(p, "early_min_ms", "early_max_ms")
-    _ordered(p, "late_min_s", "late_max_s")
-    _ordered(p, "abandon_min_ms", "abandon_max_ms")
-    _ordered(p, "done_min_s", "done_max_s")
-    _fraction(p, "early_cancel_frac", "late_cancel_frac", "done_t_frac")
-    _need(p["early_cancel_frac"] + p["late_cancel_frac"] <= 1, "late_cancel_frac",
-          "early_cancel_frac + late_cancel_frac <= 1", p["late_cancel_frac"])
+    p = resolve_params(kind, CANCELLATION_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "duration_s", "chat_tenants", "chat_prompts",
+             "chat_prefix_tokens", "doc_burst_gap_s", "doc_tokens")
+    nonneg(kind, p, "warmup_s", "chat_suffix_min_tokens", "chat_rate", "chat_out", "doc_burst",
+           "doc_spread_ms", "doc_out", "early_min_ms", "late_min_s", "abandon_min_ms",
+           "done_min_s")
+    ordered(kind, p, "chat_suffix_min_tokens", "chat_suffix_max_tokens")
+    ordered(kind, p, "early_min_ms", "early_max_ms")
+    ordered(kind, p, "late_min_s", "late_max_s")
+    ordered(kind, p, "abandon_min_ms", "abandon_max_ms")
+    ordered(kind, p, "done_min_s", "done_max_s")
+    fraction(kind, p, "early_cancel_frac", "late_cancel_frac", "done_t_frac")
+    need(kind, p["early_cancel_frac"] + p["late_cancel_frac"] <= 1, "late_cancel_frac",
+         "early_cancel_frac + late_cancel_frac <= 1", p["late_cancel_frac"])
     bs = p["block_size"]
     seed = p["seed"]
     warm = p["warmup_s"]
@@ -625,15 +581,15 @@ def cancellation(**overrides) -> list[dict]:
             i, g, k, n = a, b, c, d
             rid = f"c{i}"
             blocks, tail = _prompt(hot[g, k], p["chat_prefix_tokens"], f"q/{rid}", n, bs)
-            add(_request(t, rid, f"chat-{g}", groups[f"chat-{g}"], "m", blocks, tail,
-                         p["chat_out"], f"chat-{g}-sys-{k}", "victim", measure=t >= warm),
+            add(request(t, rid, f"chat-{g}", groups[f"chat-{g}"], blocks, tail,
+                        p["chat_out"], f"chat-{g}-sys-{k}", "victim", measure=t >= warm),
                 chat=True)
         else:
             bi, j = a, b
             rid = f"d{bi}-{j}"
             blocks, tail = _prompt([], 0, f"doc/{rid}", p["doc_tokens"], bs)
-            req = _request(t, rid, "docs", "best-effort", "m", blocks, tail, p["doc_out"],
-                           f"doc-{bi}-{j}", "benign", measure=t >= warm)
+            req = request(t, rid, "docs", "best-effort", blocks, tail, p["doc_out"],
+                          f"doc-{bi}-{j}", "benign", measure=t >= warm)
             if j == p["doc_burst"] - 1 and p["doc_burst"] > 1:
                 # The burst's last document does not fit beside the others: it waits,
                 # and its user gives up while it does.
@@ -654,12 +610,12 @@ def cancellation(**overrides) -> list[dict]:
                     COLD_DEFAULTS, uses_cost=True)
 def cold(cost: CostModel | None = None, **overrides) -> list[dict]:
     kind = "cold"
-    p = _params(kind, COLD_DEFAULTS, overrides)
-    _positive(p, "block_size", "tenants", "rate", "prompt_min_tokens", "duration_s")
-    _nonneg(p, "out")
-    _ordered(p, "prompt_min_tokens", "prompt_max_tokens")
+    p = resolve_params(kind, COLD_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "tenants", "rate", "prompt_min_tokens", "duration_s")
+    nonneg(kind, p, "out")
+    ordered(kind, p, "prompt_min_tokens", "prompt_max_tokens")
     bs = p["block_size"]
-    groups = {f"tenant-{g}": CONTRACT_CYCLE[g % 3] for g in range(p["tenants"])}
+    groups = {f"tenant-{g}": CONTRACT_NAMES[g % 3] for g in range(p["tenants"])}
     rng = _rng(kind, p["seed"], "requests")
     ev = _Events()
     for i, t in enumerate(poisson(rng, 0.0, p["duration_s"], p["rate"])):
@@ -667,8 +623,8 @@ def cold(cost: CostModel | None = None, **overrides) -> list[dict]:
         rid = f"r{i}"
         n = rng.randint(p["prompt_min_tokens"], p["prompt_max_tokens"])
         blocks, tail = _prompt([], 0, f"cold/{rid}", n, bs)
-        ev.add(_request(t, rid, f"tenant-{g}", groups[f"tenant-{g}"], "m", blocks, tail,
-                        p["out"], f"cold-{i}", "benign"))
+        ev.add(request(t, rid, f"tenant-{g}", groups[f"tenant-{g}"], blocks, tail,
+                       p["out"], f"cold-{i}", "benign"))
     cost = cost_or_default(cost)
     c_prefill = unique_prefill_rate(cost, (p["prompt_min_tokens"] + p["prompt_max_tokens"]) // 2)
     derived = {"c_prefill_per_s": round(c_prefill, 6), **cost_provenance(cost)}

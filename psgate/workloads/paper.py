@@ -40,13 +40,13 @@ from __future__ import annotations
 import math
 import random
 
+from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.engines.cost import CostModel
-from psgate.errors import InputError
-from psgate.policies.prefixshield import DEFAULT_CONTRACTS
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
 from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
-                                     poisson, unique_prefill_rate)
+                                     distinct, fraction, need, nonneg, ordered, poisson, positive,
+                                     request, resolve_params, unique_prefill_rate, whole_block)
 
 PAPER_CAPACITY = 512                 # configured blocks the load model assumes
 PAPER_USABLE = PAPER_CAPACITY - 1    # one is vLLM's null block
@@ -100,35 +100,6 @@ SHAREGPT_DEFAULTS = {
 SHAREGPT_BURSTY_DEFAULTS = {**SHAREGPT_DEFAULTS, "burst_period_s": 20.0, "burst_s": 2.0}
 
 
-def _request(t, rid, group, contract, blocks, tail, out, prefix, role, measure=True):
-    r = {"t": round(t, 6), "op": "request", "id": rid, "group": group, "contract": contract,
-         "scope": "m", "blocks": blocks, "tail": tail, "out": out, "prefix": prefix,
-         "role": role}
-    if not measure:
-        r["measure"] = False
-    return r
-
-
-def _params(kind: str, defaults: dict, overrides: dict) -> dict:
-    unknown = set(overrides) - set(defaults)
-    if unknown:
-        raise ValueError(f"unknown {kind} parameter(s): {', '.join(sorted(unknown))}")
-    return {**defaults, **overrides}
-
-
-def _check(kind: str, ok: bool, what: str) -> None:
-    if not ok:
-        raise InputError(f"{kind}: {what}", path="--param")
-
-
-def _check_positive(kind: str, p: dict, *keys: str, zero: bool = False) -> None:
-    for k in keys:
-        v = p[k]
-        good = isinstance(v, (int, float)) and not isinstance(v, bool) and (
-            v >= 0 if zero else v > 0)
-        _check(kind, good, f"'{k}' must be {'>= 0' if zero else '> 0'}, found {v!r}")
-
-
 def _streams(seed) -> dict[str, random.Random]:
     """One seeded stream per role: draws of one never shift another's."""
     return {name: random.Random(f"{seed}/{name}")
@@ -147,9 +118,9 @@ def _victim_requests(p: dict, rng: random.Random, hot: list[list[str]], end: flo
         n_suffix = p["suffix_tokens"] // bs
         blocks = hot[k] + chain(f"victim-q{i}", n_suffix, parent=hot[k][-1])
         tail = p["suffix_tokens"] % bs
-        events.append((t, 0, _request(t, f"v{i}", p["victim_group"], p["victim_contract"],
-                                      blocks, tail, p["victim_out"], f"victim-sys-{k}",
-                                      "victim", measure=t >= measure_from)))
+        events.append((t, 0, request(t, f"v{i}", p["victim_group"], p["victim_contract"],
+                                     blocks, tail, p["victim_out"], f"victim-sys-{k}",
+                                     "victim", measure=t >= measure_from)))
     return events
 
 
@@ -167,14 +138,11 @@ def _attack_header(kind: str, p: dict, params: dict, derived: dict) -> dict:
 
 
 def _check_attack_base(kind: str, p: dict) -> None:
-    _check_positive(kind, p, "block_size", "alpha", "hot_prefixes", "prefix_tokens",
-                    "attack_tokens", "attack_requests")
-    _check_positive(kind, p, "suffix_tokens", "victim_out", "attack_out", "warmup_s",
-                    "cooldown_s", zero=True)
-    _check(kind, p["prefix_tokens"] >= p["block_size"],
-           f"'prefix_tokens' must hold at least one block, found {p['prefix_tokens']}")
-    _check(kind, p["victim_group"] != p["attacker_group"],
-           "victim and attacker must be different groups")
+    positive(kind, p, "block_size", "alpha", "hot_prefixes", "prefix_tokens", "attack_tokens",
+             "attack_requests")
+    nonneg(kind, p, "suffix_tokens", "victim_out", "attack_out", "warmup_s", "cooldown_s")
+    whole_block(kind, p, "prefix_tokens")
+    distinct(kind, p, "victim_group", "attacker_group")
 
 
 def _scaled_hot_prefixes(p: dict) -> int:
@@ -210,20 +178,20 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
     One draw stream (the committed order: all victim draws, then the attacker's), so
     ``attack=false`` and ``creation_pressure`` leave the victim requests byte-identical.
     """
-    p = _params("one-touch", ONE_TOUCH_DEFAULTS, overrides)
-    _check(  # only the added parameters are validated: committed outputs must not change
-        "one-touch", type(p["capacity_target"]) is int and p["capacity_target"] >= 2,
-        f"'capacity_target' must be an integer >= 2, found {p['capacity_target']!r}")
+    kind = "one-touch"
+    p = resolve_params(kind, ONE_TOUCH_DEFAULTS, overrides)
+    # only the added parameters are validated: committed outputs must not change
+    need(kind, type(p["capacity_target"]) is int and p["capacity_target"] >= 2,
+         "capacity_target", "an integer >= 2", p["capacity_target"])
     pressure = p["creation_pressure"]
     if pressure is not None:
-        _check("one-touch", type(pressure) in (int, float) and pressure > 0,
-               f"'creation_pressure' must be a number > 0 (or null), found {pressure!r}")
-        _check("one-touch", p["attacker_contract"] in DEFAULT_CONTRACTS,
-               f"'creation_pressure' needs the attacker's refill: contract "
-               f"{p['attacker_contract']!r} is not in PrefixShield's default table "
-               f"({', '.join(DEFAULT_CONTRACTS)})")
-        _check("one-touch", p["attack_tokens"] >= p["block_size"],
-               "'creation_pressure' needs attack prompts of at least one block")
+        need(kind, type(pressure) in (int, float) and pressure > 0, "creation_pressure",
+             "a number > 0 (or null)", pressure)
+        need(kind, p["attacker_contract"] in DEFAULT_CONTRACTS, "attacker_contract",
+             f"a contract of the default table ({', '.join(DEFAULT_CONTRACTS)}): "
+             f"creation_pressure needs its refill", p["attacker_contract"])
+        need(kind, p["attack_tokens"] >= p["block_size"], "attack_tokens",
+             "at least one block with creation_pressure", p["attack_tokens"])
     rng = random.Random(p["seed"])
     bs = p["block_size"]
     cost = cost_or_default(cost)
@@ -246,11 +214,11 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
     if p["attack"]:
         times = list(poisson(rng, attack_start, attack_end, attack_rate))
         for i, t in enumerate(times):
-            events.append((t, 1, _request(t, f"x{i}", p["attacker_group"],
-                                          p["attacker_contract"],
-                                          chain(f"attack-{i}", n_attack),
-                                          p["attack_tokens"] % bs, p["attack_out"],
-                                          f"attack-{i}", "attacker")))
+            events.append((t, 1, request(t, f"x{i}", p["attacker_group"],
+                                         p["attacker_contract"],
+                                         chain(f"attack-{i}", n_attack),
+                                         p["attack_tokens"] % bs, p["attack_out"],
+                                         f"attack-{i}", "attacker")))
     events.sort(key=lambda e: (e[0], e[1]))
     derived = {"c_prefill_per_s": round(c_prefill, 6),
                "victim_rate_per_s": round(victim_rate, 6),
@@ -283,10 +251,7 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
 @register_generator("borrowing", "one group idle, one active group whose working set needs "
                     "the idle group's blocks (paper)", BORROWING_DEFAULTS)
 def borrowing(**overrides) -> list[dict]:
-    p = {**BORROWING_DEFAULTS, **overrides}
-    unknown = set(overrides) - set(BORROWING_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown borrowing parameter(s): {', '.join(sorted(unknown))}")
+    p = resolve_params("borrowing", BORROWING_DEFAULTS, overrides)
     rng = random.Random(p["seed"])
     bs = p["block_size"]
     n = p["prefix_tokens"] // bs
@@ -294,13 +259,13 @@ def borrowing(**overrides) -> list[dict]:
     events = []
     for i in range(p["idle_prefixes"]):
         t = i * 0.1
-        events.append((t, _request(t, f"i{i}", "idle", "standard", chain(f"idle-{i}", n), tail,
-                                   p["out"], f"idle-{i}", "benign", measure=False)))
+        events.append((t, request(t, f"i{i}", "idle", "standard", chain(f"idle-{i}", n), tail,
+                                  p["out"], f"idle-{i}", "benign", measure=False)))
     active = [chain(f"active-{i}", n) for i in range(p["active_prefixes"])]
     for i, t in enumerate(poisson(rng, p["warmup_s"], p["duration_s"], p["rate"])):
         k = rng.randrange(p["active_prefixes"])
-        events.append((t, _request(t, f"a{i}", "active", "standard", active[k], tail,
-                                   p["out"], f"active-{k}", "victim")))
+        events.append((t, request(t, f"a{i}", "active", "standard", active[k], tail,
+                                  p["out"], f"active-{k}", "victim")))
     events.sort(key=lambda e: e[0])
     header = header_line(bs, hashing=SYNTHETIC_HASHING,
                          source="psgate workload borrowing (PrefixShield paper)",
@@ -315,8 +280,8 @@ def _slow_attack(kind: str, p: dict, attacker_request,
     requests (a window 1/rate_fraction times longer); ``attacker_request(i, t)`` makes
     attacker request i."""
     _check_attack_base(kind, p)
-    _check(kind, 0 < p["rate_fraction"] <= 1,
-           f"'rate_fraction' must be in (0, 1], found {p['rate_fraction']!r}")
+    need(kind, 0 < p["rate_fraction"] <= 1, "rate_fraction", "a fraction in (0, 1]",
+         p["rate_fraction"])
     rng = _streams(p["seed"])
     bs = p["block_size"]
     cost = cost_or_default(cost)
@@ -350,14 +315,14 @@ def low_and_slow(cost: CostModel | None = None, **overrides) -> list[dict]:
     rate, so the window is four times longer (about 138 s instead of 34 s); the victim is
     one-touch's. The paper does not state its fraction; a quarter is our choice, fixed
     before any policy ran on it."""
-    p = _params("low-and-slow", LOW_AND_SLOW_DEFAULTS, overrides)
+    p = resolve_params("low-and-slow", LOW_AND_SLOW_DEFAULTS, overrides)
     bs = p["block_size"]
     n_attack = p["attack_tokens"] // bs
 
     def attacker(i, t):
-        return _request(t, f"x{i}", p["attacker_group"], p["attacker_contract"],
-                        chain(f"attack-{i}", n_attack), p["attack_tokens"] % bs,
-                        p["attack_out"], f"attack-{i}", "attacker")
+        return request(t, f"x{i}", p["attacker_group"], p["attacker_contract"],
+                       chain(f"attack-{i}", n_attack), p["attack_tokens"] % bs,
+                       p["attack_out"], f"attack-{i}", "attacker")
 
     events, derived = _slow_attack("low-and-slow", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(derived["attack_rate_per_s"] * n_attack, 6)
@@ -380,8 +345,8 @@ def two_pass_replay(cost: CostModel | None = None, **overrides) -> list[dict]:
     first choice of 4 (the victim's hot-set size) was dropped before any comparison was
     reported: its replays found under 3% of their blocks with every policy (lru, s3fifo,
     prefixshield alike), so its second pass manufactured no reuse evidence at all."""
-    p = _params("two-pass-replay", TWO_PASS_DEFAULTS, overrides)
-    _check_positive("two-pass-replay", p, "replay_set")
+    p = resolve_params("two-pass-replay", TWO_PASS_DEFAULTS, overrides)
+    positive("two-pass-replay", p, "replay_set")
     bs = p["block_size"]
     n_attack = p["attack_tokens"] // bs
     s = p["replay_set"]
@@ -389,9 +354,9 @@ def two_pass_replay(cost: CostModel | None = None, **overrides) -> list[dict]:
     def attacker(i, t):
         rnd, pos = divmod(i, 2 * s)
         j = rnd * s + pos % s
-        r = _request(t, f"x{i}", p["attacker_group"], p["attacker_contract"],
-                     chain(f"attack-{j}", n_attack), p["attack_tokens"] % bs,
-                     p["attack_out"], f"attack-{j}", "attacker")
+        r = request(t, f"x{i}", p["attacker_group"], p["attacker_contract"],
+                    chain(f"attack-{j}", n_attack), p["attack_tokens"] % bs,
+                    p["attack_out"], f"attack-{j}", "attacker")
         r["pass"] = 1 if pos < s else 2
         return r
 
@@ -474,22 +439,18 @@ def delayed_replay(**overrides) -> list[dict]:
     victim and neutral requests are byte-identical.
     """
     kind = "delayed-replay"
-    p = _params(kind, DELAYED_REPLAY_DEFAULTS, overrides)
-    _check_positive(kind, p, "block_size", "victim_prefixes", "victim_tokens", "victim_reads",
-                    "warmup_s", "attack_prefixes", "attack_tokens", "attacker_rho",
-                    "attacker_beta", "pressure_requests", "pressure_tokens",
-                    "pressure_gap_s", "measure_gap_s")
-    _check_positive(kind, p, "victim_out", "attack_out", "pressure_out", "attack_gap_s",
-                    zero=True)
-    _check(kind, 0 <= p["delay_fraction"] <= 1,
-           f"'delay_fraction' must be in [0, 1], found {p['delay_fraction']!r}")
-    _check(kind, p["pressure_gap_s"] > (p["attack_prefixes"] - 1) * p["attack_gap_s"],
-           "'pressure_gap_s' must exceed the replay's spread")
-    _check(kind, len({p["victim_group"], p["attacker_group"], p["neutral_group"]}) == 3,
-           "victim, attacker and neutral must be different groups")
+    p = resolve_params(kind, DELAYED_REPLAY_DEFAULTS, overrides)
+    positive(kind, p, "block_size", "victim_prefixes", "victim_tokens", "victim_reads",
+             "warmup_s", "attack_prefixes", "attack_tokens", "attacker_rho", "attacker_beta",
+             "pressure_requests", "pressure_tokens", "pressure_gap_s", "measure_gap_s")
+    nonneg(kind, p, "victim_out", "attack_out", "pressure_out", "attack_gap_s")
+    fraction(kind, p, "delay_fraction")
+    spread = (p["attack_prefixes"] - 1) * p["attack_gap_s"]
+    need(kind, p["pressure_gap_s"] > spread, "pressure_gap_s",
+         f"a value > the replay's spread ({spread:g} s)", p["pressure_gap_s"])
+    distinct(kind, p, "victim_group", "attacker_group", "neutral_group")
+    whole_block(kind, p, "victim_tokens", "attack_tokens", "pressure_tokens")
     bs = p["block_size"]
-    for key in ("victim_tokens", "attack_tokens", "pressure_tokens"):
-        _check(kind, p[key] >= bs, f"'{key}' must hold at least one block")
     rng = _streams(p["seed"])
 
     events = []
@@ -500,9 +461,9 @@ def delayed_replay(**overrides) -> list[dict]:
     for i in range(n_reads):
         t = i * slot + rng["victim"].uniform(0.0, slot / 2)
         k = i % p["victim_prefixes"]
-        events.append((t, 0, _request(t, f"v{i}", p["victim_group"], p["victim_contract"],
-                                      vic[k], p["victim_tokens"] % bs, p["victim_out"],
-                                      f"victim-sys-{k}", "victim", measure=False)))
+        events.append((t, 0, request(t, f"v{i}", p["victim_group"], p["victim_contract"],
+                                     vic[k], p["victim_tokens"] % bs, p["victim_out"],
+                                     f"victim-sys-{k}", "victim", measure=False)))
 
     na = p["attack_tokens"] // bs
     first = [round(p["warmup_s"] + i * p["attack_gap_s"], 6)
@@ -515,29 +476,29 @@ def delayed_replay(**overrides) -> list[dict]:
     att = [chain(f"attack-{k}", na) for k in range(p["attack_prefixes"])]
     if p["attack"]:
         for k, t in enumerate(first):
-            events.append((t, 1, _request(t, f"x{k}", p["attacker_group"],
-                                          p["attacker_contract"], att[k],
-                                          p["attack_tokens"] % bs, p["attack_out"],
-                                          f"attack-{k}", "attacker")))
+            events.append((t, 1, request(t, f"x{k}", p["attacker_group"],
+                                         p["attacker_contract"], att[k],
+                                         p["attack_tokens"] % bs, p["attack_out"],
+                                         f"attack-{k}", "attacker")))
         for k, t in enumerate(replays):
-            r = _request(t, f"xr{k}", p["attacker_group"], p["attacker_contract"], att[k],
-                         p["attack_tokens"] % bs, p["attack_out"], f"attack-{k}", "attacker")
+            r = request(t, f"xr{k}", p["attacker_group"], p["attacker_contract"], att[k],
+                        p["attack_tokens"] % bs, p["attack_out"], f"attack-{k}", "attacker")
             r["pass"] = 2
             events.append((t, 2, r))
 
     t_pressure = t_last + clearance_s + p["pressure_gap_s"]
     npb = p["pressure_tokens"] // bs
     for k in range(p["pressure_requests"]):
-        events.append((t_pressure, 3, _request(
+        events.append((t_pressure, 3, request(
             t_pressure, f"n{k}", p["neutral_group"], p["neutral_contract"],
             chain(f"neutral-{k}", npb), p["pressure_tokens"] % bs, p["pressure_out"],
             f"neutral-{k}", "benign")))
     t_measure = t_pressure + p["measure_gap_s"]
     for k in range(p["victim_prefixes"]):
         t = t_measure + k * 0.1
-        events.append((t, 4, _request(t, f"vm{k}", p["victim_group"], p["victim_contract"],
-                                      vic[k], p["victim_tokens"] % bs, p["victim_out"],
-                                      f"victim-sys-{k}", "victim")))
+        events.append((t, 4, request(t, f"vm{k}", p["victim_group"], p["victim_contract"],
+                                     vic[k], p["victim_tokens"] % bs, p["victim_out"],
+                                     f"victim-sys-{k}", "victim")))
     events.sort(key=lambda e: (round(e[0], 6), e[1]))
     derived = {"first_pass_t": first, "replay_eligible_blocks": p["attack_prefixes"] * na,
                "debt_blocks": round(debt, 6), "clearance_s": round(clearance_s, 6),
@@ -563,19 +524,20 @@ def _lognormal_tokens(rng: random.Random, mean: float, sigma: float, cap: int) -
 
 def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
               cost: CostModel | None) -> list[dict]:
-    _check_positive(kind, p, "block_size", "conversations", "min_turns", "max_turns",
-                    "mean_turns", "user_mean_tokens", "user_sigma", "user_max_tokens",
-                    "answer_mean_tokens", "answer_sigma", "answer_max_tokens",
-                    "max_context_tokens", "load")
-    _check_positive(kind, p, "think_mean_s", "warmup_s", zero=True)
-    _check(kind, p["min_turns"] <= p["mean_turns"] <= p["max_turns"],
-           "expected min_turns <= mean_turns <= max_turns")
-    _check(kind, p["user_max_tokens"] + p["answer_max_tokens"] <= p["max_context_tokens"],
-           "a first turn must fit: user_max_tokens + answer_max_tokens <= max_context_tokens")
+    positive(kind, p, "block_size", "conversations", "min_turns", "max_turns", "mean_turns",
+             "user_mean_tokens", "user_sigma", "user_max_tokens", "answer_mean_tokens",
+             "answer_sigma", "answer_max_tokens", "max_context_tokens", "load")
+    nonneg(kind, p, "think_mean_s", "warmup_s")
+    ordered(kind, p, "min_turns", "mean_turns")
+    ordered(kind, p, "mean_turns", "max_turns")
+    first_turn = p["user_max_tokens"] + p["answer_max_tokens"]
+    need(kind, first_turn <= p["max_context_tokens"], "max_context_tokens",
+         f"room for a first turn: user_max_tokens + answer_max_tokens = {first_turn}",
+         p["max_context_tokens"])
     tenants = p["tenant_contracts"]
-    _check(kind, isinstance(tenants, list) and tenants
-           and all(isinstance(c, str) and c for c in tenants),
-           "'tenant_contracts' must be a non-empty list of contract names")
+    need(kind, isinstance(tenants, list) and tenants
+         and all(isinstance(c, str) and c for c in tenants),
+         "tenant_contracts", "a non-empty list of contract names", tenants)
     bs = p["block_size"]
     rng = _streams(p["seed"])
     cost = cost_or_default(cost)
@@ -626,9 +588,9 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
             blocks = shared + chain(f"c{c}/t{j}", prompt // bs - len(shared),
                                     parent=shared[-1] if shared else None, start=len(shared))
             group = f"tenant-{tenant}"
-            events.append((t, c, j, _request(t, f"c{c}t{j}", group, tenants[tenant], blocks,
-                                             prompt % bs, out, f"c{c}", "benign",
-                                             measure=t >= p["warmup_s"])))
+            events.append((t, c, j, request(t, f"c{c}t{j}", group, tenants[tenant], blocks,
+                                            prompt % bs, out, f"c{c}", "benign",
+                                            measure=t >= p["warmup_s"])))
             t += hold_s(prompt, out) + (think.expovariate(1.0 / p["think_mean_s"])
                                         if p["think_mean_s"] > 0 else 0.0)
     events.sort(key=lambda e: (e[3]["t"], e[1], e[2]))
@@ -676,7 +638,7 @@ def sharegpt(cost: CostModel | None = None, **overrides) -> list[dict]:
     load x 511 / E[blocks held x hold time] (load 0.6, the paper's default load, taken
     over these conversations): running requests hold 60% of usable blocks on average.
     """
-    p = _params("sharegpt", SHAREGPT_DEFAULTS, overrides)
+    p = resolve_params("sharegpt", SHAREGPT_DEFAULTS, overrides)
     return _sharegpt("sharegpt", p, None, cost)
 
 
@@ -688,8 +650,7 @@ def sharegpt_bursty(cost: CostModel | None = None, **overrides) -> list[dict]:
     floor(t / burst_period_s) moves to k x period + (t - k x period) x burst_s / period.
     The mean rate is unchanged; the peak is period / burst_s (10x by default: 2 s of
     every 20 s). Later turns keep their offsets from the conversation's start."""
-    p = _params("sharegpt-bursty", SHAREGPT_BURSTY_DEFAULTS, overrides)
-    _check_positive("sharegpt-bursty", p, "burst_period_s", "burst_s")
-    _check("sharegpt-bursty", p["burst_s"] <= p["burst_period_s"],
-           "'burst_s' must not exceed 'burst_period_s'")
+    p = resolve_params("sharegpt-bursty", SHAREGPT_BURSTY_DEFAULTS, overrides)
+    positive("sharegpt-bursty", p, "burst_period_s", "burst_s")
+    ordered("sharegpt-bursty", p, "burst_s", "burst_period_s")
     return _sharegpt("sharegpt-bursty", p, (p["burst_period_s"], p["burst_s"]), cost)

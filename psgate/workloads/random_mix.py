@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import random
 
+from psgate.contracts import CONTRACT_NAMES
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
 from psgate.workloads.common import chain
 
 RANDOM_DEFAULTS = {"seed": 0, "block_size": 4, "requests": 40, "groups": 3, "chains": 5,
                    "max_chain_blocks": 6, "cancel_fraction": 0.08}
-CONTRACTS = ("critical", "standard", "best-effort")
 
 
 @register_generator("random", "small random multi-tenant traces (soak and property tests)",
@@ -47,7 +47,7 @@ def random_mix(**overrides) -> list[dict]:
             else:                          # one-token blocks leave no room for a tail
                 blocks = chain(f"u{i}", 1)
         r = {"t": t, "op": "request", "id": f"r{i}", "group": f"g{g}",
-             "contract": CONTRACTS[g % 3], "scope": "m" if rng.random() < 0.9 else "m2",
+             "contract": CONTRACT_NAMES[g % 3], "scope": "m" if rng.random() < 0.9 else "m2",
              "blocks": blocks, "tail": tail, "out": rng.randint(0, 3 * bs),
              "prefix": f"c{chains.index(c)}" if rng.random() < 0.5 else None,
              "role": ("victim", "attacker", "benign")[g % 3]}

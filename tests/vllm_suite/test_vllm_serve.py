@@ -26,7 +26,7 @@ import pytest
 
 from psgate import api
 from psgate.engines.vllm_pool import tokens_for
-from psgate.trace.redact import _pseudonym, load_key
+from psgate.trace.redact import pseudonym, load_key
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "psgate" / "data" / "models" / "tiny-qwen2"
@@ -208,7 +208,7 @@ def test_ledger_speaks_the_client_ids_on_the_capture_clock(served):
 def test_replay_of_the_capture_matches_what_every_client_saw(served, tmp_path):
     key = served["key"]
     by_id = {x["id"]: x for x in capture_lines(served) if x.get("op") == "done"}
-    client = {_pseudonym("r", s["id"] + "-0", key): s["cached"] for s in served["seen"].values()}
+    client = {pseudonym("r", s["id"] + "-0", key): s["cached"] for s in served["seen"].values()}
     assert set(client) == set(by_id)
     assert {i: by_id[i]["cached_tokens_observed"] for i in client} == client
     cap = served["dir"] / "cap"

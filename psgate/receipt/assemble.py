@@ -1,0 +1,117 @@
+"""A replay's receipt, assembled from what its runs produced.
+
+The receipt's key order is part of its bytes (golden receipts compare them), so every
+section is built here, in one place, in the order a reviewer reads it: what was
+replayed, how, what each run did, the comparison, the verdict, the outputs' digests and,
+last, the environment (the only part that differs between two identical replays).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from psgate import __version__
+from psgate.engines import engine_info
+from psgate.receipt.ledger import file_sha256, ledger_name
+from psgate.receipt.receipt import RECEIPT_FORMAT
+from psgate.stats.metrics import paired_difference
+from psgate.trace.reader import TraceSource
+
+REPLAY_MODEL = ("psgate replay model v1: blocks held from admission, "
+                "ceil((prompt+out)/block_size) per request, prompt blocks cached")
+
+
+def run_record(result, metrics: dict) -> dict:
+    """One run's entry in ``runs``: its engine result with the metrics computed from it."""
+    record = {
+        "policy": result.policy,
+        "aborted": result.aborted,
+        "metrics": metrics,
+        "counts": result.counts,
+        "invariants": {n: v.to_json() for n, v in sorted(result.invariants.items())},
+        "orphans": result.orphans,
+        "rejected_ids": result.rejected_ids,
+        "span_s": round((result.end_ns - result.start_ns) / 1e9, 9),
+    }
+    if result.observed is not None:
+        record["observed"] = result.observed
+    return record
+
+
+def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict,
+                     contracts: list[str], gate_name: str | None, gate_sha: str | None,
+                     tolerances, runs: dict, gate: dict, outputs: dict[str, Path],
+                     started: float) -> dict:
+    """The receipt of a replay configured by ``cfg`` (a ReplayConfig): ``runs`` as
+    :func:`run_record` made them, ``gate`` the evaluated verdict, ``outputs`` the files
+    written beside the receipt (name -> path, hashed here)."""
+    receipt = {
+        "psgate_receipt": RECEIPT_FORMAT,
+        "tool": {"name": "psgate", "version": __version__},
+        "trace": {
+            "path": src.display, "canonical_sha256": summary.canonical_sha256,
+            "block_size": header.block_size, "hashing": header.hashing,
+            "source": header.source, "partial": header.partial,
+            "num_lines": summary.num_lines, "num_requests": summary.num_requests,
+            "num_cancels": summary.num_cancels, "num_dones": summary.num_dones,
+            "num_distinct_blocks": summary.num_distinct_blocks,
+            "num_skipped_unknown": summary.num_skipped_unknown,
+        },
+        "config": {
+            "engine": cfg.engine, "capacity": cfg.capacity, "usable_blocks": cfg.capacity - 1,
+            "block_size": header.block_size, "contracts": contracts,
+            "cost_model": cfg.cost.to_json(),
+            "baseline": policies["baseline"].describe(),
+            "candidate": policies["candidate"].describe(),
+            "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
+            "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
+            "ledger": {"rows": cfg.ledger_rows, "compression": cfg.ledger_compression,
+                       "file": ledger_name(cfg.ledger_compression)},
+            "limits": cfg.limits.to_json(),
+            "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
+            "non_regression": tolerances.to_json(),
+            "replay_model": REPLAY_MODEL,
+        },
+        "runs": runs,
+        "comparison": paired_difference(runs["baseline"]["metrics"],
+                                        runs["candidate"]["metrics"]),
+        "gate": gate,
+        "outputs": {name: {"sha256": file_sha256(path)} for name, path in outputs.items()},
+    }
+    info = engine_info(cfg.engine, cfg.model_config, cfg.time_compression)
+    if info is not None:     # sim receipts stay as they were: no key at all
+        receipt["config"]["engine_info"] = info
+    receipt["environment"] = environment(src, cfg.out, started, cfg.gate_file,
+                                         summary.sha256)
+    return receipt
+
+
+def environment(src: TraceSource, out: Path, started: float, gate: str | None,
+                trace_sha256: str) -> dict:
+    """Where and how this replay ran, including the trace file's own SHA-256: a trace
+    re-serialized with another key order or spacing is the same evidence (same canonical
+    digest), so the file's bytes belong here, not in the deterministic part."""
+    pkgs = {}
+    for name in ("typer", "rich", "orjson", "jsonschema", "rfc8785"):
+        try:
+            from importlib.metadata import version
+            pkgs[name] = version(name)
+        except Exception:  # noqa: BLE001 - a missing version is not an error here
+            pkgs[name] = None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "packages": pkgs,
+        "trace_abspath": str(src.path.resolve()),
+        "trace_sha256": trace_sha256,
+        "gate_abspath": str(Path(gate).resolve()) if gate else None,
+        "out_dir": str(out.resolve()),
+        "cwd": os.getcwd(),
+        "started_unix": round(started, 3),
+        "wall_s": round(time.time() - started, 3),
+    }

@@ -1,0 +1,25 @@
+"""Content keys: the one integer that names what a cached block holds.
+
+A key is ``(namespace_id << KEY_SHIFT) | hash_id``: the namespace (a (group, scope) pair,
+numbered by first appearance in the trace) in the high bits and the trace hash's dense index
+(:class:`~psgate.trace.reader.HashTable`) in the low ones. Keeping the namespace inside the
+key makes two groups' identical prompts different content, as vLLM's cache salt does, while
+the hash index stays recoverable without a dict. The engines, the trace's future and trace
+stats must number content alike, so they all build keys here; per-block loops shift inline
+with :data:`KEY_SHIFT` and :data:`HASH_MASK` rather than pay for a call.
+"""
+
+from __future__ import annotations
+
+KEY_SHIFT = 32
+HASH_MASK = (1 << KEY_SHIFT) - 1
+
+
+def content_key(namespace_id: int, hash_id: int) -> int:
+    """The key of trace hash ``hash_id`` cached in namespace ``namespace_id``."""
+    return (namespace_id << KEY_SHIFT) | hash_id
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """``(namespace_id, hash_id)`` of a key built by :func:`content_key`."""
+    return key >> KEY_SHIFT, key & HASH_MASK

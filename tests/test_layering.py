@@ -1,0 +1,168 @@
+"""The import layering of psgate's packages, read from the source with ``ast``.
+
+A room is a package under psgate/ or a top-level module. Each may import only the rooms
+its row names (imports inside functions count: a lazy import is still a dependency).
+Bottom up: errors, contracts, resources, atomic and invariants need nothing above them;
+trace reads and writes traces; policies see contracts and their own invariant checkers,
+never an engine; engines run policies through the interface and the registry, never a
+concrete policy or a family's checker (the policy hands those over), and never the receipt,
+the reports or the CLI; stats, workloads and the receipt see of the engines only their
+results, the cost model and the registry; the receipt also holds the metrics; api,
+experiment and sweep put a replay together; report reads receipts back and may re-run
+them; the CLI may use anything.
+A second rule: no module imports a ``_``-name from another psgate module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import psgate
+
+ROOT = Path(psgate.__file__).resolve().parent
+BASE = {"psgate", "errors"}      # the package itself (its version) and the error types
+
+ALLOWED: dict[str, set[str] | None] = {
+    "errors": set(),
+    "contracts": set(),
+    "resources": set(),
+    "atomic": set(),
+    "invariants": set(),
+    "trace": {"resources", "atomic", "contracts"},
+    "policies": {"contracts", "invariants"},
+    "engines": {"resources", "trace", "invariants", "policies"},
+    "stats": {"engines"},
+    "receipt": {"resources", "trace", "engines", "stats"},
+    "workloads": {"contracts", "trace", "engines"},
+    "calibrate": {"engines", "workloads"},
+    "capture": {"trace"},
+    "shadow": {"engines", "policies", "trace"},
+    "vllm_plugin": {"capture", "engines", "policies", "shadow", "trace"},
+    "api": {"atomic", "contracts", "engines", "invariants", "policies", "receipt",
+            "resources", "stats", "trace"},
+    "experiment": {"api", "atomic", "engines", "receipt", "resources", "stats", "trace",
+                   "workloads"},
+    "sweep": {"api", "atomic", "engines", "experiment", "policies", "receipt", "trace",
+              "workloads"},
+    "bench": {"api", "atomic", "contracts", "engines", "policies", "receipt", "resources",
+              "stats", "trace", "workloads"},
+    "report": {"api", "engines", "experiment", "policies", "receipt", "resources", "stats",
+               "trace"},
+    "cli": None,                 # anything
+    "__main__": {"cli"},
+}
+# Where a room may reach into another only through some of its modules.
+ONLY: dict[tuple[str, str], set[str]] = {
+    ("engines", "policies"): {"psgate.policies", "psgate.policies.base"},
+    ("engines", "invariants"): {"psgate.invariants.checker"},
+    ("stats", "engines"): {"psgate.engines.cost", "psgate.engines.results"},
+    ("receipt", "engines"): {"psgate.engines", "psgate.engines.results"},
+    ("workloads", "engines"): {"psgate.engines.cost"},
+    ("calibrate", "engines"): {"psgate.engines.cost"},
+}
+
+
+def _modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = ("psgate",) + rel.parts
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        yield ".".join(parts), is_pkg, ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def _scripts():
+    """The tools and examples beside the package, which use it as any caller would."""
+    for folder in ("tools", "examples"):
+        for path in sorted((ROOT.parent / folder).rglob("*.py")):
+            name = str(path.relative_to(ROOT.parent))
+            yield name, False, ast.parse(path.read_text(encoding="utf-8"), name)
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split(".")[1:])
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def _base(package: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` reads from."""
+    if not node.level:
+        return node.module or ""
+    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(up + ([node.module] if node.module else []))
+
+
+def _psgate(name: str) -> bool:
+    return name == "psgate" or name.startswith("psgate.")
+
+
+def _imports(module: str, is_pkg: bool, tree: ast.AST):
+    """(line, imported psgate module, names taken from it, local names bound to modules)."""
+    package = module if is_pkg else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if _psgate(a.name):
+                    local = {a.asname: a.name} if a.asname else {}
+                    yield node.lineno, a.name, (), local
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(package, node)
+            if not _psgate(base):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if _is_module(sub):     # "from psgate import api": the module itself
+                    yield node.lineno, sub, (), {a.asname or a.name: sub}
+                else:
+                    yield node.lineno, base, (a.name,), {}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "psgate"
+
+
+def test_every_package_imports_only_the_rooms_below_it():
+    bad = []
+    for module, is_pkg, tree in _modules():
+        room = _room(module)
+        if room == "psgate":
+            continue
+        if room not in ALLOWED:
+            bad.append(f"{module}: room '{room}' has no row in ALLOWED")
+            continue
+        allowed = ALLOWED[room]
+        for line, target, _, _ in _imports(module, is_pkg, tree):
+            other = _room(target)
+            if other == room or other in BASE or allowed is None:
+                continue
+            if other not in allowed:
+                bad.append(f"{module}:{line} imports {target} ({room} may not use {other})")
+            elif (room, other) in ONLY and target not in ONLY[(room, other)]:
+                bad.append(f"{module}:{line} imports {target} ({room} may use {other} only "
+                           f"through {', '.join(sorted(ONLY[(room, other)]))})")
+    assert not bad, "\n".join(bad)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """Neither ``from psgate.x import _y`` nor ``x._y`` on an imported psgate module, in
+    the package or in the tools and examples beside it."""
+    bad = []
+    for module, is_pkg, tree in [*_modules(), *_scripts()]:
+        aliases: dict[str, str] = {}
+        for line, target, names, local in _imports(module, is_pkg, tree):
+            bad += [f"{module}:{line} imports {n} from {target}" for n in names
+                    if _private(n) and target != module]
+            aliases.update(local)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and _private(node.attr) and aliases.get(node.value.id, module) != module):
+                bad.append(f"{module}:{node.lineno} uses {node.attr} of "
+                           f"{aliases[node.value.id]}")
+    assert not bad, "\n".join(bad)
