@@ -34,7 +34,7 @@ from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNF
                                     OutcomeSink, RequestOutcome, RunResult)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policies.base import EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policies.base import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, content_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
@@ -132,8 +132,8 @@ class SimEngine:
         self._grow_slots()
 
         self.ns_ids: dict[tuple[str, str], int] = {}
-        self.gids: dict[str, int] = {}
-        self.group_names: list[str] = []
+        self.groups = GroupIds()
+        self.gids, self.group_names = self.groups.ids, self.groups.names
         self.occ: list[int] = []
         self.occ_max: list[int] = []
         self.occ_area: list[int] = []
@@ -192,9 +192,7 @@ class SimEngine:
     def _gid(self, group: str) -> int:
         g = self.gids.get(group)
         if g is None:
-            g = len(self.group_names)
-            self.gids[group] = g
-            self.group_names.append(group)
+            g = self.groups.add(group)
             self.occ.append(0)
             self.occ_max.append(0)
             self.occ_area.append(0)

@@ -50,6 +50,25 @@ def _check_param(policy: str, key: str, value: Any, default: Any) -> None:
         raise ValueError(f"parameter '{key}': expected a number, found {value!r:.40}")
 
 
+class GroupIds:
+    """Dense ids for accounting groups in first-seen order, so per-group state lives in
+    lists indexed by id (read per block on the hot paths) rather than in dicts keyed by
+    name. An engine and a policy each keep one: they meet groups at different moments
+    (arrival, admission), and each id orders its owner's ties, so the two are not shared."""
+
+    __slots__ = ("ids", "names")
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def add(self, name: str) -> int:
+        """The id of a group not seen before: the next one."""
+        g = self.ids[name] = len(self.names)
+        self.names.append(name)
+        return g
+
+
 @dataclass(slots=True, frozen=True)
 class PoolInfo:
     """What a policy may know about the pool it serves."""

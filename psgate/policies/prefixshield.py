@@ -48,7 +48,7 @@ from typing import Any
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.invariants.prefixshield import BucketAudit
 from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policies.base import Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
 from psgate.policies.history import PrefixHistory
 from psgate.policies.queues import LeafTracker, SeqQueues
 
@@ -129,8 +129,8 @@ class PrefixShield(EvictionPolicy):
         self.glob: SeqQueues | None = SeqQueues(n, 3)
         self.glob_budget = self.glob_patience = n
         # groups
-        self.gids: dict[str, int] = {}
-        self.gnames: list[str] = []
+        self.groups = GroupIds()
+        self.gids, self.gnames = self.groups.ids, self.groups.names
         self.qnames: list[str] = []              # "group/segment" for queue 3*g + s
         self.history = PrefixHistory(self.params["history_size"], pool.key_shift)
         self.num_eligible: list[int] = []
@@ -169,9 +169,7 @@ class PrefixShield(EvictionPolicy):
     def _gid(self, group: str) -> int:
         g = self.gids.get(group)
         if g is None:
-            g = len(self.gnames)
-            self.gids[group] = g
-            self.gnames.append(group)
+            g = self.groups.add(group)
             self.history.add_group()
             self.num_eligible.append(0)
             self.group_buckets.append([])
