@@ -25,6 +25,7 @@ KEY = "5f" * 16
 
 SCRIPT = r"""
 import sys
+import time
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 from psgate.engines.vllm_pool import tokens_for
@@ -45,6 +46,10 @@ for i, who in enumerate("vv" + "ffv" * 4):
         params = SamplingParams(**greedy, extra_args={"psgate_group": "flood",
                                                       "psgate_contract": "best-effort"})
     llm.generate([prompt], params, use_tqdm=False)
+    # A pause between requests: the replay's service model (one modeled prefill server,
+    # blocks held from admission) must not queue what the engine ran back to back, or
+    # holding times would overlap by chance and the comparison would test the timing.
+    time.sleep(0.2)
 eng = llm.llm_engine
 eng.add_request("to-abort", TokensPrompt(prompt_token_ids=[11] * 40), SamplingParams(**greedy))
 eng.abort_request(["to-abort"])
