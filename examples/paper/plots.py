@@ -23,6 +23,15 @@ def _err(e: dict) -> list[list[float]]:
             [(hi - mean) * 100 if hi is not None else 0]]
 
 
+def _save(fig, path: Path) -> None:
+    """Every figure is laid out, written at one resolution and closed the same way."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _fig2(out: Path, data: dict) -> None:
     import matplotlib.pyplot as plt
 
@@ -64,9 +73,7 @@ def _fig2(out: Path, data: dict) -> None:
     ax.set_xlabel("nominal load (%)")
     ax.set_title("one-touch: gain vs load")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "fig2.png", dpi=110)
-    plt.close(fig)
+    _save(fig, out / "fig2.png")
 
 
 def _fig3(out: Path, data: dict) -> None:
@@ -91,9 +98,7 @@ def _fig3(out: Path, data: dict) -> None:
     ax.set_ylabel("victim blocks evicted (mean)")
     ax.set_title("delayed replay")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "fig3.png", dpi=110)
-    plt.close(fig)
+    _save(fig, out / "fig3.png")
 
 
 def _fig4(out: Path, data: dict) -> None:
@@ -116,9 +121,7 @@ def _fig4(out: Path, data: dict) -> None:
     ax.set_ylabel("victim hit % (mean over the attack traces)")
     ax.set_title(f"protection vs benign hit rate ({data['meta']['configured']} blocks)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "fig4.png", dpi=110)
-    plt.close(fig)
+    _save(fig, out / "fig4.png")
 
 
 def _fig5(out: Path, data: dict) -> None:
@@ -152,6 +155,4 @@ def _fig5(out: Path, data: dict) -> None:
         ax.set_title("prefixshield-b minus PrefixShield (attacks)")
     for extra in axes[len(kinds) + (1 if psb else 0):]:
         extra.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out / "fig5.png", dpi=110)
-    plt.close(fig)
+    _save(fig, out / "fig5.png")
