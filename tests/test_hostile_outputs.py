@@ -25,6 +25,9 @@ from psgate.workloads.paper import one_touch
 from test_cli import assert_one_line_error, psgate
 
 EXP = ["--baseline", "lru", "--candidate", "prefixshield", "--capacity", "16", "--quiet"]
+# The big trace's prompts fit 128 blocks, so its replay does real work for seconds (at 16
+# blocks every request is rejected and the whole replay is over in one).
+BIG = ["--baseline", "lru", "--candidate", "prefixshield", "--capacity", "128", "--quiet"]
 
 
 def _corpus(d: Path, seeds=(1, 2, 3)) -> Path:
@@ -132,7 +135,7 @@ def test_signal_during_forced_experiment_keeps_old_outputs(finished, big_corpus,
                                                            word):
     before = _snapshot(finished)
     proc = subprocess.Popen([sys.executable, "-m", "psgate.cli", "replay", "--trace",
-                             str(big_corpus), "--out", str(finished), "--force", *EXP],
+                             str(big_corpus), "--out", str(finished), "--force", *BIG],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # a run is being written inside the experiment's staging directory
     _wait_for(finished, ".psgate-staging-*/runs/*/.psgate-staging-*/ledger.csv", proc)
@@ -149,7 +152,7 @@ def test_signal_during_forced_experiment_keeps_old_outputs(finished, big_corpus,
 def test_sigkill_leftovers_are_cleaned_by_the_next_run(tmp_path, big_corpus, corpus):
     out = tmp_path / "o"
     proc = subprocess.Popen([sys.executable, "-m", "psgate.cli", "replay", "--trace",
-                             str(big_corpus / "big.jsonl"), "--out", str(out), *EXP],
+                             str(big_corpus / "big.jsonl"), "--out", str(out), *BIG],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for(out, ".psgate-staging-*/ledger.csv", proc)
     proc.kill()
