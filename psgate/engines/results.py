@@ -33,6 +33,7 @@ class RequestOutcome:
     release_ns: int | None = None
     waited: bool = False
     wait_ms: float = 0.0
+    preemptions: int = 0           # times the step scheduler preempted it (recomputed later)
 
     @property
     def counts_for_hits(self) -> bool:

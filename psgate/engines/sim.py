@@ -35,7 +35,7 @@ from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNF
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policies.base import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
-from psgate.trace.keys import HASH_MASK, KEY_SHIFT, content_key
+from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, content_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
 
@@ -609,12 +609,13 @@ class SimEngine:
                                       f"holding no content)")
                 og = owner[v]
                 if rec is not None:
-                    rec.eviction(now, preq, decisions[i], v, names[k & HASH_MASK], gnames[og])
+                    rec.eviction(now, preq, decisions[i], v,
+                                 names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "", gnames[og])
                 elif batch_rec is not None:
-                    hash_names.append(names[k & HASH_MASK])
+                    hash_names.append(names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "")
                     owners.append(gnames[og])
                 h = k & HASH_MASK                      # _drop_content, inline
-                if (slot_ns[h] == k >> KEY_SHIFT and slot_blk[h] == v
+                if (k < OUTPUT_KEY_BIT and slot_ns[h] == k >> KEY_SHIFT and slot_blk[h] == v
                         and (not more or k not in more)):
                     slot_blk[h] = -1
                     slot_lost[h] = 1
@@ -645,7 +646,8 @@ class SimEngine:
         og = self.owner[v]
         if self._records:
             self.recorder.eviction(self.now, r.preq, d, v,
-                                   self.hashes.names[k & HASH_MASK], self.group_names[og])
+                                   self.hashes.names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "",
+                                   self.group_names[og])
         self._drop_content(v, k)
         self.key[v] = NO_KEY
         self.policy.on_evict(v)
@@ -674,6 +676,12 @@ class SimEngine:
         self._schedule(r, release)
 
     def _release(self, r: RequestState, state: str) -> None:
+        self._free_blocks(r)
+        self._released(r, state)
+
+    def _free_blocks(self, r: RequestState) -> None:
+        """r's blocks go back in vLLM's ``free`` order (block_pool.py:774-803): walked last
+        first, uncached ones to the front of the free queue, cached ones to the policy."""
         ref, key, owner = self.ref, self.key, self.owner
         uncached: list[int] = []
         freed: list[int] = []
@@ -693,7 +701,6 @@ class SimEngine:
             for og, num in num_by_owner.items():
                 self._occ_add(og, -num)
         self.policy.on_free(freed, self.now)
-        self._released(r, state)
 
     def _released(self, r: RequestState, state: str) -> None:
         """r's blocks went back to the pool: check it and finish r's outcome."""

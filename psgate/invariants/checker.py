@@ -53,18 +53,22 @@ def text_of(where) -> str:
 
 class InvariantChecker:
     def __init__(self, num_blocks: int, parent_of, paranoid: bool = False,
-                 parent_table=None, key_shift: int = 32) -> None:
+                 parent_table=None, key_shift: int = 32,
+                 opaque_keys_from: int = 1 << 63) -> None:
         """``parent_of(key)`` gives the key of a cached block's parent, or NO_KEY for a root.
 
         With ``parent_table`` (a key's low ``key_shift`` bits index it; a negative entry
         is a root; the parent shares the key's high bits), the lookup is done inline,
-        the same mapping without a call per block."""
+        the same mapping without a call per block. Keys from ``opaque_keys_from`` up name
+        no entry of the table (blocks of generated tokens): ``parent_of`` answers for them
+        and the dict keeps their counts."""
         self.num_blocks = num_blocks
         self.num_usable = num_blocks - 1
         self.paranoid = paranoid
         self._parent_of = parent_of
         self._parent = parent_table
         self._shift = key_shift
+        self._opaque = opaque_keys_from
         self.ref = array("i", [0]) * num_blocks
         self.key = array("q", [NO_KEY]) * num_blocks
         self.num_resident = 0            # blocks pinned or holding cached content
@@ -93,7 +97,7 @@ class InvariantChecker:
 
     def _count(self, k: int) -> int:
         """copies | children << 32 of key k, wherever it is kept."""
-        if self._parent is not None:
+        if self._parent is not None and k < self._opaque:
             h = k & ((1 << self._shift) - 1)
             if h < len(self.res_ns) and self.res_ns[h] == k >> self._shift:
                 return self.res_cnt[h]
@@ -109,13 +113,13 @@ class InvariantChecker:
 
     def _parent_key(self, k: int) -> int:
         table = self._parent
-        if table is None:
+        if table is None or k >= self._opaque:
             return self._parent_of(k)
         p = table[k & ((1 << self._shift) - 1)]
         return NO_KEY if p < 0 else ((k >> self._shift) << self._shift) | p
 
     def _store(self, k: int, v: int) -> None:
-        if self._parent is not None:
+        if self._parent is not None and k < self._opaque:
             h = k & ((1 << self._shift) - 1)
             if h < len(self.res_ns) and self.res_ns[h] in (k >> self._shift, -1):
                 self.res_ns[h] = k >> self._shift
@@ -202,8 +206,12 @@ class InvariantChecker:
             shift = self._shift
             mask = (1 << shift) - 1
             orphans = self.num_orphans
+            opaque = self._opaque
             for b, k in cached:
                 key[b] = k
+                if k >= opaque:           # no parent, no children: a count in the dict
+                    res[k] = res.get(k, 0) + 1
+                    continue
                 h = k & mask
                 ns = k >> shift
                 p = table[h]
@@ -261,7 +269,7 @@ class InvariantChecker:
             k = key[b]
             if ref[b] == 0 and k != NO_KEY:
                 v.checks += 1
-                if table is None:
+                if table is None or k >= self._opaque:
                     drop_copy(k)
                 else:                    # _drop_copy, inline, over the slots
                     h = k & mask

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 KEY_SHIFT = 32
 HASH_MASK = (1 << KEY_SHIFT) - 1
+# Blocks that hold no trace hash (a full block of a prompt's tail and generated tokens, cached
+# by the step scheduler as vLLM caches it) get ``OUTPUT_KEY_BIT | request_index << 24 | pos``:
+# unique to their request, never equal to a trace block's key, so only that request (resumed
+# after a preemption) can hit them.
+OUTPUT_KEY_BIT = 1 << 62
 
 
 def content_key(namespace_id: int, hash_id: int) -> int:
@@ -23,3 +28,8 @@ def content_key(namespace_id: int, hash_id: int) -> int:
 def split_key(key: int) -> tuple[int, int]:
     """``(namespace_id, hash_id)`` of a key built by :func:`content_key`."""
     return key >> KEY_SHIFT, key & HASH_MASK
+
+
+def output_key(request_index: int, pos: int) -> int:
+    """The key of block ``pos`` of request ``request_index`` beyond its trace blocks."""
+    return OUTPUT_KEY_BIT | (request_index << 24) | pos

