@@ -21,7 +21,9 @@ from psgate.atomic import StagedOutput, prepare_out_dir
 from psgate.contracts import CONTRACT_NAMES
 from psgate.engines import ENGINES, engine_class
 from psgate.engines.cost import CostModel
-from psgate.engines.results import Tee
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+from psgate.engines.replicas import check_replicas, merge_results, replicas_of
+from psgate.engines.results import OutcomeSink, Tee
 from psgate.engines.vllm_pool import vllm_version
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, InputError
 from psgate.policies import make_policy
@@ -34,12 +36,15 @@ from psgate.receipt.receipt import dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.bootstrap import paired_summary
 from psgate.stats.metrics import MetricsAccumulator, run_metrics
+from psgate.stats.saturation import SaturationMeter
 from psgate.trace.future import future_uses
 from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, require_utf8_name,
                                  validate_trace)
 
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
+SCHEDULERS = ("service", "step")
+DEFAULT_SCHEDULER = "service"
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
@@ -55,6 +60,7 @@ class ReplayConfig:
     engine: str = "sim"
     model_config: str | None = None     # --engine vllm: the model's HF config directory
     time_compression: float = 1.0       # --engine vllm: trace seconds per wall second
+    pacing: str = "wall"                # --engine vllm: "wall" or "lockstep" (step clock)
     out: Path = Path("psgate-out")
     force: bool = False
     gate_file: str | None = None
@@ -66,12 +72,27 @@ class ReplayConfig:
     ledger_rows: str = "all"            # or "evictions"
     ledger_compression: str = "none"    # or "gzip"
     cost: CostModel = field(default_factory=CostModel)
+    # How requests are scheduled: "service" (the first replay model: admission at arrival,
+    # one FIFO prefill server) or "step" (vLLM's scheduler on a modeled step clock, with the
+    # step cost model and scheduler settings below). vllm-sched always steps.
+    scheduler: str = DEFAULT_SCHEDULER
+    step_cost: StepCostModel = field(default_factory=StepCostModel)
+    sched: SchedulerParams = field(default_factory=SchedulerParams)
     contracts: tuple[str, ...] = CONTRACT_NAMES
     # How the trace and gate file are named in outputs when that differs from where
     # they are read (verify re-runs a receipt with the names it recorded).
     trace_label: str | None = None
     gate_label: str | None = None
     limits: Limits = field(default_factory=Limits)
+    # Serving instances each run is spread over, and how requests are routed to them
+    # (psgate.engines.replicas); 1 is the single modeled instance.
+    replicas: int = 1
+    route: str = "round-robin"
+
+    @property
+    def uses_steps(self) -> bool:
+        """Whether the replay runs the step scheduler (and records its settings)."""
+        return self.engine == "vllm-sched" or (self.engine == "sim" and self.scheduler == "step")
 
 
 @dataclass
@@ -98,6 +119,19 @@ def check_engine(engine: str) -> None:
                      path="--engine")
 
 
+def check_scheduler(cfg: ReplayConfig) -> None:
+    """The scheduler choice and settings, before any work. ``--scheduler`` is sim's choice;
+    vllm-sched always steps, vllm-pool runs the service model and the real engine schedules
+    as vLLM does (with these settings)."""
+    if cfg.scheduler not in SCHEDULERS:
+        raise InputError(f"unknown scheduler '{cfg.scheduler}'; expected one of "
+                         f"{', '.join(SCHEDULERS)}", path="--scheduler")
+    for name, v in (("--max-num-batched-tokens", cfg.sched.max_num_batched_tokens),
+                    ("--max-num-seqs", cfg.sched.max_num_seqs)):
+        if not 1 <= v <= 2**31:
+            raise InputError(f"expected an integer in 1..2^31, found {v}", path=name)
+
+
 def contract_table(default: tuple[str, ...], policies) -> list[str]:
     """Contracts a replay accepts: those every contract-aware policy knows (the
     defaults when no policy cares). A trace naming another is bad input."""
@@ -118,6 +152,11 @@ def validate(trace: str, limits: Limits | None = None) -> dict:
 def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> ReplayResult:
     started = time.time()
     check_engine(cfg.engine)
+    check_scheduler(cfg)
+    check_replicas(cfg.replicas, cfg.route, cfg.engine)
+    if cfg.engine == "vllm":
+        from psgate.engines.vllm_real import check_pacing
+        check_pacing(cfg.pacing)
     require_utf8_name(str(cfg.out), "--out")
     if cfg.ledger_rows not in LEDGER_ROWS:
         raise InputError(f"expected one of {', '.join(LEDGER_ROWS)}, found '{cfg.ledger_rows}'",
@@ -164,27 +203,34 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
     runs: dict[str, dict] = {}
     results = []
     spools: list[RequestSpool] = []
-    engine_cls = engine_class(cfg.engine)
+    engine_cls = engine_class(cfg.engine, cfg.scheduler)
     with StagedOutput(cfg.out) as staged:
         ledger = LedgerWriter(staged.path(ledger_name(cfg.ledger_compression)),
                               hits=cfg.ledger_hits, rows=cfg.ledger_rows,
                               compression=cfg.ledger_compression)
         try:
-            for label, policy in policies.items():
+            replicated = {label: _Replicated(cfg, label, policy)
+                          for label, policy in policies.items()}
+            for rep in (r for run in replicated.values() for r in run.instances):
+                label, policy = rep.label, rep.policy      # label: baseline/r0 on replicas
                 ledger.start_run(label, policy.name)
                 tick = progress(f"{label} ({policy.name})", summary.num_lines) if progress else None
                 if policy.needs_future:
-                    policy.set_future(future_uses(src, hashes))
+                    policy.set_future(future_uses(src, hashes, rep.lookahead))
                 extra = ({"model_config": cfg.model_config,
-                          "time_compression": cfg.time_compression}
+                          "time_compression": cfg.time_compression, "pacing": cfg.pacing,
+                          "step_cost": cfg.step_cost, "sched": cfg.sched}
                          if cfg.engine == "vllm" else {})
                 # Outcomes stream to requests.csv's scratch part and the metrics as requests
                 # finish, so memory follows what is in flight, not the trace's length.
-                acc = MetricsAccumulator()
-                spool = RequestSpool(staged.path(f".requests-{label}.part"), label, policy.name)
+                run = replicated[rep.run]
+                spool = RequestSpool(staged.path(f".requests-{label.replace('/', '-')}.part"),
+                                     label, policy.name)
                 spools.append(spool)
                 if cfg.engine != "vllm":
-                    extra["sink"] = Tee(acc, spool)
+                    extra["sink"] = run.sink(rep, spool)
+                if cfg.uses_steps:
+                    extra.update(step_cost=cfg.step_cost, sched=cfg.sched)
                 engine = engine_cls(header=header, hashes=hashes, capacity=cfg.capacity,
                                    policy=policy, contracts=contracts,
                                    done_ids=summary.done_ids, cost=cfg.cost, recorder=ledger,
@@ -192,16 +238,16 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                                    progress=tick, groups=summary.groups,
                                    max_in_flight=cfg.limits.max_in_flight, **extra)
                 with TraceReader(src, hashes, cfg.limits, validated=summary) as reader:
-                    result = engine.run(reader.events())
+                    result = engine.run(rep.select(reader.events(), tick))
                     if reader.summary().sha256 != summary.sha256:
                         raise InputError("the trace changed while it was being replayed",
                                          path=src.display)
                 if result.requests:             # an engine that does not stream
-                    acc.extend(result.requests)
+                    run.extend(result.requests)
                     spool.extend(result.requests)
-                results.append(result)
-                runs[label] = run_record(result, run_metrics(
-                    result, None if cfg.engine == "vllm" else cfg.cost, acc))
+                if run.finished(result):        # its last instance: the run's record
+                    results.append(run.result)
+                    runs[rep.run] = run.record(None if cfg.engine == "vllm" else cfg.cost)
         finally:
             ledger.close()
         write_requests(staged.path("requests.csv"), spools)
@@ -222,3 +268,55 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
         staged.path("receipt.json").write_bytes(dumps(receipt))
         staged.commit()
     return ReplayResult(receipt=receipt, out=cfg.out)
+
+
+class _Replicated:
+    """One run on its instances (``cfg.replicas``, psgate.engines.replicas): the sinks its
+    outcomes stream to (the run's metrics and saturation in trace order; with several
+    instances also each instance's own) and, once the last instance finished, its record."""
+
+    def __init__(self, cfg: ReplayConfig, label: str, policy) -> None:
+        name, params = ((cfg.baseline, cfg.baseline_params) if label == "baseline"
+                        else (cfg.candidate, cfg.candidate_params))
+        self.instances = replicas_of(label, cfg.replicas, cfg.route,
+                                     lambda: make_policy(name, params), policy)
+        self.label = label
+        self.acc, self.meter = MetricsAccumulator(), SaturationMeter()
+        self.parts: list[tuple[MetricsAccumulator, SaturationMeter]] = []
+        self.results: list = []
+        self.result = None
+
+    def sink(self, rep, spool: OutcomeSink) -> OutcomeSink:
+        if len(self.instances) == 1:
+            return Tee(self.acc, spool, self.meter)
+        own = (MetricsAccumulator(), SaturationMeter())
+        self.parts.append(own)
+        return Tee(rep.in_trace_order(Tee(self.acc, self.meter)), spool, *own)
+
+    def extend(self, outcomes) -> None:
+        """Outcomes handed over at the end, in arrival order (one instance only)."""
+        self.acc.extend(outcomes)
+        self.meter.extend(outcomes)
+
+    def finished(self, result) -> bool:
+        self.results.append(result)
+        if len(self.results) < len(self.instances):
+            return False
+        self.result = merge_results(self.label, self.instances, self.results)
+        return True
+
+    def record(self, cost) -> dict:
+        n = len(self.instances)
+        metrics = run_metrics(self.result, cost, self.acc)
+        saturation = self.meter.verdict(metrics["totals"]["ttft_p95_ms"], n)
+        replicas = None
+        if n > 1:
+            replicas = []
+            for rep, result, (acc, meter) in zip(self.instances, self.results, self.parts):
+                totals = run_metrics(result, cost, acc)["totals"]
+                replicas.append({
+                    "replica": rep.index, "run": rep.label, "requests": len(rep.index_of),
+                    "aborted": result.aborted, "metrics": totals, "counts": result.counts,
+                    "invariants_hold": all(v.holds for v in result.invariants.values()),
+                    "saturation": meter.verdict(totals["ttft_p95_ms"], 1)})
+        return run_record(self.result, metrics, saturation, replicas)

@@ -22,7 +22,10 @@ from rich.table import Table
 
 from psgate import __version__, api
 from psgate.atomic import check_destination, write_atomic
-from psgate.engines.cost import COEFFICIENTS, MAX_COEFFICIENT_MS, CostModel, load_cost_model
+from psgate.engines.cost import (COEFFICIENTS, CostModel, checked_coefficients,
+                                 load_cost_model, load_step_cost_model, step_cost_from_params)
+from psgate.engines.replicas import check_replicas
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, InputError,
                            PsgateError)
 from psgate.policies import policy_class, policy_names
@@ -73,16 +76,19 @@ def _cost(items: list[str] | None, model_file: str | None = None) -> CostModel:
             raise InputError("--cost-param and --cost-model are exclusive: a calibrated file "
                              "is used as measured", path="--cost-param")
         return load_cost_model(model_file)
-    params = _params(items, "--cost-param")
-    known = set(COEFFICIENTS)
-    for k, v in params.items():
-        if k not in known:
-            raise InputError(f"unknown cost-model parameter '{k}'; known: "
-                             f"{', '.join(sorted(known))}", path="--cost-param")
-        if type(v) not in (int, float) or not 0 <= v <= MAX_COEFFICIENT_MS:
-            raise InputError(f"'{k}' must be a number >= 0 and <= {MAX_COEFFICIENT_MS:g}, "
-                             f"found {v!r}", path="--cost-param")
-    return CostModel(**{k: float(v) for k, v in params.items()})
+    return CostModel(**checked_coefficients(_params(items, "--cost-param"), COEFFICIENTS,
+                                            "--cost-param"))
+
+
+def _step_cost(items: list[str] | None, model_file: str | None = None) -> StepCostModel:
+    """The step replay's cost model: a calibrated file's step fit, or the defaults with
+    --step-param overrides."""
+    if model_file is not None:
+        if items:
+            raise InputError("--step-param and --cost-model are exclusive: a calibrated file "
+                             "is used as measured", path="--step-param")
+        return load_step_cost_model(model_file)
+    return step_cost_from_params(_params(items, "--step-param"), "--step-param")
 
 
 def _limits(line_bytes: int, blocks: int, in_flight: int) -> Limits:
@@ -147,9 +153,15 @@ def replay(
     baseline: Annotated[Optional[str], typer.Option(help="policy the serving engine runs today (required)", show_default=False)] = None,
     candidate: Annotated[Optional[str], typer.Option(help="policy proposed to replace it (required)", show_default=False)] = None,
     capacity: Annotated[int, typer.Option(help="configured KV blocks (one is the null block)")] = api.DEFAULT_CAPACITY,
-    engine: Annotated[str, typer.Option(help="sim (default), vllm-pool or vllm")] = "sim",
+    engine: Annotated[str, typer.Option(help="sim (default), vllm-pool, vllm-sched or vllm")] = "sim",
     model_config: Annotated[Optional[str], typer.Option(help="--engine vllm: Hugging Face model config directory (default: the bundled tiny Qwen2)")] = None,
     time_compression: Annotated[float, typer.Option(help="--engine vllm: trace seconds per wall-clock second")] = 1.0,
+    pacing: Annotated[str, typer.Option(help="--engine vllm: wall (requests on the compressed wall clock, times observed) or lockstep (on the modeled step clock, one step at a time, times modeled)")] = "wall",
+    scheduler: Annotated[str, typer.Option(help="--engine sim: service (admission at arrival, one prefill server) or step (vLLM's scheduler on a modeled step clock)")] = api.DEFAULT_SCHEDULER,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="step scheduler: token budget of one step (vLLM's max_num_batched_tokens)")] = SchedulerParams().max_num_batched_tokens,
+    max_num_seqs: Annotated[int, typer.Option(help="step scheduler: most requests running at once (vLLM's max_num_seqs)")] = SchedulerParams().max_num_seqs,
+    chunked_prefill: Annotated[bool, typer.Option(help="step scheduler: split long prompts under the token budget")] = True,
+    step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers")] = Path("psgate-out"),
     force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)")] = False,
     gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks")] = None,
@@ -174,6 +186,8 @@ def replay(
     max_line_bytes: Annotated[int, typer.Option(help="cap on one trace line")] = Limits().max_line_bytes,
     max_blocks_per_request: Annotated[int, typer.Option(help="cap on blocks in one request")] = Limits().max_blocks_per_request,
     max_in_flight: Annotated[int, typer.Option(help="cap on requests admitted or waiting at once")] = Limits().max_in_flight,
+    replicas: Annotated[int, typer.Option(help="serving instances each run is spread over, each with --capacity blocks and its own policy instance (a trace captured from a cluster)")] = 1,
+    route: Annotated[str, typer.Option(help="--replicas: round-robin (by arrival) or session (a hash of the request's prefix label, else its group)")] = "round-robin",
 ) -> None:
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
     _require_policies(baseline, candidate)
@@ -182,7 +196,12 @@ def replay(
         _refuse_existing(junit, force, "--junit")
     cfg = api.ReplayConfig(
         trace=trace, baseline=baseline, candidate=candidate, capacity=capacity, engine=engine,
-        model_config=model_config, time_compression=time_compression,
+        model_config=model_config, time_compression=time_compression, pacing=pacing,
+        scheduler=scheduler,
+        step_cost=_step_cost(step_param, cost_model if scheduler == "step"
+                             or engine in ("vllm-sched", "vllm") else None),
+        sched=SchedulerParams(max_num_batched_tokens=max_num_batched_tokens,
+                              max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked_prefill),
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
         paranoid=paranoid, ledger_hits=ledger_hits, ledger_rows=ledger_rows,
         ledger_compression=ledger_compression,
@@ -191,7 +210,9 @@ def replay(
         cost=_cost(cost_param, cost_model),
         tolerances=_tolerances(tolerance_hit, tolerance_tokens, tolerance_ttft, min_requests,
                                min_requests_ttft),
-        limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight))
+        limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight),
+        replicas=replicas, route=route)
+    check_replicas(replicas, route, engine)
     corpus = trace if not trace.startswith("bundled:") and Path(trace).is_dir() else None
     if workload is not None and trace != api.DEFAULT_TRACE:
         raise InputError("give --workload or --trace, not both", path="--workload")
@@ -204,6 +225,7 @@ def replay(
                            json_out, quiet, verbose)
         return
     result = api.replay(cfg, progress=None if quiet else _progress_factory())
+    _warn_saturated(result.receipt)
     if junit:
         write_junit(junit, "replay", result.receipt["gate"]["checks"])
     if quiet:
@@ -218,6 +240,23 @@ def replay(
                        metrics={k: v["metrics"] for k, v in r["runs"].items()})
     _emit(summary)
     raise typer.Exit(result.exit_code)
+
+
+def _warn_saturated(receipt: dict) -> None:
+    """One line per run whose modeled instances saturated: its hit fractions then measure
+    the backlog pinning the cache, not the policy (psgate.stats.saturation)."""
+    replicas = receipt["config"].get("replicas", 1)
+    for label, run in receipt["runs"].items():
+        sat = run.get("saturation") or {}
+        if sat.get("verdict") != "saturated":
+            continue
+        where = ("the modeled instance is" if replicas == 1
+                 else f"the {replicas} modeled instances are")
+        err.print(f"psgate: warning: {label} run ({run['policy']['name']}): {where} "
+                  f"saturated ({'; '.join(sat['reasons'])}), so its hit fractions "
+                  f"measure the backlog, not the policy; replay a cluster's trace with "
+                  f"--replicas {sat['suggested_replicas']}", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 def _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_seed, junit,
@@ -518,6 +557,8 @@ def sweep(
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
     cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file")] = None,
+    scheduler: Annotated[str, typer.Option(help="service or step (see psgate replay --help)")] = api.DEFAULT_SCHEDULER,
+    step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="also write each cell's gate as a JUnit test case")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
 ) -> None:
@@ -538,7 +579,9 @@ def sweep(
     cfg = SweepConfig(workload=workload, out=out, axes=axes, baseline=baseline,
                       candidate=candidate or "", capacity=capacity, runs=runs, seed=seed,
                       resamples=resamples, workers=workers, executor=executor, address=address,
-                      cost=_cost(cost_param, cost_model),
+                      cost=_cost(cost_param, cost_model), scheduler=scheduler,
+                      step_cost=_step_cost(step_param,
+                                           cost_model if scheduler == "step" else None),
                       tolerances=_tolerances(tolerance_hit, tolerance_tokens, tolerance_ttft,
                                              min_requests, min_requests_ttft))
     bar = None
@@ -584,31 +627,69 @@ def _int_list(text: str | None, option: str) -> list[int] | None:
 
 @app.command()
 def calibrate(
-    model_config: Annotated[str, typer.Option(help="Hugging Face style config.json (or its directory); weights are random, nothing is downloaded")],
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="cost-model file to write")],
+    model_config: Annotated[Optional[str], typer.Option(help="Hugging Face style config.json (or its directory); weights are random, nothing is downloaded")] = None,
+    convert: Annotated[Optional[str], typer.Option(help="instead of measuring, rewrite this version-1 file as version 2 (the step model refitted to the timings it keeps)")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     dtype: Annotated[Optional[str], typer.Option(help="float32 (cpu default), bfloat16 (cuda default) or float16")] = None,
-    form: Annotated[str, typer.Option(help="linear (DESIGN section 3) or attention (adds u^2 and u*c terms)")] = "attention",
-    cached: Annotated[Optional[str], typer.Option(help="cached-prefix sizes, e.g. 0,512,2048 (default: the device's grid)")] = None,
-    uncached: Annotated[Optional[str], typer.Option(help="new-token sizes, e.g. 64,256,1024")] = None,
-    decode_context: Annotated[Optional[str], typer.Option(help="context lengths for the per-output-token time")] = None,
+    form: Annotated[str, typer.Option(help="the per-request fit: linear (DESIGN section 3) or attention (adds u^2 and u*c terms)")] = "attention",
+    cached: Annotated[Optional[str], typer.Option(help="cached tokens under a prefill chunk (C), e.g. 0,512,2048 (default: the device's grid)")] = None,
+    uncached: Annotated[Optional[str], typer.Option(help="prefill chunk sizes (P), e.g. 64,256,1024")] = None,
+    decodes: Annotated[Optional[str], typer.Option(help="decoding requests per step (D), starting at 1, e.g. 1,8,32")] = None,
+    decode_context: Annotated[Optional[str], typer.Option(help="each decode's context length, e.g. 128,1024")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="untimed passes per point")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="timed passes per point (the median is kept)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: torch's)")] = None,
     name: Annotated[Optional[str], typer.Option(help="model name in the file (default: the config's directory)")] = None,
+    notes: Annotated[Optional[str], typer.Option(help="free text kept in the file (e.g. how loaded the machine was)")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
     quiet: Annotated[bool, typer.Option(help="no summary on stderr")] = False,
 ) -> None:
-    """Measure prefill and decode times on this machine and fit a cost-model file."""
+    """Time batched steps on this machine and fit a cost-model file (step and per-request)."""
     check_destination(output)       # before minutes of timing, not after
     _refuse_existing(output, force, "--output")
     from psgate.calibrate.run import CalibrateConfig, calibrate as run_calibration, summary
 
-    cfg = CalibrateConfig(model_config=model_config, device=device, dtype=dtype, out=output,
-                          form=form, cached=_int_list(cached, "--cached"),
-                          uncached=_int_list(uncached, "--uncached"),
-                          decode=_int_list(decode_context, "--decode-context"), warmup=warmup,
-                          repeats=repeats, threads=threads, name=name, force=force)
+    if (model_config is None) == (convert is None):
+        raise InputError("give exactly one of --model-config (measure) and --convert "
+                         "(rewrite a version-1 file)", path="--model-config")
+    if convert is not None:
+        from psgate.calibrate.run import convert_v1, write_document
+        doc = convert_v1(convert, notes=notes)
+        write_document(doc, output, force)
+    else:
+        cfg = CalibrateConfig(model_config=model_config, device=device, dtype=dtype,
+                              out=output, form=form, cached=_int_list(cached, "--cached"),
+                              uncached=_int_list(uncached, "--uncached"),
+                              decodes=_int_list(decodes, "--decodes"),
+                              decode=_int_list(decode_context, "--decode-context"),
+                              warmup=warmup, repeats=repeats, threads=threads, name=name,
+                              notes=notes, force=force)
+        doc = run_calibration(cfg, progress=_calibrate_progress(quiet))
+    info = summary(doc)
+    if not quiet:
+        fit, req = doc["fit"], doc["request_fit"]
+        err.print(f"{output}: {doc['model']['name']} {doc['dtype']} on {doc['device']['name']}: "
+                  f"step = {fit['fixed_ms']:.3g} ms + {fit['per_prefill_token_ms']:.3g} ms/prefill "
+                  f"token + {fit['per_context_token_ms']:.3g} ms/context token + "
+                  f"{fit['per_decode_ms']:.3g} ms/decode + "
+                  f"{fit['per_decode_context_token_ms']:.3g} ms/decode context token; "
+                  f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
+                  f"(max {fit['holdout_max_rel_error']:.1%}, {fit['num_holdout_points']} "
+                  f"points)", markup=False)
+        err.print(f"per-request ({req['form']}): prefill = {req['fixed_ms']:.3g} ms + "
+                  f"{req['per_uncached_token_ms']:.3g} ms/uncached + "
+                  f"{req['per_cached_token_ms']:.3g} ms/cached"
+                  + (f" + {req['per_uncached_token_sq_ms']:.3g} u^2 + "
+                     f"{req['per_uncached_cached_token_ms']:.3g} u*c"
+                     if req["form"] == "attention" else "")
+                  + f"; {req['per_output_token_ms']:.3g} ms per output token; held-out "
+                  f"median relative error {req['holdout_median_rel_error']:.1%}; C_prefill at "
+                  f"1,536 tokens: {info['c_prefill_1536_per_s']:.3g} requests/s", markup=False)
+    _emit({"cost_model": str(output), **info})
+
+
+def _calibrate_progress(quiet: bool):
     progress = None
     if err.is_terminal and not quiet:
         bar = Progress(TextColumn("timing"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -621,20 +702,7 @@ def calibrate(
             if done == total:
                 bar.stop()
         progress = tick
-    doc = run_calibration(cfg, progress=progress)
-    info = summary(doc)
-    if not quiet:
-        fit = doc["fit"]
-        err.print(f"{output}: {doc['model']['name']} {doc['dtype']} on {doc['device']['name']}: "
-                  f"prefill = {fit['fixed_ms']:.3g} ms + {fit['per_uncached_token_ms']:.3g} ms/uncached "
-                  f"+ {fit['per_cached_token_ms']:.3g} ms/cached"
-                  + (f" + {fit['per_uncached_token_sq_ms']:.3g} u^2 + {fit['per_uncached_cached_token_ms']:.3g} u*c"
-                     if fit["form"] == "attention" else "")
-                  + f"; {fit['per_output_token_ms']:.3g} ms per output token", markup=False)
-        err.print(f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
-                  f"(max {fit['holdout_max_rel_error']:.1%}, {fit['num_holdout_points']} points); "
-                  f"C_prefill at 1,536 tokens: {info['c_prefill_1536_per_s']:.3g} requests/s")
-    _emit({"cost_model": str(output), **info})
+    return progress
 
 
 @app.command()

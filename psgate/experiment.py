@@ -235,6 +235,7 @@ def run_experiment(cfg: ExperimentConfig,
                     # runs are judged together on their paired interval, not one by one
                     tolerances=replace(tolerances, enabled=False),
                     paranoid=base.paranoid, ledger_hits=base.ledger_hits, cost=base.cost,
+                    scheduler=base.scheduler, step_cost=base.step_cost, sched=base.sched,
                     ledger_rows=base.ledger_rows, ledger_compression=base.ledger_compression,
                     contracts=base.contracts, limits=base.limits,
                     # Generated traces are named relative to OUT, so the receipts do not
@@ -293,6 +294,9 @@ def run_experiment(cfg: ExperimentConfig,
                 "environment": {"out_dir": str(out.resolve()), "started_unix": round(started, 3),
                                 "wall_s": round(time.time() - started, 3)},
             }
+            for key in ("replay_model", "scheduler", "step_cost_model"):
+                if key in first:        # the step scheduler's settings, as each run has them
+                    receipt["config"][key] = first[key]
             found = first_schema_error(receipt, "experiment")
             if found:   # a defect in psgate, never in the input
                 raise AssertionError(f"experiment receipt violates its schema at {found[0]}: "

@@ -39,6 +39,7 @@ import orjson
 from psgate import api
 from psgate.atomic import write_atomic
 from psgate.engines.cost import CostModel
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import EngineUnavailable, InputError
 from psgate.trace.reader import check_seed, corpus_traces
 from psgate.experiment import (DEFAULT_RESAMPLES, ExperimentConfig, parse_workload,
@@ -73,6 +74,9 @@ class SweepConfig:
     allow_unexercised: bool = False
     corpus: str | Path | None = None     # a directory of traces instead of a workload
     tolerances: Tolerances = field(default_factory=Tolerances)   # each cell's gate
+    scheduler: str = api.DEFAULT_SCHEDULER
+    step_cost: StepCostModel = field(default_factory=StepCostModel)
+    sched: SchedulerParams = field(default_factory=SchedulerParams)
 
 
 _CODE_DIGEST: str | None = None
@@ -180,6 +184,9 @@ def cells(cfg: SweepConfig) -> list[dict]:
             "non_regression": cfg.tolerances.to_json(),
             "code": code_digest(),
         }
+        if cfg.scheduler == "step":     # a service-model cell's spec is as it always was
+            spec.update({"scheduler": "step", "sched": cfg.sched.to_json(),
+                         "step_cost": cfg.step_cost.to_json()})
         if corpus is not None:      # one run per trace; where the directory is stays out
             spec.update({"runs": len(traces), "seed": None, "traces": traces,
                          "corpus": str(corpus)})
@@ -188,6 +195,13 @@ def cells(cfg: SweepConfig) -> list[dict]:
         spec["id"] = f"c{index:04d}-{digest.hexdigest()[:10]}"
         out.append(spec)
     return out
+
+
+def _step_settings(spec: dict) -> dict:
+    if spec.get("scheduler") != "step":
+        return {"scheduler": "service"}
+    return {"scheduler": "step", "sched": SchedulerParams(**spec["sched"]),
+            "step_cost": StepCostModel.from_json(spec["step_cost"])}
 
 
 def _workload_text(kind: str, params: dict) -> str:
@@ -210,7 +224,8 @@ def run_cell(spec: dict, out: str) -> dict:
                                   capacity=spec["capacity"], out=cell_dir, force=True,
                                   cost=cost, paranoid=spec["paranoid"],
                                   allow_unexercised=spec["allow_unexercised"],
-                                  tolerances=Tolerances.from_json(spec["non_regression"]))
+                                  tolerances=Tolerances.from_json(spec["non_regression"]),
+                                  **_step_settings(spec))
         if spec.get("corpus"):
             d = Path(spec["corpus"])
             found = {p.name: _file_sha256(p) for p in sorted(d.iterdir())
@@ -298,6 +313,7 @@ def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = 
         raise InputError(f"expected local or ray, found '{cfg.executor}'", path="--executor")
     if cfg.workers < 1:
         raise InputError(f"expected a positive integer, found {cfg.workers}", path="--workers")
+    api.check_scheduler(api.ReplayConfig(scheduler=cfg.scheduler, sched=cfg.sched))
     specs = cells(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     manifest = {"psgate_sweep": 1, "workload": cfg.workload, "axes": cfg.axes,

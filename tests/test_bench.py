@@ -11,7 +11,7 @@ import pytest
 
 from psgate.bench import render
 
-TARGETS = ["e2e_vs_vllm", "hot_vs_vllm", "ps_lru_hot", "ps_lru_e2e", "select_4096",
+TARGETS = ["e2e_vs_vllm", "hot_vs_vllm", "step_vs_service_hot", "ps_lru_hot", "ps_lru_e2e", "select_4096",
            "select_growth", "mem_lru", "mem_ps", "cold_hot", "cold_e2e", "mem_requests"]
 
 

@@ -59,7 +59,7 @@ ONLY: dict[tuple[str, str], set[str]] = {
     ("stats", "engines"): {"psgate.engines.cost", "psgate.engines.results"},
     ("receipt", "engines"): {"psgate.engines", "psgate.engines.results"},
     ("workloads", "engines"): {"psgate.engines.cost"},
-    ("calibrate", "engines"): {"psgate.engines.cost"},
+    ("calibrate", "engines"): {"psgate.engines.cost", "psgate.engines.step_cost"},
 }
 
 

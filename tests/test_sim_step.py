@@ -159,3 +159,48 @@ def test_random_traces_end_every_request_and_keep_every_invariant(tmp_path_facto
         assert all(x.ttft_ms is not None and x.ttft_ms > 0 for x in done)
         assert result.counts["admitted"] == sum(1 for x in o.values()
                                                 if x.state in (COMPLETED, CANCELLED))
+
+
+def test_explain_reconstructs_every_lookup_of_a_step_replay(tmp_path):
+    """explain walks the ledger's allocation batches (prompt chunks, decode blocks) and
+    finds each request's lookup hits where the replay found them."""
+    from psgate import api
+    from psgate.engines.step_cost import SchedulerParams
+    from psgate.report.explain import explain_request
+
+    out = tmp_path / "o"
+    res = api.replay(api.ReplayConfig(baseline="lru", candidate="prefixshield", capacity=160,
+                                      out=out, scheduler="step",
+                                      sched=SchedulerParams(max_num_batched_tokens=512)))
+    assert res.receipt["runs"]["candidate"]["counts"]["preemptions"] > 0
+    checked = 0
+    for rid in ("a5", "a40", "a52", "a60", "b7", "b20", "x30", "x70"):
+        got = explain_request(out, rid)
+        for run in ("baseline", "candidate"):
+            r = got["runs"][run]
+            if r["admitted"]:
+                assert r["ledger_consistent"], (rid, run)
+                checked += 1
+    assert checked >= 8
+
+
+def test_output_block_keys_stay_out_of_prefixshield_hash_slots(tmp_path):
+    """A block of generated tokens has a key whose low bits index no trace hash; the
+    policy's per-hash arrays must not grow to that index (it would take gigabytes)."""
+    from psgate.policies.history import OPAQUE_KEYS_FROM
+    from psgate.trace.keys import OUTPUT_KEY_BIT
+
+    assert OPAQUE_KEYS_FROM == OUTPUT_KEY_BIT
+    p = write(tmp_path, [{"t": i * 0.01, "id": f"r{i}", "group": "g" if i % 2 else "h",
+                          "blocks": ["c1", f"d{i:x}"], "tail": 1, "out": 9}
+                         for i in range(60)])
+    hashes = HashTable()
+    header, summary = validate_trace(str(p), hashes)
+    policy = make_policy("prefixshield")
+    engine = StepSimEngine(header=header, hashes=hashes, capacity=12, policy=policy,
+                           contracts=CONTRACTS, done_ids=summary.done_ids, trace_path=str(p),
+                           groups=summary.groups, step_cost=ONE_MS)
+    with TraceReader(TraceSource(str(p), p), hashes) as reader:
+        result = engine.run(reader.events())
+    assert result.evictions > 0 and result.aborted is None
+    assert len(policy.history.slot_ns) <= 4 * len(hashes.names) + 64

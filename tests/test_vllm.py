@@ -23,7 +23,7 @@ HIDE_VLLM = ("import sys; sys.modules['vllm'] = None; "
              "from psgate.cli import main; sys.argv[0] = 'psgate'; main()")
 
 
-@pytest.mark.parametrize("engine", ["vllm-pool", "vllm"])
+@pytest.mark.parametrize("engine", ["vllm-pool", "vllm-sched", "vllm"])
 def test_vllm_engines_without_vllm_exit_3_naming_the_install_command(tmp_path, engine):
     proc = subprocess.run([sys.executable, "-c", HIDE_VLLM, "replay", "--engine", engine,
                            "--baseline", "lru", "--candidate", "prefixshield",

@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--cached")
     ap.add_argument("--uncached")
+    ap.add_argument("--decodes")
     ap.add_argument("--decode")
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--repeats", type=int)
@@ -68,7 +69,8 @@ def main() -> int:
             doc = calibrate(CalibrateConfig(
                 model_config=str(root / "examples" / "models" / MODELS[short]),
                 device=args.device, dtype=args.dtype, out=out, force=True,
-                cached=ints(args.cached), uncached=ints(args.uncached), decode=ints(args.decode),
+                cached=ints(args.cached), uncached=ints(args.uncached),
+                decodes=ints(args.decodes), decode=ints(args.decode),
                 warmup=args.warmup, repeats=args.repeats))
         except Exception as exc:  # keep going: the other model's file is still worth having
             say(f"{short}: FAILED {type(exc).__name__}: {exc}")
@@ -79,7 +81,12 @@ def main() -> int:
             if args.device == "cuda":
                 torch.cuda.empty_cache()
         s = summary(doc)
-        fit = doc["fit"]
+        step, fit = doc["fit"], doc["request_fit"]
+        say(f"{short}: step {step['fixed_ms']:.3f} ms + {step['per_prefill_token_ms']:.3e} "
+            f"ms/prefill token + {step['per_context_token_ms']:.3e} ms/context token + "
+            f"{step['per_decode_ms']:.3e} ms/decode + {step['per_decode_context_token_ms']:.3e} "
+            f"ms/decode context token; held-out median error "
+            f"{step['holdout_median_rel_error']:.2%} (max {step['holdout_max_rel_error']:.2%})")
         say(f"{short}: {time.perf_counter() - t0:.1f} s, {doc['model']['num_parameters']:,} "
             f"parameters, {doc['device']['name']}; fixed {fit['fixed_ms']:.3f} ms, "
             f"{fit['per_uncached_token_ms']:.3e} ms/uncached, {fit['per_cached_token_ms']:.3e} "

@@ -23,6 +23,8 @@ them, from the medians. Targets:
   over vLLM's allocate/free loop alone (``Request`` objects built beforehand): >= 1.
   Both vLLM targets are skipped, saying so, when vLLM does not import (``--vllm-python``
   measures vLLM in another interpreter, e.g. a vLLM virtualenv with psgate installed).
+- ``step_vs_service_hot``: the ``sim`` hot loop with the step scheduler (vLLM's scheduler,
+  step by step) over the service model's, LRU on the reuse trace: >= 0.8.
 - ``ps_lru_hot`` / ``ps_lru_e2e``: prefixshield's blocks/s over lru's on the same reuse
   trace, hot loop and end to end: >= 0.6.
 - ``select_4096``: PrefixShield's victim selection and eviction time per victim, timed

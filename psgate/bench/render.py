@@ -37,12 +37,13 @@ def render(result: dict) -> str:
                      f"{_num(x['median'], x['unit']):>10}  {bps:>14}")
     lines.append("")
     w = max(len(t["what"]) for t in result["targets"])
-    lines.append(f"{'target':<13} {'what':<{w}}  {'ratio':>7}  {'(median)':>8}  {'goal':>7}  "
+    wid = max(len(t["id"]) for t in result["targets"])
+    lines.append(f"{'target':<{wid}} {'what':<{w}}  {'ratio':>7}  {'(median)':>8}  {'goal':>7}  "
                  f"result")
     for t in result["targets"]:
         r = "" if t["ratio_min"] is None else f"{t['ratio_min']:.2f}"
         rm = "" if t["ratio_median"] is None else f"{t['ratio_median']:.2f}"
         note = f"  ({t['note']})" if t["result"] == "SKIP" and t["note"] else ""
-        lines.append(f"{t['id']:<13} {t['what']:<{w}}  {r:>7}  {rm:>8}  "
+        lines.append(f"{t['id']:<{wid}} {t['what']:<{w}}  {r:>7}  {rm:>8}  "
                      f"{t['op']} {t['threshold']:<4g}  {t['result']}{note}")
     return "\n".join(lines) + "\n"

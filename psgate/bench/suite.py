@@ -109,11 +109,20 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
             nb = traces[name]["blocks"]
             hot: dict[str, list[float]] = {pol: [] for pol in POLICIES}
             e2e: dict[str, list[float]] = {pol: [] for pol in POLICIES}
+            step: list[float] = []
             for _ in range(repeats):
                 for pol in POLICIES:
                     dt, info[f"{name}_{pol}"] = hot_loop(loaded, pol, cap)
                     hot[pol].append(dt)
                     e2e[pol].append(end_to_end(path, pol, cap, work / "out"))
+                if name == "reuse":       # the step scheduler, in the same rounds
+                    dt, info["reuse_step_lru"] = hot_loop(loaded, "lru", cap, "step")
+                    step.append(dt)
+            if step:
+                m["reuse_hot_step_lru"] = {"what": "reuse trace, sim hot loop, lru, step "
+                                                   "scheduler", "unit": "s", **_stats(step),
+                                           "blocks_per_s": nb / min(step)}
+                say(f"{name} lru, step scheduler: hot loop {nb / min(step):,.0f} blocks/s")
                 if name == "reuse":
                     vl = merge_vllm(vl, vllm_in_child(cfg.vllm_python, path, cap, 1)
                                      if cfg.vllm_python else vllm_measure(path, cap, 1))
@@ -218,6 +227,9 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                 halve(m["reuse_e2e_lru"]), m.get("vllm_e2e"), invert=True, skip=novllm),
         _target("hot_vs_vllm", "sim LRU hot loop / vLLM allocate-free loop, blocks/s", ">=",
                 1.0, m["reuse_hot_lru"], m.get("vllm_loop"), invert=True, skip=novllm),
+        _target("step_vs_service_hot", "step scheduler / service model blocks/s, sim LRU "
+                "hot loop", ">=", 0.8, m["reuse_hot_step_lru"], m["reuse_hot_lru"],
+                invert=True),
         _target("ps_lru_hot", "prefixshield / lru blocks/s, sim hot loop", ">=",
                 0.6, m["reuse_hot_prefixshield"], m["reuse_hot_lru"], invert=True),
         _target("ps_lru_e2e", "prefixshield / lru blocks/s, end to end", ">=",

@@ -15,9 +15,10 @@ from psgate.policies import make_policy
 CLOCK = time.process_time       # replays: CPU seconds of this process
 
 
-def hot_loop(loaded: Loaded, policy: str, capacity: int) -> tuple[float, dict]:
+def hot_loop(loaded: Loaded, policy: str, capacity: int,
+             scheduler: str = "service") -> tuple[float, dict]:
     """Seconds for one sim replay of pre-parsed events, no ledger; and its counts."""
-    engine = make_engine(loaded, make_policy(policy), capacity)
+    engine = make_engine(loaded, make_policy(policy), capacity, scheduler)
     gc.collect()
     t0 = CLOCK()
     result = engine.run(loaded.events)

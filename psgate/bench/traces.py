@@ -10,6 +10,7 @@ import orjson
 
 from psgate.contracts import CONTRACT_NAMES
 from psgate.engines.cost import CostModel
+from psgate.engines import engine_class
 from psgate.engines.sim import SimEngine
 from psgate.trace.model import TraceHeader, TraceSummary
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
@@ -117,7 +118,11 @@ def load(path: Path) -> Loaded:
     return Loaded(header, summary, hashes, events)
 
 
-def make_engine(loaded: Loaded, policy, capacity: int, **kw) -> SimEngine:
-    return SimEngine(header=loaded.header, hashes=loaded.hashes, capacity=capacity,
-                     policy=policy, contracts=CONTRACT_NAMES, done_ids=loaded.summary.done_ids,
-                     groups=loaded.summary.groups, cost=INSTANT, **kw)
+def make_engine(loaded: Loaded, policy, capacity: int, scheduler: str = "service",
+                **kw) -> SimEngine:
+    """A sim engine over pre-parsed events (``scheduler="step"``: the step scheduler,
+    with its default step cost model)."""
+    return engine_class("sim", scheduler)(
+        header=loaded.header, hashes=loaded.hashes, capacity=capacity, policy=policy,
+        contracts=CONTRACT_NAMES, done_ids=loaded.summary.done_ids,
+        groups=loaded.summary.groups, cost=INSTANT, **kw)

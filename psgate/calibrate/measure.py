@@ -1,9 +1,21 @@
-"""Timing prefill and decode passes of a randomly initialised Hugging Face model.
+"""Timing batched forward passes (scheduler steps) of a randomly initialised Hugging Face
+model.
+
+A step is what vLLM runs per scheduler iteration: the new tokens of every scheduled request
+flattened into one sequence, so the linear layers (and the weights' one read) are shared by
+the whole batch, while each request's attention sees only its own tokens (vLLM 0.32's
+vllm/v1/worker/gpu_model_runner.py:1920, ``_prepare_inputs``, builds that flattened batch
+and its per-request query start locations). Here the model is transformers' own; a
+registered attention function takes the place of vLLM's varlen kernels: it writes the
+step's new keys and values into preallocated per-layer caches (as vLLM's cache write does,
+vllm/v1/attention/backends/cpu_attn.py:463, ``do_kv_cache_update``) and runs one
+causal attention for the prefill chunk over its cached context, and one batched attention
+for the decodes, each over its own context. Nothing is computed across requests, so the
+time of a mixed step is what vLLM's kernels would be asked to do, on this library's kernels.
 
 Only ``psgate calibrate`` imports this module (it needs torch, transformers and numpy).
-Times are wall-clock seconds around a synchronised forward pass: this is a
-measurement, and nothing here feeds a replay decision except through the fitted
-file it produces.
+Times are wall-clock around a synchronised forward pass: this is a measurement, and nothing
+here feeds a replay decision except through the fitted file it produces.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from psgate.errors import EngineUnavailable, InputError
 INSTALL_HINT = ("pip install -e '.[calibrate]' (on a CPU machine: scripts/install-calibrate.sh, "
                 "which takes the CPU build of torch)")
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = "psgate_step"
 
 
 def import_torch():
@@ -34,19 +47,25 @@ def import_torch():
 
 @dataclass
 class Timings:
-    prefill: list[tuple[int, int, list[float]]]   # (cached, uncached, times_ms)
-    decode: list[tuple[int, list[float]]]         # (context, times_ms)
+    # (P, C, D, x, times_ms): P prompt tokens over C cached ones, D decodes over x each.
+    steps: list[tuple[int, int, int, int, list[float]]]
 
 
 class Bench:
-    """A model built from a config with random weights, ready to time forward passes."""
+    """A model built from a config with random weights, ready to time batched steps."""
 
     def __init__(self, config: dict, device: str, dtype: str, threads: int | None,
-                 attn_implementation: str = "sdpa", seed: int = 0):
+                 seed: int = 0):
         torch, transformers = import_torch()
         self.torch = torch
         if device == "cuda" and not torch.cuda.is_available():
             raise EngineUnavailable("--device cuda: torch sees no CUDA device here")
+        registry = getattr(transformers, "AttentionInterface", None)
+        if registry is None:
+            raise EngineUnavailable(f"psgate calibrate needs transformers >= 4.50 (found "
+                                    f"{transformers.__version__}); install it with: "
+                                    f"{INSTALL_HINT}")
+        registry.register(ATTENTION, self._attend)
         if threads is not None:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
@@ -64,80 +83,121 @@ class Bench:
         try:
             with self.device:
                 self.model = transformers.AutoModelForCausalLM.from_config(
-                    hf_config, attn_implementation=attn_implementation)
+                    hf_config, attn_implementation=ATTENTION)
         finally:
             torch.set_default_dtype(previous)
         self.model.to(device=self.device, dtype=self.dtype).eval()
-        self.attn_implementation = getattr(self.model.config, "_attn_implementation",
-                                           attn_implementation)
+        if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+            raise EngineUnavailable(f"psgate calibrate needs transformers >= 4.50 (found "
+                                    f"{transformers.__version__}); install it with: "
+                                    f"{INSTALL_HINT}")
+        self.attn_implementation = f"{ATTENTION} (torch scaled_dot_product_attention per " \
+                                   f"request: one causal prefill chunk, one batched decode)"
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.vocab_size = hf_config.vocab_size
+        self.num_layers = hf_config.num_hidden_layers
+        self.kv_heads = hf_config.num_key_value_heads
+        self.head_dim = getattr(hf_config, "head_dim", None) or (
+            hf_config.hidden_size // hf_config.num_attention_heads)
         self._gen = torch.Generator().manual_seed(seed)
-        params = inspect.signature(self.model.forward).parameters
-        # Only the last position's logits are needed to start decoding, as in a serving
-        # engine; older transformers call the argument num_logits_to_keep.
-        self._logits_kw = next(({k: 1} for k in ("logits_to_keep", "num_logits_to_keep")
-                                if k in params), {})
-        # The KV cache argument was renamed from past_key_values to cache in transformers 5.
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._step = (0, 0, 0, 0)
+        self._mask = None
 
-    def _ids(self, n: int):
-        ids = self.torch.randint(0, self.vocab_size, (1, n), generator=self._gen)
-        return ids.to(self.device)
+    # -- the attention of one step -------------------------------------------------------
+
+    def _attend(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        """query (1, H, P+D, d), key/value (1, Hkv, P+D, d): the step's new tokens, prefill
+        chunk first. Returns (1, P+D, H, d) as transformers' attention functions do."""
+        torch = self.torch
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        P, C, D, X = self._step
+        layer = module.layer_idx
+        outs = []
+        if P:
+            kb, vb = self._pk[layer], self._pv[layer]
+            kb[:, :, C:C + P] = key[:, :, :P]
+            vb[:, :, C:C + P] = value[:, :, :P]
+            q, k, v = query[:, :, :P], kb[:, :, :C + P], vb[:, :, :C + P]
+            if C:
+                outs.append(sdpa(q, k, v, attn_mask=self._mask, scale=scaling, enable_gqa=True))
+            else:
+                outs.append(sdpa(q, k, v, is_causal=True, scale=scaling, enable_gqa=True))
+        if D:
+            kb, vb = self._dk[layer], self._dv[layer]
+            kb[:D, :, X] = key[0, :, P:].transpose(0, 1)
+            vb[:D, :, X] = value[0, :, P:].transpose(0, 1)
+            q = query[0, :, P:].transpose(0, 1).unsqueeze(2)                  # (D, H, 1, d)
+            o = sdpa(q, kb[:D, :, :X + 1], vb[:D, :, :X + 1], scale=scaling, enable_gqa=True)
+            outs.append(o.squeeze(2).transpose(0, 1).unsqueeze(0))          # (1, H, D, d)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return out.transpose(1, 2).contiguous(), None
+
+    # -- timing ----------------------------------------------------------------------------
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
 
-    def _timed(self, fn) -> float:
+    def _caches(self, max_prefill_span: int, max_decodes: int, max_context: int) -> None:
+        """Per-layer KV caches, filled with random values once: timings do not depend on
+        them. A step's context is a prefix of these, its new tokens written after it."""
+        torch = self.torch
+
+        def buf(*shape):
+            return [torch.randn(*shape, generator=self._gen).to(self.device, self.dtype)
+                    for _ in range(self.num_layers)]
+
+        d, h = self.head_dim, self.kv_heads
+        self._pk = buf(1, h, max_prefill_span, d) if max_prefill_span else None
+        self._pv = buf(1, h, max_prefill_span, d) if max_prefill_span else None
+        self._dk = buf(max_decodes, h, max_context + 1, d) if max_decodes else None
+        self._dv = buf(max_decodes, h, max_context + 1, d) if max_decodes else None
+
+    def _inputs(self, P: int, C: int, D: int, X: int):
+        torch = self.torch
+        ids = torch.randint(0, self.vocab_size, (1, P + D), generator=self._gen).to(self.device)
+        pos = torch.cat([torch.arange(C, C + P), torch.full((D,), X)]).unsqueeze(0)
+        # Logits where vLLM samples: the chunk's last position and every decode.
+        keep = torch.tensor(([P - 1] if P else []) + list(range(P, P + D)))
+        mask = None
+        if P and C:
+            # Query i of the chunk sees the C cached tokens and the chunk's first i + 1.
+            mask = (torch.arange(C + P).unsqueeze(0) <= torch.arange(P).unsqueeze(1) + C)
+            mask = mask.to(self.device)
+        return ids, pos.to(self.device), keep.to(self.device), mask
+
+    def _pass(self, step, inputs) -> float:
+        ids, pos, keep, mask = inputs
+        self._step, self._mask = step, mask
         self._sync()
         t0 = time.perf_counter()
-        fn()
+        self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
         self._sync()
         return (time.perf_counter() - t0) * 1000.0
 
-    def _prefix(self, n: int):
-        if n == 0:
-            return None
-        out = self.model(self._ids(n), use_cache=True, **self._logits_kw)
-        cache = getattr(out, "cache", None)
-        return cache if cache is not None else out.past_key_values
-
-    def _pass(self, cache, cached: int, ids) -> float:
-        def run():
-            self.model(ids, use_cache=True, **{self._cache_kw: cache}, **self._logits_kw)
-        ms = self._timed(run)
-        if cache is not None:
-            # Back to the prefix alone, as the next hit sees it. A negative count means
-            # "remove this many" in every transformers release since 4.38.
-            cache.crop(-(cache.get_seq_length() - cached))
-        return ms
-
-    def measure(self, cached_grid: list[int], uncached_grid: list[int], decode_context: list[int],
-                warmup: int, repeats: int, progress=None) -> Timings:
-        """Every point once per round, rounds repeated: slow drift of the machine (clock,
+    def measure(self, steps: list[tuple[int, int, int, int]], warmup: int, repeats: int,
+                progress=None) -> Timings:
+        """Every step once per round, rounds repeated: slow drift of the machine (clock,
         noisy neighbours) then lands on all points alike instead of on one corner of the
-        grid, and the per-point median removes it. Each prefix's KV is computed once."""
-        points = ([(c, u) for c in cached_grid for u in uncached_grid]
-                  + [(ctx, 1) for ctx in decode_context])
-        times: dict[tuple[int, int], list[float]] = {pt: [] for pt in points}
+        grid, and the per-point median removes it."""
+        self._caches(max((c + p for p, c, _, _ in steps), default=0),
+                     max(d for _, _, d, _ in steps), max(x for _, _, _, x in steps))
+        times: list[list[float]] = [[] for _ in steps]
         with self.torch.inference_mode():
-            # One untimed pass first: kernel selection, allocator growth, lazy set-up.
-            self._pass(None, 0, self._ids(max(uncached_grid)))
-            caches = {c: self._prefix(c) for c in sorted({c for c, _ in points})}
-            ids = {u: self._ids(u) for u in sorted({u for _, u in points})}
+            inputs = [self._inputs(*s) for s in steps]
+            # One untimed pass of the largest step: kernel selection, allocator growth.
+            big = max(range(len(steps)), key=lambda i: steps[i][0] + steps[i][2])
+            self._pass(steps[big], inputs[big])
             rounds = warmup + repeats
             for r in range(rounds):
-                for c, u in points:
-                    ms = self._pass(caches[c], c, ids[u])
+                for i, step in enumerate(steps):
+                    ms = self._pass(step, inputs[i])
                     if r >= warmup:
-                        times[(c, u)].append(ms)
+                        times[i].append(ms)
                 if progress:
                     progress(r + 1, rounds)
-            del caches
-        prefill = [(c, u, times[(c, u)]) for c in cached_grid for u in uncached_grid]
-        decode = [(ctx, times[(ctx, 1)]) for ctx in decode_context]
-        return Timings(prefill, decode)
+        self._pk = self._pv = self._dk = self._dv = None
+        return Timings([(*s, t) for s, t in zip(steps, times)])
 
 
 def median(times: list[float]) -> float:

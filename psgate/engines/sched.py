@@ -39,13 +39,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
-                                    RequestOutcome, RunResult)
+from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.engines.sim import NS_PER_MS, PolicyFault, RequestState, SimEngine
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
-from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policies.base import PolicyRequest
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
 
@@ -88,8 +85,10 @@ class StepSimEngine(SimEngine):
         self.watermark_blocks = int(self.sched.watermark * self.num_blocks)
         self.waiting: deque[StepRequest] = deque()
         self.running: list[StepRequest] = []
-        self.out_copies: dict[int, list[int]] = {}    # output key -> blocks, earliest first
-        self.out_lost: set[int] = set()
+        # Output key -> blocks holding it, earliest first. Nothing remembers an output key
+        # once its last copy is gone (only prompt content counts as recomputed), so what
+        # is kept is bounded by the pool, not the trace.
+        self.out_copies: dict[int, list[int]] = {}
         parent = self.hashes.parent
 
         def parent_of(k: int) -> int:
@@ -115,9 +114,6 @@ class StepSimEngine(SimEngine):
         if k < OUTPUT_KEY_BIT:
             return super()._index_add(k, b)
         self.out_copies.setdefault(k, []).append(b)
-        if k in self.out_lost:
-            self.out_lost.discard(k)
-            return True
         return False
 
     def _index_drop(self, k: int, b: int) -> None:
@@ -128,7 +124,6 @@ class StepSimEngine(SimEngine):
         copies.remove(b)
         if not copies:
             del self.out_copies[k]
-            self.out_lost.add(k)
 
     def _first_copy(self, k: int) -> int:
         """The block a lookup of k takes (the earliest inserted copy), or -1."""
@@ -187,44 +182,14 @@ class StepSimEngine(SimEngine):
     def _arrive(self, ev: RequestEvent) -> None:
         if len(self.slot_ns) < len(self.hashes.names):
             self._grow_slots()
-        if ev.contract not in self.contracts:
-            raise InputError(f"unknown contract '{ev.contract}'; the replay's contract table "
-                             f"has {', '.join(sorted(self.contracts))}",
-                             path=self.trace_path, line=ev.line, field="contract")
-        g = self._gid(ev.group)
-        nskey = (ev.group, ev.scope)
-        ns = self.ns_ids.get(nskey)
-        if ns is None:
-            ns = self.ns_ids[nskey] = len(self.ns_ids)
-        preq = PolicyRequest(id=ev.id, group=ev.group, contract=ev.contract, scope=ev.scope,
-                             namespace=ns, prefix=ev.prefix, t_ns=ev.t_ns,
-                             prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
-                             num_new_full_blocks=0, priority=ev.priority,
-                             priority_until_ns=ev.priority_until_ns, index=self.num_requests)
-        self.num_requests += 1
-        if self.policy.wants_block_keys:
-            base = ns << KEY_SHIFT
-            preq.block_keys = [base | h for h in ev.blocks]
-        outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
-                                 measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
-                                 prompt_tokens=ev.prompt_tokens)
-        num_total = -(-(ev.prompt_tokens + max(1, ev.out)) // self.bs)
-        r = StepRequest(ev, preq, g, num_total, outcome, False)
-        cap = self.policy.capacity_for(preq)
-        if num_total > (self.num_usable if cap is None else min(cap, self.num_usable)):
-            outcome.state = REJECTED
-            self.counts["rejected"] += 1
-            self.rejected_ids.append(ev.id)
-            self._finalize(r)
-            return
-        self.reqs[ev.id] = r
-        r.arrive_step = self.counts["steps"]
-        self.num_in_flight += 1
-        if self.num_in_flight > self.max_in_flight:
-            raise InputError(f"more than {self.max_in_flight} requests admitted or waiting at "
-                             f"t={ev.t_ns / 1e9:g} s (the cap; raise it with --max-in-flight)",
-                             path=self.trace_path, line=ev.line)
-        self.waiting.append(r)
+        r = self._request_state(ev, max(1, ev.out), StepRequest)
+        # Without chunked prefill vLLM refuses a sequence longer than the token budget
+        # (its max_model_len may not exceed max_num_batched_tokens: config/scheduler.py).
+        sched = self.sched
+        if self._accepted(r, too_long=not sched.enable_chunked_prefill and (
+                ev.prompt_tokens + r.max_out > sched.max_num_batched_tokens)):
+            r.arrive_step = self.counts["steps"]
+            self.waiting.append(r)
 
     def _cancel(self, ev: CancelEvent) -> None:
         """vLLM's ``finish_requests(..., FINISHED_ABORTED)`` (scheduler.py:2649): a waiting
@@ -252,12 +217,17 @@ class StepSimEngine(SimEngine):
     # -- one step -----------------------------------------------------------------
     def _step(self) -> bool:
         """One ``schedule()`` + model step + ``update_from_output``; False when nothing
-        was scheduled."""
+        was scheduled and nothing preempted (only a later event can change that)."""
         sched = self.sched
         bs = self.bs
         budget = sched.max_num_batched_tokens
         running, waiting = self.running, self.waiting
-        scheduled: list[tuple[StepRequest, int, int]] = []
+        # What the step computes, in scheduling order: requests and their new tokens; and
+        # the cost model's inputs (a decode computes exactly the token sampled last step).
+        scheduled: list[StepRequest] = []
+        num_new: list[int] = []
+        num_p = num_c = num_d = num_k = 0
+        slow: list[tuple[StepRequest, int, int]] = []    # scheduled off the decode fast path
         thr = sched.long_prefill_token_threshold
         if len(running) + len(waiting) <= 1:
             thr = 0
@@ -265,18 +235,26 @@ class StepSimEngine(SimEngine):
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            n = r.num_tokens - r.num_computed
+            before = r.num_computed
+            n = r.num_tokens - before
+            if n == 1 and budget:           # a decode, the common case
+                if (before // bs < len(r.blocks)             # _allocate's fast path, inline
+                        and (before + 1) // bs <= r.num_cached_blocks):
+                    scheduled.append(r)
+                    num_new.append(1)
+                    budget -= 1
+                    i += 1
+                    if r.num_output:
+                        num_d += 1
+                        num_k += before
+                    else:
+                        num_p += 1
+                        num_c += before
+                    continue
             if 0 < thr < n:
                 n = thr
             n = min(n, budget)
             if n <= 0:
-                i += 1
-                continue
-            need_slot = r.num_computed + n
-            if (-(-need_slot // bs) <= len(r.blocks)        # _allocate's fast path, inline
-                    and min(need_slot, r.num_tokens) // bs <= r.num_cached_blocks):
-                scheduled.append((r, n, r.num_computed))
-                budget -= n
                 i += 1
                 continue
             while True:
@@ -290,9 +268,11 @@ class StepSimEngine(SimEngine):
                     break
             if not ok:
                 break
-            scheduled.append((r, n, r.num_computed))
+            scheduled.append(r)
+            num_new.append(n)
             budget -= n
             i += 1
+            slow.append((r, n, before))
         if not preempted:
             skipped: list[StepRequest] = []
             while budget > 0 and waiting:
@@ -317,30 +297,30 @@ class StepSimEngine(SimEngine):
                 self._started(r, hits)
                 r.status = RUNNING
                 r.num_computed = num_computed
-                scheduled.append((r, n, num_computed))
+                scheduled.append(r)
+                num_new.append(n)
                 budget -= n
+                slow.append((r, n, num_computed))
             if skipped:
                 waiting.extendleft(reversed(skipped))
-        if not scheduled:
-            return False
+        if not scheduled:     # no step ran; a preemption freed blocks: schedule again
+            return preempted
 
-        # the model step
-        num_p = num_c = num_d = num_k = 0
-        for r, n, before in scheduled:
-            r.num_computed = before + n
+        for r, n, before in slow:       # the cost model's inputs of the rest
             if n == 1 and r.num_output and before == r.num_tokens - 1:
                 num_d += 1
                 num_k += before
             else:
                 num_p += n
                 num_c += before
+        # the model step, then update_from_output: sample where the computed tokens caught up
         self.counts["steps"] += 1
         self.now += self.step_cost.step_ns(StepWork(num_p, num_c, num_d, num_k))
-
-        # update_from_output: sample where the computed tokens caught up
         now = self.now
-        for r, _, _ in scheduled:
-            if r.status != RUNNING or r.num_computed < r.num_tokens:
+        for r, n in zip(scheduled, num_new):
+            computed = r.num_computed + n
+            r.num_computed = computed
+            if computed < r.num_tokens:
                 continue
             r.num_output += 1
             r.num_tokens += 1
@@ -472,7 +452,6 @@ class StepSimEngine(SimEngine):
         preq = r.preq
         preq.num_new_full_blocks = 0
         begun = False
-        g = r.gid
         if hits:
             begun = True
             policy.on_admit(preq, now)
@@ -490,30 +469,7 @@ class StepSimEngine(SimEngine):
             if not begun:
                 begun = True
                 policy.on_admit(preq, now)
-            free = self.free
-            take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
-            if take:
-                new = free[-take:].tolist()
-                new.reverse()
-                del free[-take:]
-            num_evict = num_new - take
-            if num_evict:
-                if self.batch_evictions:
-                    decisions = [] if self._records else None
-                    victims = policy.evict_batch(preq, now, num_evict, decisions)
-                    self._evicted(r, victims, decisions, num_evict)
-                    new += victims
-                else:
-                    for _ in range(num_evict):
-                        d = policy.select_victim(preq, now)
-                        self._evict(d, r)
-                        new.append(d.victim)
-            owner = self.owner
-            for b in new:
-                ref[b] = 1
-                owner[b] = g
-            policy.on_allocated(preq, new)
-            self._occ_add(g, num_new)
+            new = self._get_new_blocks(r, num_new)
             blocks.extend(new)
         num_full = min(need_slot, r.num_tokens) // bs
         cached_now: list[tuple[int, int]] = []

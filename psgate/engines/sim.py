@@ -347,13 +347,35 @@ class SimEngine:
             raise InputError(f"unknown contract '{ev.contract}'; the replay's contract table "
                              f"has {', '.join(sorted(self.contracts))}",
                              path=self.trace_path, line=ev.line, field="contract")
+        r = self._request_state(ev, ev.out, RequestState, ev.id in self.done_ids)
+        if not self._accepted(r):
+            return
+        r.state = _WAITING
+        g = r.gid
+        if self.line:
+            self._wait(r, self.line)
+            return
+        status = self._try_admit(r)
+        if status == "quota":
+            self._wait(r, self.group_lines.setdefault(g, deque()))
+        elif status == "nofit":
+            self._wait(r, self.line)
+
+    def _request_state(self, ev: RequestEvent, num_out: int, cls=RequestState,
+                       awaits_done: bool = False) -> RequestState:
+        """An arriving request as the engines track it: its contract checked, its group
+        and namespace numbered on first sight, the policy's view of it (arrival index
+        included) and its outcome, to be filled in."""
+        if ev.contract not in self.contracts:
+            raise InputError(f"unknown contract '{ev.contract}'; the replay's contract table "
+                             f"has {', '.join(sorted(self.contracts))}",
+                             path=self.trace_path, line=ev.line, field="contract")
         g = self._gid(ev.group)
         nskey = (ev.group, ev.scope)
         ns = self.ns_ids.get(nskey)
         if ns is None:
             ns = len(self.ns_ids)
             self.ns_ids[nskey] = ns
-        bs = self.bs
         preq = PolicyRequest(id=ev.id, group=ev.group, contract=ev.contract, scope=ev.scope,
                              namespace=ns, prefix=ev.prefix, t_ns=ev.t_ns,
                              prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
@@ -366,30 +388,28 @@ class SimEngine:
         outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
                                  measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
                                  prompt_tokens=ev.prompt_tokens)
-        num_total = -(-(ev.prompt_tokens + ev.out) // bs)
-        r = RequestState(ev, preq, g, num_total, outcome, ev.id in self.done_ids)
-        cap = self.policy.capacity_for(preq)
-        if num_total > (self.num_usable if cap is None else min(cap, self.num_usable)):
-            outcome.state = REJECTED
+        num_total = -(-(ev.prompt_tokens + num_out) // self.bs)
+        return cls(ev, preq, g, num_total, outcome, awaits_done)
+
+    def _accepted(self, r: RequestState, too_long: bool = False) -> bool:
+        """Rejects r (False) when it cannot fit even into an empty cache (or the policy's
+        cap for it), or ``too_long`` says the engine cannot take it; else r is in flight."""
+        cap = self.policy.capacity_for(r.preq)
+        if too_long or r.num_total > (self.num_usable if cap is None
+                                      else min(cap, self.num_usable)):
+            r.outcome.state = REJECTED
             self.counts["rejected"] += 1
-            self.rejected_ids.append(ev.id)
+            self.rejected_ids.append(r.ev.id)
             self._finalize(r)
-            return
+            return False
+        ev = r.ev
         self.reqs[ev.id] = r
-        r.state = _WAITING
         self.num_in_flight += 1
         if self.num_in_flight > self.max_in_flight:
             raise InputError(f"more than {self.max_in_flight} requests admitted or waiting at "
                              f"t={ev.t_ns / 1e9:g} s (the cap; raise it with --max-in-flight)",
                              path=self.trace_path, line=ev.line)
-        if self.line:
-            self._wait(r, self.line)
-            return
-        status = self._try_admit(r)
-        if status == "quota":
-            self._wait(r, self.group_lines.setdefault(g, deque()))
-        elif status == "nofit":
-            self._wait(r, self.line)
+        return True
 
     def _wait(self, r: RequestState, line: deque) -> None:
         line.append(r)
@@ -456,7 +476,6 @@ class SimEngine:
         # -- admit: one allocation batch -----------------------------------------
         now = self.now
         policy = self.policy
-        g = r.gid
         policy.on_admit(preq, now)
         on_hit = self._on_hit
         for pos, b in enumerate(hits):
@@ -465,32 +484,7 @@ class SimEngine:
             ref[b] += 1
             if on_hit is not None:
                 on_hit(b, preq, pos)
-        free = self.free
-        take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
-        if take:                                  # the front of the stack is its end
-            new = free[-take:].tolist()
-            new.reverse()
-            del free[-take:]
-        else:
-            new = []
-        num_evict = num_new - take
-        if num_evict:
-            if self.batch_evictions:
-                decisions = [] if self._records else None
-                victims = policy.evict_batch(preq, now, num_evict, decisions)
-                self._evicted(r, victims, decisions, num_evict)
-                new += victims
-            else:
-                for _ in range(num_evict):
-                    d = policy.select_victim(preq, now)
-                    self._evict(d, r)
-                    new.append(d.victim)
-        owner = self.owner
-        for b in new:
-            ref[b] = 1
-            owner[b] = g
-        policy.on_allocated(preq, new)
-        self._occ_add(g, num_new)
+        new = self._get_new_blocks(r, num_new)
         blocks = hits + new
         r.blocks = blocks
         key = self.key
@@ -518,6 +512,42 @@ class SimEngine:
         note = policy.end_admit(preq, now)
         self._admitted(r, hits, new, cached_now, max_hits, recompute, note)
         return "ok"
+
+    def _get_new_blocks(self, r: RequestState, num_new: int) -> list[int]:
+        """``num_new`` blocks for r, as vLLM's ``get_new_blocks`` pops them
+        (block_pool.py): truly free ones from the front first, then the policy's victims;
+        each is pinned by r and charged to its group."""
+        policy = self.policy
+        preq = r.preq
+        free = self.free
+        take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
+        if take:                                  # the front of the stack is its end
+            new = free[-take:].tolist()
+            new.reverse()
+            del free[-take:]
+        else:
+            new = []
+        num_evict = num_new - take
+        if num_evict:
+            now = self.now
+            if self.batch_evictions:
+                decisions = [] if self._records else None
+                victims = policy.evict_batch(preq, now, num_evict, decisions)
+                self._evicted(r, victims, decisions, num_evict)
+                new += victims
+            else:
+                for _ in range(num_evict):
+                    d = policy.select_victim(preq, now)
+                    self._evict(d, r)
+                    new.append(d.victim)
+        ref, owner = self.ref, self.owner
+        g = r.gid
+        for b in new:
+            ref[b] = 1
+            owner[b] = g
+        policy.on_allocated(preq, new)
+        self._occ_add(g, num_new)
+        return new
 
     def _admitted(self, r: RequestState, hits: list[int], new: list[int],
                   cached_now: list[tuple[int, int]], max_hits: int, recompute: int,

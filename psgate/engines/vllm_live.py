@@ -51,11 +51,13 @@ class LivePolicy:
     content key for the policy (default: from vLLM's own block hash, kept in memory) and
     ``name_of`` its name in the ledger (default: none; vLLM's hashes are never written).
     ``future_known``: a replay has given a clairvoyant policy the trace's future.
+    ``pool_info``: what the policy is bound with (a replay passes sim's, groups included).
     """
 
     def __init__(self, mgr, policy: EvictionPolicy, *, clock_ns: Callable[[], int],
                  recorder=None, key_of=None, name_of=None, describe=identify,
-                 request_id=None, future_known: bool = False) -> None:
+                 request_id=None, future_known: bool = False,
+                 pool_info: PoolInfo | None = None) -> None:
         if policy.needs_future and not future_known:
             raise ValueError(f"policy '{policy.name}' needs the trace's future and cannot run "
                              f"inside a live engine")
@@ -74,8 +76,8 @@ class LivePolicy:
         self.name_of = name_of or (lambda rid, pos, block: "")
         self.block_size = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         num_blocks = len(pool.blocks)
-        policy.bind(PoolInfo(num_blocks=num_blocks, num_usable=num_blocks - 1,
-                             block_size=self.block_size))
+        policy.bind(pool_info or PoolInfo(num_blocks=num_blocks, num_usable=num_blocks - 1,
+                                          block_size=self.block_size))
         old = pool.free_block_queue
         self._native_queue_cls = type(old)
         # Truly free blocks in id order, as a fresh pool has them (after a warm-up and a

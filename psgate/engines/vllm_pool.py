@@ -90,7 +90,7 @@ def namespace_salt(group: str, scope: str) -> str:
     return f"{group}\x00{scope}"
 
 
-class _RefView:
+class RefView:
     """Reference counts read from vLLM's blocks, for the invariant checker's recount."""
 
     __slots__ = ("_blocks",)
@@ -142,7 +142,7 @@ class VllmPoolEngine(SimEngine):
                                      [b.block_id for b in old.get_all_free_blocks()])
         pool.free_block_queue = self.queue
         self.free = self.queue.free          # the truly free blocks, as sim names them
-        self.ref = _RefView(pool.blocks)
+        self.ref = RefView(pool.blocks)
         self.vreqs: dict[str, object] = {}
         self.key_copies: dict[int, int] = {}     # content key -> blocks holding it in vLLM
         self.lost: set[int] = set()              # content evicted with no copy left

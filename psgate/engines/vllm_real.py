@@ -1,36 +1,68 @@
-"""vllm: replay a trace on the real vLLM runtime and record what it *observed*.
+"""vllm: replay a trace on the real vLLM runtime and record what it decided.
 
 A ``vllm.LLM`` with dummy (random) weights is built from a Hugging Face model
 config (``--model-config``; the tiny Qwen2 bundled with psgate by default), with
 ``skip_tokenizer_init`` and prompts given as token ids synthesized from the
 trace's block hashes, ``cache_salt`` per (group, scope) namespace, and the psgate
 policy installed in the engine's block pool (:class:`~psgate.engines.vllm_live.LivePolicy`).
-Requests are submitted on the trace's clock through ``add_request``/``step``,
-compressed by ``time_compression`` (trace seconds per wall second), so a long
-trace finishes sooner; a request generates ``out`` tokens (greedy, EOS ignored)
-and holds its blocks until it has, which is the real scheduler's rule, not the
-trace's ``done`` events.
+The scheduler runs with the step replay's settings (:class:`SchedulerParams`:
+token budget, sequence cap, chunked prefill), passed explicitly and recorded. A request
+generates ``out`` tokens (greedy, EOS ignored) and holds its blocks until it has, which is
+the real scheduler's rule, not the trace's ``done`` events.
 
-What the receipt gets is observed: ``num_cached_tokens`` and time to first token
-(wall clock) per request, never mixed with modeled times. The real scheduler
-allocates output blocks as it decodes, caches full output blocks and may
-preempt, so its cache can differ from the replay model's. Each run is therefore
-also predicted with ``vllm-pool`` on the same trace and policy, and every
-request whose observed cached tokens differ is listed with its difference class:
+Two pacings decide when a request reaches the engine:
 
-    preempted         the scheduler preempted it (its blocks were freed and re-acquired)
-    output_block_hit  it hit a block holding generated tokens (the replay model caches
-                      prompt blocks only)
-    state             the prediction admitted, rejected or dropped it differently
-    timing            none of the above: the real engine's concurrency and holding
-                      times (prefill and decode at the device's speed, on the
-                      compressed clock) left a different cache than the modeled ones
+    wall      requests are submitted on the trace's clock compressed by
+              ``time_compression`` (trace seconds per wall second) while the engine
+              steps as fast as the device allows; times are observed (wall clock).
+    lockstep  before each ``step()`` the requests due on a *modeled step clock* are
+              added (cancels due abort theirs), then the clock advances by the
+              :class:`StepCostModel` applied to what that step actually scheduled
+              (prefill vs decode as the step replay protocol classifies them); with
+              nothing running or waiting the clock jumps to the next arrival. vLLM's
+              own scheduler, pool and model runner decide on the same clock as
+              psgate's step scheduler, so a run is deterministic and comparable with
+              it request by request. TTFT is the step-clock time of a request's first
+              token (modeled); the wall-clock TTFT observed beside it is reported in
+              the run's ``observed.wall_ttft_ms``.
+
+The step's work is read from the engine core's own ``SchedulerOutput`` (in process:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``Scheduler.schedule`` is wrapped to see
+``num_scheduled_tokens`` and each request's ``num_computed_tokens`` before the step
+(``schedule`` has already advanced it, vllm/v1/core/sched/scheduler.py:1616-1629).
+
+Each run is also predicted with ``vllm-pool`` on the same trace and policy, and every
+request whose cached tokens differ is listed with a difference class, the first of these
+that applies (the replay model admits at arrival, allocates a whole request at once,
+caches prompt blocks only and never preempts; each class names the first of those
+assumptions the real run broke before the request's prefix lookup):
+
+    state                 the prediction admitted, rejected or dropped it differently
+    preempted             the scheduler preempted this request (freed and re-acquired)
+    output_block_hit      it hit a block holding generated tokens
+    preemption            another request was preempted before its lookup, freeing and
+                          re-acquiring blocks in an order the replay model never produces
+    output_block_caching  before its lookup the engine evicted while a cached block of
+                          generated tokens lay free (the replay model frees such blocks
+                          uncached, so the two pools evicted different blocks)
+    scheduling_order      its lookup followed a different set of earlier lookups than
+                          predicted, or followed a request whose prompt was still only
+                          partly allocated (chunked prefill; the model allocates whole)
+    step_timing           the same lookups preceded it, but a different set of requests
+                          had released their blocks by then, or in another order
+                          (holding times: step durations on the modeled clock, or the
+                          device's speed under wall pacing)
+    decode_allocation     before its lookup a decoding request took a new block for its
+                          generated tokens (the replay model reserves a request's output
+                          blocks at admission, so it took those blocks earlier)
+    unexplained           none of the above could be told from the run's data
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections import deque
 from pathlib import Path
@@ -39,15 +71,24 @@ from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, RunResult)
 from psgate.engines.sim import NullRecorder
+from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
 from psgate.errors import InputError
 from psgate.policies import make_policy
-from psgate.trace.keys import content_key
+from psgate.policies.base import PoolInfo
+from psgate.trace.keys import content_key, output_key
 from psgate.trace.model import CancelEvent, RequestEvent
 
-DIFFERENCE_CLASSES = ("preempted", "output_block_hit", "state", "timing")
+PACINGS = ("wall", "lockstep")
+DIFFERENCE_CLASSES = ("state", "preempted", "output_block_hit", "preemption",
+                      "output_block_caching", "scheduling_order", "step_timing",
+                      "decode_allocation", "unexplained")
+NS_PER_MS = 1_000_000
+# Steps in a row that schedule nothing, with no arrival left, before a run gives up on the
+# requests still waiting (none should: a request that cannot fit an empty cache is rejected).
+MAX_IDLE_STEPS = 1000
 
 
 def default_model_config() -> Path:
@@ -62,19 +103,68 @@ def current_device() -> str:
     return "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
 
 
-def engine_details(model_config: str | None, time_compression: float) -> dict:
-    """What a receipt records about a real-engine run (versions, device, model)."""
+def check_pacing(pacing: str) -> str:
+    if pacing not in PACINGS:
+        raise InputError(f"expected one of {', '.join(PACINGS)}, found '{pacing}'",
+                         path="--pacing")
+    return pacing
+
+
+def engine_details(model_config: str | None, time_compression: float, pacing: str = "wall",
+                   sched: SchedulerParams | None = None,
+                   step_cost: StepCostModel | None = None) -> dict:
+    """What a receipt records about a real-engine run (versions, device, model, pacing and
+    the scheduler settings the engine ran under)."""
     import hashlib
 
     import torch
     path = Path(model_config) if model_config else default_model_config()
     cfg_bytes = (path / "config.json").read_bytes()
-    return {"vllm": vllm_version("vllm"), "torch": torch.__version__, "device": current_device(),
+    sched = sched or SchedulerParams()
+    info = {"vllm": vllm_version("vllm"), "torch": torch.__version__, "device": current_device(),
             "model": path.name, "model_config_sha256": hashlib.sha256(cfg_bytes).hexdigest(),
             "architectures": json.loads(cfg_bytes).get("architectures"),
-            "weights": "dummy (random)", "time_compression": time_compression,
-            "times": "observed: wall-clock time to first token on this device; "
-                     "no modeled time is mixed in"}
+            "weights": "dummy (random)", "pacing": check_pacing(pacing),
+            "scheduler": sched.to_json()}
+    if pacing == "lockstep":
+        info["step_cost_model"] = (step_cost or StepCostModel()).to_json()
+        info["times"] = ("modeled: time to first token on the step clock (the step cost "
+                         "model applied to what each real step scheduled); the wall-clock "
+                         "TTFT observed on this device is each run's observed.wall_ttft_ms")
+    else:
+        info["time_compression"] = time_compression
+        info["times"] = ("observed: wall-clock time to first token on this device; "
+                         "no modeled time is mixed in")
+    return info
+
+
+class _Clock:
+    """The replay's clock: the modeled step clock (lockstep) or the compressed wall clock."""
+
+    def __init__(self, lockstep: bool, t_first: int, compression: float) -> None:
+        self.lockstep, self.t_first, self.compression = lockstep, t_first, compression
+        self.now = t_first
+        self.t0 = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        if self.lockstep:
+            return self.now
+        return self.t_first + round((time.monotonic_ns() - self.t0) * self.compression)
+
+
+class _EvictionTap:
+    """The run's recorder, also noting evictions that cached output blocks took part in
+    (evicted, or lying free and evictable when another block was chosen)."""
+
+    def __init__(self, inner, on_eviction) -> None:
+        self._inner, self._on_eviction = inner, on_eviction
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        self._on_eviction(block)
+        self._inner.eviction(now_ns, req, decision, block, hash_name, owner)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 class VllmRealEngine:
@@ -86,13 +176,18 @@ class VllmRealEngine:
                  cost: CostModel | None = None, recorder=None, paranoid: bool = False,
                  label: str = "run", trace_path: str = "trace", progress=None,
                  groups: tuple[str, ...] = (), max_in_flight: int = 1_000_000,
-                 model_config: str | None = None, time_compression: float = 1.0) -> None:
+                 model_config: str | None = None, time_compression: float = 1.0,
+                 pacing: str = "wall", step_cost: StepCostModel | None = None,
+                 sched: SchedulerParams | None = None) -> None:
         self.header, self.hashes, self.capacity = header, hashes, capacity
         self.policy, self.contracts = policy, frozenset(contracts)
         self.done_ids, self.cost = done_ids, cost or CostModel()
         self.recorder = recorder or NullRecorder()
         self.label, self.trace_path, self.progress = label, trace_path, progress
         self.groups = groups
+        self.pacing = check_pacing(pacing)
+        self.step_cost = step_cost or StepCostModel()
+        self.sched = sched or SchedulerParams()
         self.model_config = Path(model_config) if model_config else default_model_config()
         cfg_file = self.model_config / "config.json"
         try:
@@ -126,10 +221,21 @@ class VllmRealEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
+        s = self.sched
+        if not s.enable_chunked_prefill and s.max_num_batched_tokens < max_model_len:
+            raise InputError(f"without chunked prefill the token budget must hold the longest "
+                             f"request: max_num_batched_tokens {s.max_num_batched_tokens} < "
+                             f"{max_model_len}", path="scheduler.max_num_batched_tokens")
+        # Synchronous scheduling: each step schedules, runs and updates before the next one
+        # is scheduled (EngineCore.step, vllm/v1/engine/core.py:657-691), as the step
+        # replay protocol steps.
         llm = LLM(model=str(self.model_config), load_format="dummy", skip_tokenizer_init=True,
                   enable_prefix_caching=True, block_size=self.bs,
                   num_gpu_blocks_override=self.capacity, max_model_len=max_model_len,
-                  max_num_batched_tokens=max(max_model_len, 2048), enforce_eager=True,
+                  max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
+                  enable_chunked_prefill=s.enable_chunked_prefill,
+                  long_prefill_token_threshold=s.long_prefill_token_threshold,
+                  watermark=s.watermark, async_scheduling=False, enforce_eager=True,
                   disable_log_stats=False, seed=0)
         return llm
 
@@ -160,16 +266,14 @@ class VllmRealEngine:
         llm.reset_prefix_cache()
         eng = llm.llm_engine
         core = eng.engine_core.engine_core
-        mgr = core.scheduler.kv_cache_manager
+        scheduler = core.scheduler
+        mgr = scheduler.kv_cache_manager
         vocab = llm.llm_engine.model_config.get_vocab_size()
-
-        t_first = events[0].t_ns if events else 0
-        t0 = time.monotonic_ns()
-
-        def clock_ns() -> int:
-            return t_first + round((time.monotonic_ns() - t0) * self.compression)
+        lockstep = self.pacing == "lockstep"
+        clock = _Clock(lockstep, events[0].t_ns if events else 0, self.compression)
 
         by_id = {ev.id: ev for ev in reqs}
+        index = {ev.id: i for i, ev in enumerate(reqs)}
         ns_ids: dict[tuple[str, str], int] = {}
         for ev in reqs:     # numbered by first appearance, as sim and future_uses number them
             ns_ids.setdefault((ev.group, ev.scope), len(ns_ids))
@@ -180,30 +284,138 @@ class VllmRealEngine:
             ns = ns_ids[(ev.group, ev.scope)]
             if pos < len(ev.blocks):
                 return content_key(ns, ev.blocks[pos])
-            return -2 - (hash((rid, pos)) & 0xFFFFFFFF)    # generated tokens: never shared
+            return output_key(index[rid], pos)      # generated tokens: never shared
 
         def name_of(rid, pos, block):
             ev = by_id[rid]
             return names[ev.blocks[pos]] if pos < len(ev.blocks) else f"output:{rid}:{pos}"
 
-        def trace_id(request) -> str:
+        def trace_id(rid: str) -> str:
             """vLLM suffixes the id it was given with a random tag; the trace's id is the
             one given, which may itself contain '-'."""
-            rid = request.request_id
             return rid if rid in by_id else rid.rsplit("-", 1)[0]
 
         def describe(request):
-            ev = by_id[trace_id(request)]
+            ev = by_id[trace_id(request.request_id)]
             return ev.group, ev.contract, ev.scope
 
-        live = LivePolicy(mgr, self.policy, clock_ns=clock_ns, recorder=self.recorder,
+        # -- what the run's difference classes need, in lookup order ----------------
+        # ``seq`` counts prefix lookups (a request's first allocation); an event noted
+        # with seq s happened after lookups 0..s-1 and before lookup s.
+        seq = [0]
+        lookup_seq: dict[str, int] = {}
+        preemption_seq: list[int] = []
+        output_eviction_seq: list[int] = []
+        decode_allocation_seq: list[int] = []
+        step_no = [0]
+        idle = [0]      # consecutive steps that scheduled nothing
+        first_step: dict[str, int] = {}          # the step it was first scheduled in
+        first_start: dict[str, int] = {}         # that step's start on the replay clock
+        first_cached: dict[str, int] = {}        # vLLM's prefill stats at that scheduling
+        released_at: dict[str, int] = {}         # steps begun before its blocks were freed,
+                                                 # in release order
+        partial_before: set[str] = set()         # looked up behind a partly allocated prompt
+        preemptions: dict[str, int] = {}
+        live_ref: list[LivePolicy] = []
+
+        def on_eviction(block: int) -> None:
+            live = live_ref[0]
+            pool = live.pool
+            if block in live.output_blocks or any(
+                    pool.blocks[b].ref_cnt == 0 for b in live.output_blocks if b != block):
+                output_eviction_seq.append(seq[0])
+
+        recorder = _EvictionTap(self.recorder, on_eviction)
+        live = LivePolicy(mgr, self.policy, clock_ns=clock, recorder=recorder,
                           key_of=key_of, name_of=name_of, describe=describe,
-                          request_id=trace_id, future_known=True)
+                          request_id=lambda request: trace_id(request.request_id),
+                          future_known=True,
+                          # Keys declared opaque (no key_shift): a block of generated tokens
+                          # has an output_key, outside the (namespace << KEY_SHIFT) | hash
+                          # layout that a policy's per-hash tables are sized by (prefixshield's
+                          # PrefixHistory would grow to the key's low 32 bits). Verdicts are
+                          # the same either way; only the policy's memory layout differs.
+                          pool_info=PoolInfo(num_blocks=self.capacity, num_usable=usable,
+                                             block_size=bs, groups=tuple(self.groups)))
+        live_ref.append(live)
+
+        allocate = mgr.allocate_slots
+        pool = mgr.block_pool
+
+        def allocate_slots(request, *args, **kwargs):
+            tid = trace_id(request.request_id)
+            if tid not in lookup_seq:
+                lookup_seq[tid] = seq[0]
+                seq[0] += 1
+            if not (request.num_output_tokens and request.num_computed_tokens):
+                return allocate(request, *args, **kwargs)
+            # A decode (not a resumed recompute): no lookup, so fewer free blocks after
+            # the call means it took new ones.
+            free_before = pool.get_num_free_blocks()
+            out = allocate(request, *args, **kwargs)
+            if pool.get_num_free_blocks() < free_before:
+                decode_allocation_seq.append(seq[0])
+            return out
+
+        mgr.allocate_slots = allocate_slots
+
+        preempt = scheduler._preempt_request
+
+        def preempt_request(request, *args, **kwargs):
+            # vllm/v1/core/sched/scheduler.py:1571-1608: blocks freed, back to waiting.
+            tid = trace_id(request.request_id)
+            preemptions[tid] = preemptions.get(tid, 0) + 1
+            preemption_seq.append(seq[0])
+            return preempt(request, *args, **kwargs)
+
+        scheduler._preempt_request = preempt_request
+
+        schedule = scheduler.schedule
+
+        def schedule_step(*args, **kwargs):
+            start = clock()
+            out = schedule(*args, **kwargs)
+            p = c = d = k = 0
+            for rid, n in out.num_scheduled_tokens.items():
+                request = scheduler.requests[rid]
+                before = request.num_computed_tokens - n     # schedule() advanced it
+                # Step replay protocol, step 4: a decode has sampled a token and computes
+                # exactly its last one; anything else (a resumed recompute too) is prefill.
+                if request.num_output_tokens >= 1 and n == 1 \
+                        and before == request.num_tokens - 1:
+                    d += 1
+                    k += before
+                else:
+                    p += n
+                    c += before
+                tid = trace_id(rid)
+                if tid not in first_step:
+                    first_step[tid] = step_no[0]
+                    first_start[tid] = start
+                    stats = request.prefill_stats
+                    first_cached[tid] = stats.num_cached_tokens if stats is not None else 0
+                    if any(q.request_id != rid and q.num_computed_tokens
+                           < len(by_id[trace_id(q.request_id)].blocks) * bs
+                           and trace_id(q.request_id) in lookup_seq
+                           and lookup_seq[trace_id(q.request_id)] < lookup_seq.get(tid, 0)
+                           for q in scheduler.running):
+                        partial_before.add(tid)
+            step_no[0] += 1
+            idle[0] = idle[0] + 1 if not out.total_num_scheduled_tokens else 0
+            if lockstep:
+                clock.now += self.step_cost.step_ns(StepWork(p, c, d, k))
+            return out
+
+        scheduler.schedule = schedule_step
+
         tokens_cache: dict[int, list[int]] = {}
         outcomes: dict[str, RequestOutcome] = {}
-        preemptions: dict[str, int] = {}
+        last_cached: dict[str, int] = {}
+        first_token_ns: dict[str, int] = {}
+        wall_ttft: dict[str, float] = {}
         counts = {"admitted": 0, "rejected": 0, "cancelled": 0, "dropped": 0,
-                  "late_cancels": 0, "preempted": 0, "unfinished": 0}
+                  "late_cancels": 0, "preempted": 0, "preemptions": 0, "unfinished": 0,
+                  "steps": 0}
         rejected: list[str] = []
         pending = deque(events)
         submitted: set[str] = set()
@@ -224,21 +436,44 @@ class VllmRealEngine:
             eng.add_request(ev.id, prompt, SamplingParams(max_tokens=max(1, ev.out), **greedy))
             submitted.add(ev.id)
 
-        def finish(out) -> None:
-            o = outcomes[out.request_id]
-            submitted.discard(out.request_id)
-            m = out.metrics
+        def cancel(ev: CancelEvent) -> None:
+            if ev.id not in submitted:
+                counts["late_cancels"] += 1
+                return
+            o = outcomes[ev.id]
+            started = ev.id in first_step
+            o.state = CANCELLED if started else DROPPED
+            counts["cancelled" if started else "dropped"] += 1
+            eng.abort_request([ev.id])
+            submitted.discard(ev.id)
+            o.release_ns = clock()
+            released_at[ev.id] = step_no[0]
+            if started:     # what vLLM reported for it: its last output, else its lookup
+                o.cached_tokens = last_cached.get(ev.id, first_cached.get(ev.id, 0))
+
+        def observe(out) -> None:
+            rid = out.request_id
+            o = outcomes.get(rid)
+            if o is None or o.state in (CANCELLED, DROPPED):
+                return
+            if out.num_cached_tokens is not None:
+                last_cached[rid] = out.num_cached_tokens
+            if rid not in first_token_ns and any(c.token_ids for c in out.outputs):
+                first_token_ns[rid] = clock()
+                m = out.metrics
+                if m is not None and m.first_token_ts:
+                    wall_ttft[rid] = m.first_token_latency * 1000.0
+            if not out.finished:
+                return
+            submitted.discard(rid)
             o.cached_tokens = out.num_cached_tokens or 0
-            o.release_ns = clock_ns()
-            if m is not None and m.first_token_ts:
-                o.ttft_ms = m.first_token_latency * 1000.0
-                preemptions[out.request_id] = m.num_preemptions
+            o.release_ns = clock()
+            released_at[rid] = step_no[0]
             if o.state == UNFINISHED:
                 o.state = COMPLETED
-            counts["admitted"] += 1
 
         while pending or eng.has_unfinished_requests():
-            now = clock_ns()
+            now = clock()
             while pending and pending[0].t_ns <= now:
                 ev = pending.popleft()
                 if self.progress is not None:
@@ -246,27 +481,37 @@ class VllmRealEngine:
                 if type(ev) is RequestEvent:
                     submit(ev)
                 elif type(ev) is CancelEvent:
-                    if ev.id in submitted:
-                        o = outcomes[ev.id]
-                        started = ev.id in live._preqs
-                        o.state = CANCELLED if started else DROPPED
-                        counts["cancelled" if started else "dropped"] += 1
-                        eng.abort_request([ev.id])
-                        submitted.discard(ev.id)
-                        o.release_ns = clock_ns()
-                    else:
-                        counts["late_cancels"] += 1
+                    cancel(ev)
             if eng.has_unfinished_requests():
                 for out in eng.step():
-                    if out.finished and out.request_id in outcomes \
-                            and outcomes[out.request_id].state not in (CANCELLED, DROPPED):
-                        finish(out)
+                    observe(out)
+                if idle[0] >= MAX_IDLE_STEPS and not pending:
+                    break       # nothing can be scheduled any more: the rest is unfinished
             elif pending:
-                wait_ns = (pending[0].t_ns - clock_ns()) / self.compression
+                if lockstep:        # nothing running or waiting: on to the next arrival
+                    clock.now = max(clock.now, pending[0].t_ns)
+                    continue
+                wait_ns = (pending[0].t_ns - clock()) / self.compression
                 if wait_ns > 0:
                     time.sleep(min(wait_ns / 1e9, 0.5))
-        end = clock_ns()
+        end = clock()
+        for rid, o in outcomes.items():
+            o.preemptions = preemptions.get(rid, 0)
+            start = first_start.get(rid)
+            tok = first_token_ns.get(rid)
+            if lockstep:
+                if start is not None:
+                    o.queue_ms = (start - o.t_ns) / NS_PER_MS
+                if tok is not None:
+                    o.ttft_ms = (tok - o.t_ns) / NS_PER_MS
+                    o.prefill_ms = (tok - start) / NS_PER_MS if start is not None else None
+            elif rid in wall_ttft:
+                o.ttft_ms = wall_ttft[rid]
+        counts["admitted"] = len(first_step)
+        counts["unfinished"] = len(submitted)
         counts["preempted"] = sum(1 for n in preemptions.values() if n)
+        counts["preemptions"] = sum(preemptions.values())
+        counts["steps"] = step_no[0]
         counts["evictions"] = live.num_evictions
         groups = list(dict.fromkeys([*self.groups, *live.groups]))
         evictions_by: dict[str, dict[str, int]] = {}
@@ -280,15 +525,30 @@ class VllmRealEngine:
             evictions=live.num_evictions, evictions_by=evictions_by,
             occupancy_mean={}, occupancy_max={}, counts=counts,
             invariants={"no_pinned_eviction": live.pinned}, orphans={},
-            rejected_ids=rejected, start_ns=t_first, end_ns=end)
-        result.observed = self._compare(events, result, preemptions, live.output_hits)
+            rejected_ids=rejected, start_ns=clock.t_first, end_ns=end)
+        run = _RunTrace(index=index, lookup_seq=lookup_seq, preemption_seq=preemption_seq,
+                        output_eviction_seq=output_eviction_seq,
+                        decode_allocation_seq=decode_allocation_seq, first_step=first_step,
+                        released_at=released_at, partial_before=partial_before,
+                        preemptions=preemptions, output_hits=live.output_hits)
+        result.observed = self._compare(events, result, run)
+        result.observed["pacing"] = self.pacing
+        ttfts = sorted(wall_ttft[o.id] for o in result.requests if o.id in wall_ttft)
+        result.observed["wall_ttft_ms"] = {
+            "n": len(ttfts),
+            "p50": round(statistics.median(ttfts), 3) if ttfts else None,
+            "p95": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 3)
+            if ttfts else None}
+        if lockstep:    # beside each request's modeled TTFT (requests.csv), its wall one
+            result.observed["wall_ttft_ms"]["by_request"] = {
+                o.id: round(wall_ttft[o.id], 3) for o in result.requests if o.id in wall_ttft}
         del llm
         return result
 
     # -- observed vs predicted ------------------------------------------------------
-    def _compare(self, events, result: RunResult, preemptions: dict[str, int],
-                 output_hits: dict[str, int]) -> dict:
-        """Predict the same run with vllm-pool and classify every difference."""
+    def _compare(self, events, result: RunResult, run: "_RunTrace") -> dict:
+        """Predict the same run with vllm-pool and classify every difference (the rules
+        are the module docstring's)."""
         policy = make_policy(self.policy.name, dict(self.policy.params))
         pool = VllmPoolEngine(header=self.header, hashes=self.hashes, capacity=self.capacity,
                               policy=policy, contracts=self.contracts, done_ids=frozenset(),
@@ -296,6 +556,7 @@ class VllmRealEngine:
         predicted = {o.id: o for o in pool.run(iter(events)).requests}
         differences = []
         num_equal = num_comparable = num_comparable_equal = 0
+        preemptions, output_hits = run.preemptions, run.output_hits
         for o in result.requests:
             p = predicted.get(o.id)
             equal = p is not None and p.state == o.state and p.cached_tokens == o.cached_tokens
@@ -307,18 +568,11 @@ class VllmRealEngine:
             num_comparable_equal += covered and equal
             if equal:
                 continue
-            if preemptions.get(o.id):
-                cls = "preempted"
-            elif output_hits.get(o.id):
-                cls = "output_block_hit"
-            elif p is None or (p.state in (REJECTED, DROPPED)) != (o.state in (REJECTED, DROPPED)):
-                cls = "state"
-            else:
-                cls = "timing"
             differences.append({"id": o.id, "observed_cached_tokens": o.cached_tokens,
                                 "predicted_cached_tokens": p.cached_tokens if p else None,
                                 "observed_state": o.state,
-                                "predicted_state": p.state if p else None, "class": cls})
+                                "predicted_state": p.state if p else None,
+                                "class": run.classify(o, p, predicted)})
         by_class = {c: sum(1 for d in differences if d["class"] == c)
                     for c in DIFFERENCE_CLASSES}
         return {"predicted_by": "vllm-pool", "num_requests": len(result.requests),
@@ -329,3 +583,52 @@ class VllmRealEngine:
                 "differences_by_class": by_class, "differences": differences,
                 "preempted_ids": sorted(i for i, n in preemptions.items() if n)}
 
+
+class _RunTrace:
+    """What the real run recorded about its lookups, releases and preemptions, and the
+    difference classes derived from it."""
+
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+    def classify(self, o: RequestOutcome, p: RequestOutcome | None, predicted: dict) -> str:
+        gone = (REJECTED, DROPPED)
+        if p is None or (p.state in gone) != (o.state in gone):
+            return "state"
+        if self.preemptions.get(o.id):
+            return "preempted"
+        if self.output_hits.get(o.id):
+            return "output_block_hit"
+        mine = self.lookup_seq.get(o.id)
+        if mine is None:
+            return "unexplained"
+        if any(s <= mine for s in self.preemption_seq):
+            return "preemption"
+        if any(s <= mine for s in self.output_eviction_seq):
+            return "output_block_caching"
+        # Lookups before this one, real (first allocation order) and predicted (vllm-pool
+        # looks a request up when it admits it: at arrival, or after its wait).
+        real_before = {q for q, s in self.lookup_seq.items() if s < mine}
+
+        def lookup_at(q: RequestOutcome) -> tuple[int, int]:
+            return q.t_ns + round(q.wait_ms * NS_PER_MS), self.index[q.id]
+
+        pred_admitted = [q for q in predicted.values() if q.state not in gone]
+        pred_before = {q.id for q in pred_admitted if lookup_at(q) < lookup_at(p)}
+        if real_before != pred_before or o.id in self.partial_before:
+            return "scheduling_order"
+        # Releases before this lookup, in release order (a freed request's blocks join the
+        # eviction order when it is freed, so the order matters as well as the set).
+        step = self.first_step.get(o.id)
+        real_released = [q for q, s in self.released_at.items()
+                         if step is not None and s <= step and q != o.id
+                         and q in self.lookup_seq]
+        pred_released = [q.id for q in sorted(
+                             (q for q in pred_admitted if q.release_ns is not None),
+                             key=lambda q: (q.release_ns, self.index[q.id]))
+                         if q.id != o.id and q.release_ns <= lookup_at(p)[0]]
+        if real_released != pred_released:
+            return "step_timing"
+        if any(s <= mine for s in self.decode_allocation_seq):
+            return "decode_allocation"
+        return "unexplained"

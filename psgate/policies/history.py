@@ -14,8 +14,9 @@ entries outnumber its live ones.
 Where the engine's content keys are ``(namespace << key_shift) | hash index`` with
 namespaces that never span groups (``PoolInfo.key_shift``), a key's stamp sits in a flat
 slot per hash index, owned by the first namespace to use it (12 bytes per distinct
-hash); other keys, labels (given negative ids) and every key without that layout are
-in a dict keyed by (group, key). The order and the verdicts are exactly those of one
+hash); other keys, labels (given negative ids), keys from ``OPAQUE_KEYS_FROM`` up (blocks
+of generated tokens, which name no trace hash) and every key without that layout are in a
+dict keyed by (group, key). The order and the verdicts are exactly those of one
 OrderedDict per group.
 """
 
@@ -24,6 +25,9 @@ from __future__ import annotations
 from array import array
 
 _COMPACT_MIN = 1024
+# Engines key a block that holds no trace hash (a full block of a prompt's tail and generated
+# tokens) from here up (psgate.trace.keys.OUTPUT_KEY_BIT): its low bits index no hash table.
+OPAQUE_KEYS_FROM = 1 << 62
 
 
 class PrefixHistory:
@@ -63,7 +67,7 @@ class PrefixHistory:
 
     def _slot(self, key) -> int:
         """The slot index of key, claiming a free one; -1 when key has none."""
-        if self.shift is None or key < 0:
+        if self.shift is None or key < 0 or key >= OPAQUE_KEYS_FROM:
             return -1
         h = key & self.mask
         ns = key >> self.shift
@@ -125,6 +129,9 @@ class PrefixHistory:
         out = []
         n = len(sns)
         for k in keys:
+            if k >= OPAQUE_KEYS_FROM:
+                out.append(self.other.get((g, k), -1) >= 0)
+                continue
             h = k & mask
             o = sns[h] if h < n else -1
             if o == k >> shift:                               # _stamp, inline
@@ -143,7 +150,7 @@ class PrefixHistory:
                 self.touch(g, k)
             return
         mask = self.mask
-        top = max(keys, key=lambda k: k & mask, default=0) & mask
+        top = max((k & mask for k in keys if k < OPAQUE_KEYS_FROM), default=0)
         if top >= len(self.slot_ns):
             self._grow(top)
         sns, sst = self.slot_ns, self.slot_stamp
@@ -151,7 +158,7 @@ class PrefixHistory:
         for k in keys:
             h = k & mask
             ns = k >> shift
-            if sns[h] == ns or sns[h] < 0:                    # _set_stamp, inline
+            if k < OPAQUE_KEYS_FROM and (sns[h] == ns or sns[h] < 0):   # _set_stamp, inline
                 sns[h] = ns
                 was = sst[h]
                 sst[h] = self.clock

@@ -23,10 +23,16 @@ from psgate.trace.reader import TraceSource
 
 REPLAY_MODEL = ("psgate replay model v1: blocks held from admission, "
                 "ceil((prompt+out)/block_size) per request, prompt blocks cached")
+STEP_REPLAY_MODEL = ("psgate replay model v2: vLLM 0.32's scheduler step by step on a modeled "
+                     "clock (lookup at scheduling, token budget, chunked prefill, decode "
+                     "blocks, preemption, output blocks cached)")
 
 
-def run_record(result, metrics: dict) -> dict:
-    """One run's entry in ``runs``: its engine result with the metrics computed from it."""
+def run_record(result, metrics: dict, saturation: dict | None = None,
+               replicas: list[dict] | None = None) -> dict:
+    """One run's entry in ``runs``: its engine result with the metrics computed from it,
+    whether its modeled instance saturated (psgate.stats.saturation) and, for a run spread
+    over several instances (``--replicas``), each instance's own numbers."""
     record = {
         "policy": result.policy,
         "aborted": result.aborted,
@@ -39,6 +45,10 @@ def run_record(result, metrics: dict) -> dict:
     }
     if result.observed is not None:
         record["observed"] = result.observed
+    if saturation is not None:
+        record["saturation"] = saturation
+    if replicas is not None:
+        record["replicas"] = replicas
     return record
 
 
@@ -82,9 +92,17 @@ def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict,
         "gate": gate,
         "outputs": {name: {"sha256": file_sha256(path)} for name, path in outputs.items()},
     }
-    info = engine_info(cfg.engine, cfg.model_config, cfg.time_compression)
+    if cfg.uses_steps:
+        receipt["config"]["replay_model"] = STEP_REPLAY_MODEL
+        receipt["config"]["scheduler"] = cfg.sched.to_json()
+        receipt["config"]["step_cost_model"] = cfg.step_cost.to_json()
+    info = engine_info(cfg.engine, cfg.model_config, cfg.time_compression,
+                       cfg.pacing, cfg.sched, cfg.step_cost)
     if info is not None:     # sim receipts stay as they were: no key at all
         receipt["config"]["engine_info"] = info
+    if getattr(cfg, "replicas", 1) > 1:     # one instance: the receipt as it always was
+        receipt["config"]["replicas"] = cfg.replicas
+        receipt["config"]["route"] = cfg.route
     receipt["environment"] = environment(src, cfg.out, started, cfg.gate_file,
                                          summary.sha256)
     return receipt

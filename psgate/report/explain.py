@@ -200,7 +200,8 @@ def _check_run(run: str) -> None:
 # comes from replaying the run.
 
 RUNS = ("baseline", "candidate")
-_NEEDED = ("run", "seq", "t", "kind", "request", "group", "hash", "owner", "hits")
+_NEEDED = ("run", "seq", "t", "kind", "request", "group", "hash", "owner", "hits",
+           "new_blocks")
 
 
 @dataclass
@@ -442,6 +443,7 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
     own: list[dict] = []
     admit = None
     history: dict[tuple[str, str], list[dict]] = {}
+    cached_upto: dict[str, int] = {}
     reqs = trace.requests
     for line, row in _run_rows(directory, receipt, run, trace, request):
         kind = row["kind"]
@@ -471,18 +473,28 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
                                  f"{trace.path}", path=where, line=line, field="request")
             hits = int(row["hits"])
             ns = (r.group, r.scope)
-            expect = 0
-            for hid in r.blocks[:trace.max_hits(r)]:
-                if copies.get((ns, hid), 0) <= 0:
-                    break
-                expect += 1
-            if expect != hits:
-                mismatches.append(int(row["seq"]))
-            for pos in range(hits, len(r.blocks)):
+            # A request's first row is its lookup. The step scheduler writes one row per
+            # allocation batch (prompt chunks, decode blocks, a resumed request's new
+            # lookup): each caches its ``new_blocks`` next blocks, from its hits on.
+            first = r.id not in cached_upto
+            if first or hits:
+                cached_upto[r.id] = hits
+            if first:
+                expect = 0
+                for hid in r.blocks[:trace.max_hits(r)]:
+                    if copies.get((ns, hid), 0) <= 0:
+                        break
+                    expect += 1
+                if expect != hits:
+                    mismatches.append(int(row["seq"]))
+            start = cached_upto[r.id]
+            end = start + int(row["new_blocks"] or 0)
+            cached_upto[r.id] = end
+            for pos in range(start, min(end, len(r.blocks))):
                 k = (ns, r.blocks[pos])
                 copies[k] = copies.get(k, 0) + 1
-            if target is not None and target in r.blocks:
-                pos = r.blocks.index(target)
+            pos = r.blocks.index(target) if target is not None and target in r.blocks else -1
+            if pos >= 0 and (pos < hits or start <= pos < end):
                 history.setdefault(ns, []).append(
                     {"kind": "hit" if pos < hits else "cached", "decision": int(row["seq"]),
                      "t": row["t"], "request": r.id, "group": r.group, "pos": pos,

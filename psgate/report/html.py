@@ -22,6 +22,7 @@ from psgate.engines.sim import NullRecorder
 from psgate.errors import EngineUnavailable, InputError, PsgateError
 from psgate.report.receipts import (load_receipt, prepare_replay, replay_run,
                                     resimulation_refusal, text_lines)
+from psgate.report.render import times_label
 
 RUNS = ("baseline", "candidate")
 MAX_SAMPLES = 400
@@ -30,7 +31,8 @@ ROLE_COLOURS = {"victim": "#1f77b4", "attacker": "#d62728", "benign": "#2ca02c",
                 "(none)": "#7f7f7f"}
 RUN_COLOURS = {"baseline": "#7f7f7f", "candidate": "#1f77b4"}
 
-# What a receipt's times are: sim and vllm-pool model them, the real vLLM engine observes them.
+# What a receipt's times are: sim and vllm-pool model them, the real vLLM engine observes them
+# (on the wall clock; under lockstep pacing its step clock models them).
 TIMES = {"modeled": "Times are modeled by the cost model, not observed.",
          "observed": "Times are observed on the real vLLM runtime, not modeled."}
 
@@ -233,7 +235,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
     plt.close(fig)
 
     # TTFT distributions
-    clock = "observed" if receipt["config"]["engine"] == "vllm" else "modeled"
+    clock = times_label(receipt)
     fig, ax = plt.subplots(figsize=(11, 3.2))
     for run in RUNS:
         ttft = sorted(float(r["ttft_ms"]) for r in requests.get(run, [])
@@ -481,7 +483,7 @@ def build_experiment_report(directory: Path, receipt: dict, plt) -> str:
     gate = receipt["gate"]
     names = {run: cfg[run]["name"] for run in RUNS}
     level = cfg.get("bootstrap", {}).get("level", 0.95)
-    clock = "observed" if cfg["engine"] == "vllm" else "modeled"
+    clock = times_label(receipt)
     plots = [
         _plot(f"Hit fraction: per-run and paired difference with its {level:.0%} bootstrap "
               f"interval", "paired-hits", _paired_plot(plt, receipt, "hit_fraction",

@@ -21,7 +21,8 @@ import orjson
 
 from psgate.api import ReplayConfig, contract_table
 from psgate.engines.cost import COEFFICIENTS, CostModel
-from psgate.engines.sim import SimEngine
+from psgate.engines import engine_class
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import InputError
 from psgate.policies import make_policy
 from psgate.receipt.gate import Tolerances
@@ -222,7 +223,17 @@ def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
         ledger_hits=cfg.get("ledger_hits", False), cost=cost,
         ledger_rows=cfg.get("ledger", {}).get("rows", "all"),
         ledger_compression=cfg.get("ledger", {}).get("compression", "none"),
-        limits=Limits(**cfg.get("limits", {})))
+        limits=Limits(**cfg.get("limits", {})), replicas=cfg.get("replicas", 1),
+        route=cfg.get("route", "round-robin"), **step_settings(cfg))
+
+
+def step_settings(cfg: dict) -> dict:
+    """The step scheduler's settings a receipt's config records (none for a service-model
+    receipt, which has no ``scheduler`` key)."""
+    if "scheduler" not in cfg:
+        return {}
+    return {"scheduler": "step", "sched": SchedulerParams(**cfg["scheduler"]),
+            "step_cost": StepCostModel.from_json(cfg["step_cost_model"])}
 
 
 def resimulation_refusal(receipt: dict, what: str) -> str | None:
@@ -231,6 +242,11 @@ def resimulation_refusal(receipt: dict, what: str) -> str | None:
     A ``vllm`` receipt records what the real runtime did (its cached tokens, its clock);
     a sim replay of the same trace would show sim's state under that receipt's name."""
     engine = receipt["config"]["engine"]
+    replicas = receipt["config"].get("replicas", 1)
+    if replicas > 1:
+        return (f"{what} re-simulates one instance, and this receipt's runs were spread over "
+                f"{replicas} (--replicas); its ledger names each instance's rows (run "
+                f"baseline/r0, ...)")
     if engine != "vllm":
         return None
     return (f"{what} re-simulates the runs, and this receipt's engine '{engine}' recorded "
@@ -261,11 +277,12 @@ def replay_run(receipt: dict, prepared, run: str, recorder):
     src = TraceSource.resolve(cfg.trace)
     if policy.needs_future:
         policy.set_future(future_uses(src, hashes))
-    engine = SimEngine(header=header, hashes=hashes, capacity=cfg.capacity, policy=policy,
-                       contracts=contract_table(cfg.contracts, [policy]),
-                       done_ids=summary.done_ids, cost=cfg.cost, recorder=recorder, label=run,
-                       trace_path=receipt["trace"]["path"], groups=summary.groups,
-                       max_in_flight=cfg.limits.max_in_flight)
+    step = ({"step_cost": cfg.step_cost, "sched": cfg.sched} if cfg.uses_steps else {})
+    engine = engine_class("sim", "step" if step else "service")(
+        header=header, hashes=hashes, capacity=cfg.capacity, policy=policy,
+        contracts=contract_table(cfg.contracts, [policy]), done_ids=summary.done_ids,
+        cost=cfg.cost, recorder=recorder, label=run, trace_path=receipt["trace"]["path"],
+        groups=summary.groups, max_in_flight=cfg.limits.max_in_flight, **step)
     recorder.engine = engine
     with TraceReader(src, hashes, cfg.limits) as reader:
         return engine.run(reader.events())

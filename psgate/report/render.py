@@ -39,6 +39,15 @@ VERBOSE = tuple(LABELS)
 DEFAULT_GROUPS = 8
 
 
+def times_label(receipt: dict) -> str:
+    """How a receipt's times were taken: "observed" when the real engine ran on the wall
+    clock (``--engine vllm``, wall pacing), else "modeled" (a cost model's, the step
+    clock's under lockstep pacing included)."""
+    cfg = receipt["config"]
+    wall = (cfg.get("engine_info") or {}).get("pacing", "wall") == "wall"
+    return "observed" if cfg["engine"] == "vllm" and wall else "modeled"
+
+
 def printable(text: str) -> str:
     """``text`` with control characters escaped: a newline in a tenant's name would
     otherwise start a new table row that is not one."""
@@ -111,7 +120,8 @@ def replay_table(receipt: dict, verbose: bool = False) -> Table:
               "roles": {**base.get("roles", {}), **cand.get("roles", {})},
               "groups": {**base.get("groups", {}), **cand.get("groups", {})}}
     scopes, hidden = _scopes(merged, verbose)
-    caption = (f"{receipt['config']['usable_blocks']} usable blocks; times modeled"
+    caption = (f"{receipt['config']['usable_blocks']} usable blocks; "
+               f"times {times_label(receipt)}"
                + (f"; {hidden} more groups with --verbose" if hidden else ""))
     t = _table(caption, ["scope / metric", "baseline", "candidate", "cand - base"])
     for kind, label, _ in scopes:
@@ -152,7 +162,7 @@ def experiment_table(receipt: dict, verbose: bool = False) -> Table:
     level = cfg.get("bootstrap", {}).get("level", 0.95)
     scopes, hidden = _scopes(s, verbose)
     caption = (f"{cfg['usable_blocks']} usable blocks; means over {s['num_runs']} run(s); "
-               f"interval: paired bootstrap over runs; times modeled"
+               f"interval: paired bootstrap over runs; times {times_label(receipt)}"
                + (f"; {hidden} more groups with --verbose" if hidden else ""))
     t = _table(caption, ["scope / metric", "baseline", "candidate", "cand - base",
                          f"{level:.0%} CI"])

@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 
 from psgate.report.receipts import load_receipt
-from psgate.report.render import DEFAULT_GROUPS, HEADLINE, LABELS, delta, fmt, fmt_diff
+from psgate.report.render import (DEFAULT_GROUPS, HEADLINE, LABELS, delta, fmt, fmt_diff,
+                                  times_label)
 
 SUMMARY_FORMAT = 1
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
@@ -44,7 +45,7 @@ def summarize(directory: str | Path) -> dict:
            "gate": gate["result"], "checks": gate["num_checks"],
            "failed_checks": gate["num_failed"],
            "baseline": cfg["baseline"]["name"], "candidate": cfg["candidate"]["name"],
-           "usable_blocks": cfg["usable_blocks"]}
+           "usable_blocks": cfg["usable_blocks"], "times": times_label(receipt)}
     rows = []
     if "psgate_experiment" in receipt:
         s = receipt["summary"]
@@ -112,12 +113,13 @@ def markdown(summary: dict) -> str:
                      f"{summary['checks'] - summary['failed_checks']}/{summary['checks']} "
                      f"checks passed. Means over runs; difference = candidate - baseline with "
                      f"its {summary['interval_level']:.0%} paired bootstrap interval; "
-                     f"times modeled.")
+                     f"times {summary.get('times', 'modeled')}.")
     else:
         lines.append(f"{what} on {md_escape(summary['trace'])} "
                      f"({summary['usable_blocks']} usable blocks); "
                      f"{summary['checks'] - summary['failed_checks']}/{summary['checks']} "
-                     f"checks passed. Difference = candidate - baseline; times modeled.")
+                     f"checks passed. Difference = candidate - baseline; "
+                     f"times {summary.get('times', 'modeled')}.")
     lines.append("")
     exp = summary["kind"] == "experiment"
     head = "| scope | metric | baseline | candidate | difference |"

@@ -15,12 +15,14 @@ from psgate.trace.model import RequestEvent
 from psgate.trace.reader import HashTable, TraceReader, TraceSource
 
 
-def future_uses(src: TraceSource, hashes: HashTable) -> dict[int, array]:
+def future_uses(src: TraceSource, hashes: HashTable, select=None) -> dict[int, array]:
+    """``select``: the events one engine sees, from the trace's (an instance of a run
+    spread over several sees only the requests routed to it, numbered as it numbers them)."""
     uses: dict[int, array] = {}
     ns_ids: dict[tuple[str, str], int] = {}
     index = 0
     with TraceReader(src, hashes) as reader:
-        for ev in reader.events():
+        for ev in reader.events() if select is None else select(reader.events()):
             if type(ev) is not RequestEvent:
                 continue
             ns = ns_ids.setdefault((ev.group, ev.scope), len(ns_ids))

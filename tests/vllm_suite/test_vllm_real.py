@@ -1,5 +1,6 @@
 """--engine vllm: a two-tenant flood replayed on the real CPU engine (tiny Qwen2, dummy
-weights), observed cached tokens against the vllm-pool prediction."""
+weights), observed cached tokens against the vllm-pool prediction; lockstep pacing on the
+modeled step clock; cached tokens of a request cancelled after it started."""
 
 from __future__ import annotations
 
@@ -98,3 +99,107 @@ def test_admission_controlling_policies_are_refused_on_the_real_engine(tmp_path)
                            capacity=40, out=tmp_path / "o")
     with pytest.raises(InputError, match="static-quota.*admission control"):
         api.replay(cfg)
+
+
+def test_summary_table_says_times_are_observed(receipt):
+    from psgate.report.render import replay_table
+    from psgate.report.summary import markdown, summarize
+    caption = str(replay_table(receipt).caption)
+    assert "times observed" in caption and "modeled" not in caption
+    text = markdown(summarize(receipt["_out"]))
+    assert "times observed" in text and "times modeled" not in text
+
+
+# -- lockstep pacing: the real engine on the modeled step clock ------------------------
+
+def lockstep_lines() -> list[dict]:
+    """Nine flood requests far apart (each runs alone: its first token comes one step of
+    its own prefill after arrival), then a burst of six at once that a 256-token budget
+    must chunk and queue."""
+    lines = flood_lines(9)
+    for i in range(6):
+        blocks = [_h("sys-0"), _h(f"b{i}")] + [_h(f"b{i}-{j}") for j in range(i % 3)]
+        lines.append({"t": 3.0, "op": "request", "id": f"b{i}", "group": "burst",
+                      "contract": "standard", "scope": "m", "blocks": blocks, "tail": 8,
+                      "out": 3})
+    return lines
+
+
+def _lockstep(tmp_path, name: str):
+    from psgate.engines.step_cost import SchedulerParams
+    trace = write_lines(tmp_path, lockstep_lines(), name=f"{name}.jsonl")
+    cfg = api.ReplayConfig(trace=str(trace), baseline="lru", candidate="prefixshield",
+                           capacity=24, engine="vllm", pacing="lockstep",
+                           sched=SchedulerParams(max_num_batched_tokens=256),
+                           out=tmp_path / name)
+    return api.replay(cfg).receipt, tmp_path / name / "requests.csv"
+
+
+def _rows(path) -> list[dict]:
+    import csv
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def lockstep(tmp_path_factory):
+    return _lockstep(tmp_path_factory.mktemp("lockstep"), "a")
+
+
+def test_lockstep_ttft_is_the_step_clock_time_of_the_first_token(lockstep):
+    from psgate.engines.step_cost import StepCostModel, StepWork
+    receipt, csv_path = lockstep
+    info = receipt["config"]["engine_info"]
+    assert info["pacing"] == "lockstep" and info["times"].startswith("modeled")
+    assert info["scheduler"]["max_num_batched_tokens"] == 256
+    cost = StepCostModel()
+    for label in ("baseline", "candidate"):
+        rows = [r for r in _rows(csv_path) if r["run"] == label]
+        assert len(rows) == 15 and all(r["state"] == "completed" for r in rows)
+        first = [float(r["t"]) * 1000 + float(r["ttft_ms"]) for r in rows]   # ms, arrival order
+        assert all(float(r["ttft_ms"]) > 0 for r in rows)
+        assert first == sorted(first), first      # FCFS: first tokens in arrival order
+        for r in rows[:9]:      # alone on the engine: exactly one step of its own prefill
+            cached, prompt = int(r["cached_tokens"]), int(r["prompt_tokens"])
+            step = cost.step_ms(StepWork(prompt - cached, cached, 0, 0))
+            assert float(r["ttft_ms"]) == pytest.approx(step, abs=0.01), r
+        burst = rows[9:]        # 6 x 72+ tokens under a 256-token budget: queued, chunked
+        assert float(burst[-1]["queue_ms"]) > 0
+        assert float(burst[-1]["ttft_ms"]) > float(burst[0]["ttft_ms"])
+        obs = receipt["runs"][label]["observed"]
+        assert obs["pacing"] == "lockstep" and obs["wall_ttft_ms"]["p50"] > 0
+        assert sorted(obs["wall_ttft_ms"]["by_request"]) == sorted(r["id"] for r in rows)
+    from psgate.report.render import replay_table
+    assert "times modeled" in str(replay_table(receipt).caption)
+
+
+def test_lockstep_is_deterministic(lockstep, tmp_path):
+    _, first = lockstep
+    _, second = _lockstep(tmp_path, "b")
+    key = ("run", "id", "state", "cached_tokens", "ttft_ms", "queue_ms", "done_t")
+    a = [tuple(r[k] for k in key) for r in _rows(first)]
+    b = [tuple(r[k] for k in key) for r in _rows(second)]
+    assert a == b
+
+
+# -- a request cancelled after it started keeps the cached tokens vLLM reported --------
+
+@pytest.mark.parametrize("pacing", ["wall", "lockstep"])
+def test_cancel_after_start_keeps_its_cached_tokens(tmp_path, pacing):
+    """b re-reads a's 4-block system prompt, then decodes 1,500 tokens and is cancelled a
+    second in (seconds before it could finish on either clock)."""
+    sys_blocks = [_h(f"sys-{j}") for j in range(4)]
+    lines = [{"psgate_trace": 1, "block_size": 32},
+             {"t": 0.1, "op": "request", "id": "a", "group": "g", "contract": "standard",
+              "scope": "m", "blocks": sys_blocks, "tail": 8, "out": 4},
+             {"t": 0.5, "op": "request", "id": "b", "group": "g", "contract": "standard",
+              "scope": "m", "blocks": sys_blocks + [_h("b-0")], "tail": 8, "out": 1500},
+             {"t": 1.5, "op": "cancel", "id": "b"}]
+    trace = write_lines(tmp_path, lines)
+    cfg = api.ReplayConfig(trace=str(trace), capacity=80, engine="vllm", pacing=pacing,
+                           out=tmp_path / "o")
+    receipt = api.replay(cfg).receipt
+    rows = {r["id"]: r for r in _rows(tmp_path / "o" / "requests.csv") if r["run"] == "baseline"}
+    assert rows["b"]["state"] == "cancelled"
+    assert int(rows["b"]["cached_tokens"]) == 4 * 32
+    assert receipt["runs"]["baseline"]["counts"]["cancelled"] == 1

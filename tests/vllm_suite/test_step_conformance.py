@@ -1,0 +1,172 @@
+"""Conformance: sim's step scheduler against vllm-sched (vLLM's own Scheduler) per request
+and per eviction, for every policy that can run live.
+
+Both engines replay the same trace on the same modeled step clock; sim reimplements
+``Scheduler.schedule`` over its own block pool, vllm-sched runs vLLM's. Agreement is
+exact: each request's state, cached tokens, preemptions, modeled TTFT and release time,
+every eviction (time, requesting request, victim block, its trace hash, its owner) and every
+allocation batch's ledger row. A corpus must contain preemptions, evictions of output
+blocks, cancellations and queueing (asserted by count), or agreement on it would prove
+little.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from psgate.contracts import CONTRACT_NAMES
+from psgate.engines import engine_class
+from psgate.engines.sched import StepSimEngine
+from psgate.engines.sim import NullRecorder
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+from psgate.policies import make_policy, policy_names
+from psgate.trace.importers import import_trace
+from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+from psgate.trace.writer import write_trace
+
+from helpers import random_traces, shared_traces, write_lines
+from test_vllm_pool import REAL, _window
+
+LIVE = [n for n in policy_names() if not n.startswith("test-")
+        and make_policy(n).work_conserving and not make_policy(n).needs_future]
+NUM_TRACES = int(os.environ.get("PSGATE_STEP_TRACES", "60"))
+# Steps cost 2 ms plus what they compute, so queueing, batching and context all move the
+# clock and a wrong classification of a scheduled request shows in every later time.
+COST = StepCostModel(fixed_ms=2.0, per_prefill_token_ms=0.05, per_context_token_ms=0.01,
+                     per_decode_ms=0.3, per_decode_context_token_ms=0.001)
+SCHED = SchedulerParams(max_num_batched_tokens=24, max_num_seqs=4)
+
+
+class Rows(NullRecorder):
+    """The ledger calls both engines make, as comparable tuples."""
+
+    def __init__(self) -> None:
+        self.evictions: list[tuple] = []
+        self.admissions: list[tuple] = []
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        self.evictions.append((now_ns, req.id if req else None, block, hash_name, owner))
+
+    def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
+        self.admissions.append((now_ns, req.id, hits, allocated, new_blocks))
+
+
+def run(engine: str, path: Path, capacity: int, policy: str, sched: SchedulerParams):
+    hashes = HashTable()
+    header, summary = validate_trace(str(path), hashes)
+    rows = Rows()
+    cls = StepSimEngine if engine == "sim" else engine_class(engine)
+    eng = cls(header=header, hashes=hashes, capacity=capacity, policy=make_policy(policy),
+              contracts=CONTRACT_NAMES, done_ids=summary.done_ids, recorder=rows,
+              paranoid=engine == "sim", trace_path=str(path), groups=summary.groups,
+              step_cost=COST, sched=sched)
+    with TraceReader(TraceSource(str(path), Path(path)), hashes) as reader:
+        result = eng.run(reader.events())
+    assert result.aborted is None, result.aborted
+    assert all(v.holds for v in result.invariants.values()), result.invariants
+    requests = {o.id: (o.state, o.cached_tokens, o.preemptions, o.ttft_ms, o.release_ns)
+                for o in result.requests}
+    return result, requests, rows
+
+
+def compare(path: Path, capacity: int, policy: str, counts: Counter,
+            sched: SchedulerParams = SCHED) -> None:
+    sim, sim_req, sim_rows = run("sim", path, capacity, policy, sched)
+    ref, ref_req, ref_rows = run("vllm-sched", path, capacity, policy, sched)
+    where = f"{path.name} capacity {capacity} {policy}"
+    assert set(sim_req) == set(ref_req), where
+    for rid in ref_req:
+        assert sim_req[rid] == ref_req[rid], (where, rid, sim_req[rid], ref_req[rid])
+    assert sim_rows.evictions == ref_rows.evictions, f"{where}: evictions differ"
+    assert sim_rows.admissions == ref_rows.admissions, f"{where}: admission rows differ"
+    shared = set(sim.counts) & set(ref.counts)
+    assert {k: sim.counts[k] for k in shared} == {k: ref.counts[k] for k in shared}, where
+    counts["traces"] += 1
+    counts["evictions"] += sim.evictions
+    counts["output_block_evictions"] += sum(1 for e in sim_rows.evictions if e[3] == "")
+    counts["preemptions"] += sim.counts["preemptions"]
+    counts["cancellations"] += sim.counts["cancelled"] + sim.counts["dropped"]
+    counts["queued"] += sim.counts["waits"]
+
+
+def traces():
+    """Random traces with long outputs (decode blocks, preemption) and cancellations."""
+    chains = [["c1", "c2", "c3", "c4", "c5"], ["d1", "d2", "d3"], ["f1", "f2"]]
+    return random_traces(chains, groups=("g", "g", "h"), max_requests=20,
+                         gaps=(0, 0, 0.001, 0.004, 0.01, 0.05), cancel_one_in=8,
+                         extra_name="e{i}{j}", extras_on_partial=False, max_out=14,
+                         block_size=4)
+
+
+@pytest.mark.parametrize("policy", LIVE)
+def test_sim_and_vllm_sched_agree_on_generated_traces(tmp_path, policy):
+    counts: Counter = Counter()
+
+    @settings(max_examples=NUM_TRACES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow,
+                                     HealthCheck.function_scoped_fixture])
+    @given(lines=traces(), capacity=st.integers(6, 20))
+    def check(lines, capacity):
+        compare(write_lines(tmp_path, lines), capacity, policy, counts)
+
+    check()
+    print(f"\n{policy}: {dict(counts)}")
+    assert counts["traces"] >= NUM_TRACES
+    for what in ("evictions", "output_block_evictions", "preemptions", "cancellations",
+                 "queued"):
+        assert counts[what] > 0, f"the generated corpus has no {what}: {dict(counts)}"
+
+
+VARIANTS = {
+    "no-chunking": SchedulerParams(max_num_batched_tokens=40, max_num_seqs=4,
+                                   enable_chunked_prefill=False),
+    "tight": SchedulerParams(max_num_batched_tokens=16, max_num_seqs=2,
+                             long_prefill_token_threshold=8, watermark=0.15),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("policy", ["lru", "prefixshield"])
+def test_sim_and_vllm_sched_agree_under_other_scheduler_settings(tmp_path, policy, variant):
+    counts: Counter = Counter()
+
+    @settings(max_examples=max(10, NUM_TRACES // 3), deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                    HealthCheck.function_scoped_fixture])
+    @given(lines=traces(), capacity=st.integers(6, 20))
+    def check(lines, capacity):
+        compare(write_lines(tmp_path, lines), capacity, policy, counts,
+                sched=VARIANTS[variant])
+
+    check()
+    print(f"\n{policy} {variant}: {dict(counts)}")
+    assert counts["evictions"] > 0 and counts["queued"] > 0, dict(counts)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("policy", LIVE)
+def test_sim_and_vllm_sched_agree_on_real_trace_windows(tmp_path_factory, policy):
+    d = tmp_path_factory.mktemp("real")
+    counts: Counter = Counter()
+    for name, (fmt, src, opts, n, caps) in REAL.items():
+        src_path = shared_traces() / src
+        if fmt == "weka":
+            files = sorted(src_path.glob("*.json"))[::40]
+            src_path = d / "weka-src"
+            src_path.mkdir(exist_ok=True)
+            for f in files:
+                (src_path / f.name).write_bytes(f.read_bytes())
+        p = d / f"{name}.jsonl"
+        write_trace(p, _window(import_trace(fmt, src_path, **opts), min(n, 120)))
+        for cap in caps:
+            compare(p, cap, policy, counts,
+                    sched=SchedulerParams(max_num_batched_tokens=2048, max_num_seqs=16))
+    print(f"\n{policy}: {dict(counts)}")
+    for what in ("evictions", "preemptions", "cancellations", "queued"):
+        assert counts[what] > 0, f"the real-trace windows have no {what}: {dict(counts)}"
