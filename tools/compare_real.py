@@ -2,7 +2,7 @@
 
     PYTHONPATH=. <vLLM python> tools/compare_real.py [--out DIR] [--capacity 48 ...]
         [--pacing lockstep --pacing wall] [--compare-engine sim] [--compare-scheduler step]
-        [--cost-model examples/cost-models/cpu-tiny-qwen2-step.json] [--json]
+        [--cost-model examples/cost-models/cpu-tiny-qwen2-step.json | --fit-steps] [--json]
 
 Two ``tenant-flood`` traces (block size 32, eight seconds: a light one that never queues
 and a loaded one whose flood makes vLLM's scheduler queue, chunk and preempt) are replayed
@@ -74,6 +74,22 @@ def replay(trace: Path, out: Path, capacity: int, engine: str, **kw) -> tuple[di
     return receipt, _rows(out / "requests.csv")
 
 
+def fitted_step_cost(trace: Path, out: Path, capacity: int, sched: SchedulerParams,
+                     given: StepCostModel) -> StepCostModel:
+    """The step cost model fitted (nonnegative relative least squares, as psgate calibrate
+    fits) to the wall time of every step the real engine took in a lockstep replay of the
+    trace, both policies' runs: this engine's own speed, kernels and scheduling overhead
+    included, which a calibration through transformers does not see."""
+    from psgate.calibrate.fit import fit_step
+
+    receipt, _ = replay(trace, out, capacity, "vllm", pacing="lockstep", sched=sched,
+                        step_cost=given)
+    steps = [r for run in receipt["runs"].values()
+             for r in run["observed"]["step_wall_ms"]["rows"]]
+    fit = fit_step(*zip(*steps))
+    return StepCostModel(**fit.coefficients)
+
+
 def _agree(real: dict, ref: dict, label: str) -> float | None:
     ids = [k for k in real if k[0] == label and k in ref]
     if not ids:
@@ -91,16 +107,21 @@ def compare(args) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     sched = SchedulerParams(max_num_batched_tokens=args.max_num_batched_tokens,
                             max_num_seqs=args.max_num_seqs)
-    step_cost = load_step_cost_model(args.cost_model) if args.cost_model else StepCostModel()
-    ref_kw = dict(step_cost=step_cost, sched=sched)
-    if args.compare_engine == "sim":
-        ref_kw["scheduler"] = args.compare_scheduler
+    given = load_step_cost_model(args.cost_model) if args.cost_model else StepCostModel()
     rows = []
     for name in args.trace:
         trace = out / f"{name}.jsonl"
         write_trace(trace, generate("tenant-flood", TRACES[name]))
         for capacity in args.capacity:
             tag = f"{name}-{capacity}"
+            step_cost = given
+            if args.fit_steps:
+                step_cost = fitted_step_cost(trace, out / f"{tag}-fit", capacity, sched, given)
+                print(f"{tag}: step model fitted to the engine's own steps: "
+                      f"{step_cost.coefficients()}", file=sys.stderr)
+            ref_kw = dict(step_cost=step_cost, sched=sched)
+            if args.compare_engine == "sim":
+                ref_kw["scheduler"] = args.compare_scheduler
             ref, ref_rows = replay(trace, out / f"{tag}-{args.compare_engine}", capacity,
                                    args.compare_engine, **ref_kw)
             for pacing in args.pacing:
@@ -174,6 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--cost-model", help="a calibrated cost-model file whose step fit prices "
                    "the steps (wall rows need one of this machine: "
                    "examples/cost-models/cpu-tiny-qwen2-step.json)")
+    p.add_argument("--fit-steps", action="store_true",
+                   help="first replay each trace in lockstep and fit the step cost model to "
+                   "the wall time of the engine's own steps; every row then uses that model")
     p.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
     args = p.parse_args(argv)
     args.trace = args.trace or list(TRACES)

@@ -309,6 +309,11 @@ class VllmRealEngine:
         decode_allocation_seq: list[int] = []
         step_no = [0]
         idle = [0]      # consecutive steps that scheduled nothing
+        # Each step that scheduled work: (P, C, D, K) as the step cost model reads them,
+        # then the wall milliseconds ``step()`` took, so the model can be fitted to this
+        # engine's own steps (tools/compare_real.py --fit-steps).
+        step_work: list[tuple[int, int, int, int]] = []
+        step_times: list[list] = []
         first_step: dict[str, int] = {}          # the step it was first scheduled in
         first_start: dict[str, int] = {}         # that step's start on the replay clock
         first_cached: dict[str, int] = {}        # vLLM's prefill stats at that scheduling
@@ -402,6 +407,8 @@ class VllmRealEngine:
                         partial_before.add(tid)
             step_no[0] += 1
             idle[0] = idle[0] + 1 if not out.total_num_scheduled_tokens else 0
+            if out.total_num_scheduled_tokens:
+                step_work.append((p, c, d, k))
             if lockstep:
                 clock.now += self.step_cost.step_ns(StepWork(p, c, d, k))
             return out
@@ -483,7 +490,13 @@ class VllmRealEngine:
                 elif type(ev) is CancelEvent:
                     cancel(ev)
             if eng.has_unfinished_requests():
-                for out in eng.step():
+                num_before = len(step_work)
+                t0 = time.perf_counter()
+                outs = eng.step()
+                ms = (time.perf_counter() - t0) * 1e3
+                if len(step_work) > num_before:
+                    step_times.append([*step_work[-1], round(ms, 4)])
+                for out in outs:
                     observe(out)
                 if idle[0] >= MAX_IDLE_STEPS and not pending:
                     break       # nothing can be scheduled any more: the rest is unfinished
@@ -539,6 +552,10 @@ class VllmRealEngine:
             "p50": round(statistics.median(ttfts), 3) if ttfts else None,
             "p95": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 3)
             if ttfts else None}
+        result.observed["step_wall_ms"] = {
+            "columns": ["prefill_tokens", "context_tokens", "decodes",
+                        "decode_context_tokens", "wall_ms"],
+            "rows": step_times}
         if lockstep:    # beside each request's modeled TTFT (requests.csv), its wall one
             result.observed["wall_ttft_ms"]["by_request"] = {
                 o.id: round(wall_ttft[o.id], 3) for o in result.requests if o.id in wall_ttft}

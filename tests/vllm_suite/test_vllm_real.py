@@ -169,6 +169,13 @@ def test_lockstep_ttft_is_the_step_clock_time_of_the_first_token(lockstep):
         obs = receipt["runs"][label]["observed"]
         assert obs["pacing"] == "lockstep" and obs["wall_ttft_ms"]["p50"] > 0
         assert sorted(obs["wall_ttft_ms"]["by_request"]) == sorted(r["id"] for r in rows)
+        # every step that computed something, with its work and wall time, for a fit of
+        # the step model to this engine (tools/compare_real.py --fit-steps)
+        steps = obs["step_wall_ms"]["rows"]
+        assert 0 < len(steps) <= receipt["runs"][label]["counts"]["steps"]
+        assert sum(s[0] for s in steps) >= sum(int(r["prompt_tokens"]) -
+                                               int(r["cached_tokens"]) for r in rows)
+        assert all(s[4] > 0 and s[0] + s[2] > 0 for s in steps)
     from psgate.report.render import replay_table
     assert "times modeled" in str(replay_table(receipt).caption)
 
