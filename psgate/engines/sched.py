@@ -144,7 +144,7 @@ class StepSimEngine(SimEngine):
             if self._next is not None:
                 self.start_ns = self.now = self._next.t_ns
             while True:
-                self._deliver(it)
+                self._deliver_due(it)
                 if not self.waiting and not self.running:
                     if self._next is None:
                         break
@@ -166,17 +166,10 @@ class StepSimEngine(SimEngine):
         self.waiting.clear()
         return self._result()
 
-    def _deliver(self, it) -> None:
+    def _deliver_due(self, it) -> None:
+        """Every trace event due by now, in trace order."""
         while self._next is not None and self._next.t_ns <= self.now:
-            ev = self._next
-            if type(ev) is RequestEvent:
-                self._arrive(ev)
-            elif type(ev) is CancelEvent:
-                self._cancel(ev)
-            elif ev.id not in self.reqs:
-                self.counts["late_dones"] += 1
-            if self.progress is not None:
-                self.progress(ev.line)
+            self._deliver(self._next)
             self._next = next(it, None)
 
     def _arrive(self, ev: RequestEvent) -> None:
@@ -455,13 +448,7 @@ class StepSimEngine(SimEngine):
         if hits:
             begun = True
             policy.on_admit(preq, now)
-            on_hit = self._on_hit
-            for pos, b in enumerate(hits):
-                if ref[b] == 0:
-                    policy.on_touch(b)
-                ref[b] += 1
-                if on_hit is not None:
-                    on_hit(b, preq, pos)
+            self._touch(r, hits)
             blocks.extend(hits)
             r.num_cached_blocks = num_hits
         new: list[int] = []

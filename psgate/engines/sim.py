@@ -477,13 +477,7 @@ class SimEngine:
         now = self.now
         policy = self.policy
         policy.on_admit(preq, now)
-        on_hit = self._on_hit
-        for pos, b in enumerate(hits):
-            if ref[b] == 0:
-                policy.on_touch(b)
-            ref[b] += 1
-            if on_hit is not None:
-                on_hit(b, preq, pos)
+        self._touch(r, hits)
         new = self._get_new_blocks(r, num_new)
         blocks = hits + new
         r.blocks = blocks
@@ -512,6 +506,31 @@ class SimEngine:
         note = policy.end_admit(preq, now)
         self._admitted(r, hits, new, cached_now, max_hits, recompute, note)
         return "ok"
+
+    def _touch(self, r: RequestState, hits: list[int]) -> None:
+        """r takes its hits, as vLLM's ``touch``: a candidate leaves the policy's queue,
+        every hit block gains a reference."""
+        policy, ref = self.policy, self.ref
+        preq = r.preq
+        on_hit = self._on_hit
+        for pos, b in enumerate(hits):
+            if ref[b] == 0:
+                policy.on_touch(b)
+            ref[b] += 1
+            if on_hit is not None:
+                on_hit(b, preq, pos)
+
+    def _deliver(self, ev) -> None:
+        """One trace event to a step engine (its arrivals wait for a scheduler step; a done
+        event decides nothing there, it only counts when its request is unknown)."""
+        if type(ev) is RequestEvent:
+            self._arrive(ev)
+        elif type(ev) is CancelEvent:
+            self._cancel(ev)
+        elif ev.id not in self.reqs:
+            self.counts["late_dones"] += 1
+        if self.progress is not None:
+            self.progress(ev.line)
 
     def _get_new_blocks(self, r: RequestState, num_new: int) -> list[int]:
         """``num_new`` blocks for r, as vLLM's ``get_new_blocks`` pops them

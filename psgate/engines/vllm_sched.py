@@ -341,16 +341,6 @@ class VllmSchedEngine(SimEngine):
         self._unfinished()
         return self._result()
 
-    def _deliver(self, ev) -> None:
-        if type(ev) is RequestEvent:
-            self._arrive(ev)
-        elif type(ev) is CancelEvent:
-            self._cancel(ev)
-        elif ev.id not in self.reqs:
-            self.counts["late_dones"] += 1
-        if self.progress is not None:
-            self.progress(ev.line)
-
     def _arrive(self, ev: RequestEvent) -> None:
         num_out = max(1, ev.out)
         r = self._request_state(ev, num_out)
