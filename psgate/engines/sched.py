@@ -43,6 +43,7 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.sim import NS_PER_MS, PolicyFault, RequestState, SimEngine
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.policies.base import EvictionPolicy
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
 
@@ -102,6 +103,14 @@ class StepSimEngine(SimEngine):
                                         opaque_keys_from=OUTPUT_KEY_BIT)
         self.counts.update(preemptions=0, steps=0)
         self._next = None
+        # Each allocation batch opens with on_admit and closes with end_admit; a policy
+        # that leaves them at the base class's no-op is not called (most batches are a
+        # decode's one new block).
+        cls = type(self.policy)
+        self._on_admit = (None if cls.on_admit is EvictionPolicy.on_admit
+                          else self.policy.on_admit)
+        self._end_admit = (None if cls.end_admit is EvictionPolicy.end_admit
+                           else self.policy.end_admit)
 
     # -- content keys beyond the trace's hashes -------------------------------------
     def key_at(self, r: StepRequest, pos: int) -> int:
@@ -441,30 +450,25 @@ class StepSimEngine(SimEngine):
         if num_new + evictable + watermark > num_free:
             return False
 
+        num_full = min(need_slot, r.num_tokens) // bs
+        if not (hits or num_new or num_full > r.num_cached_blocks):
+            return True         # nothing to take, allocate or cache: no batch at all
         now = self.now
         preq = r.preq
         preq.num_new_full_blocks = 0
-        begun = False
+        if self._on_admit is not None:
+            self._on_admit(preq, now)
         if hits:
-            begun = True
-            policy.on_admit(preq, now)
             self._touch(r, hits)
             blocks.extend(hits)
             r.num_cached_blocks = num_hits
         new: list[int] = []
         if num_new:
-            if not begun:
-                begun = True
-                policy.on_admit(preq, now)
             new = self._get_new_blocks(r, num_new)
             blocks.extend(new)
-        num_full = min(need_slot, r.num_tokens) // bs
         cached_now: list[tuple[int, int]] = []
         recompute = 0
         if num_full > r.num_cached_blocks:
-            if not begun:
-                begun = True
-                policy.on_admit(preq, now)
             preq.num_new_full_blocks = num_full - r.num_cached_blocks
             key = self.key
             on_cached = self._on_cached
@@ -495,9 +499,7 @@ class StepSimEngine(SimEngine):
                 if on_cached is not None:
                     on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
             r.num_cached_blocks = num_full
-        if not begun:
-            return True
-        note = policy.end_admit(preq, now)
+        note = self._end_admit(preq, now) if self._end_admit is not None else None
         if recompute and not r.started:
             r.outcome.recompute_tokens += recompute
         self._checked(r, hits, new, cached_now)
