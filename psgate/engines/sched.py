@@ -113,12 +113,6 @@ class StepSimEngine(SimEngine):
                            else self.policy.end_admit)
 
     # -- content keys beyond the trace's hashes -------------------------------------
-    def key_at(self, r: StepRequest, pos: int) -> int:
-        evb = r.ev.blocks
-        if pos < len(evb):
-            return (r.ns << KEY_SHIFT) | evb[pos]
-        return output_key(r.preq.index, pos)
-
     def _index_add(self, k: int, b: int) -> bool:
         if k < OUTPUT_KEY_BIT:
             return super()._index_add(k, b)
