@@ -504,18 +504,11 @@ class StepSimEngine(SimEngine):
 
     def _checked(self, r: StepRequest, hits: list[int], new: list[int],
                  cached_now: list[tuple[int, int]]) -> None:
-        """The hard invariants and the policy's own auditors after one allocation batch."""
-        where = self._where_fn(r)
+        """_check_batch, with the keys a step request's hits must hold (past its trace
+        blocks, its own output blocks)."""
         base = r.ns << KEY_SHIFT
         evb = r.ev.blocks
         keys = [base | evb[pos] if pos < len(evb) else output_key(r.preq.index, pos)
                 for pos in range(len(hits))]
-        self.checker.admitted(where, keys, hits, (r.num_tokens - 1) // self.bs, new,
-                              cached_now)
-        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
-                                      self, self.policy)
-        if self.auditors:
-            audit = self.policy.audit()
-            for auditor in self.auditors:
-                auditor.admitted(where, r.ev.group, r.ev.contract, self.now / 1e9,
-                                 r.preq.num_new_full_blocks, audit)
+        self._check_batch(r, keys, hits, (r.num_tokens - 1) // self.bs, new, cached_now,
+                          r.preq.num_new_full_blocks)

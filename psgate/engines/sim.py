@@ -577,7 +577,6 @@ class SimEngine:
         preq = r.preq
         bs = self.bs
         now = self.now
-        policy = self.policy
         rec = self.recorder
         owner = self.owner
         names = self.hashes.names
@@ -610,22 +609,31 @@ class SimEngine:
         elif not r.awaits_done:
             self._schedule(r, first + round(ev.out * self.cost.per_output_token_ms * NS_PER_MS))
 
-        where = self._where_fn(r)
         base = r.ns << KEY_SHIFT
-        ns_keys = [base | h for h in ev.blocks[:num_hits]]
-        self.checker.admitted(where, ns_keys, hits, max_hits, new, cached_now)
-        self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
-                                      policy)
-        if self.auditors:
-            audit = policy.audit()
-            for auditor in self.auditors:
-                auditor.admitted(where, ev.group, ev.contract, now / 1e9, num_full - num_hits,
-                                 audit)
+        self._check_batch(r, [base | h for h in ev.blocks[:num_hits]], hits, max_hits, new,
+                          cached_now, num_full - num_hits)
         if self._records:
             rec.admission(now, preq, num_hits, len(new), num_full - num_hits, note)
         if getattr(rec, "hits", False):
             for pos, b in enumerate(hits):
                 rec.hit(now, preq, pos, b, names[ev.blocks[pos]], self.group_names[owner[b]])
+
+    def _check_batch(self, r: RequestState, keys: list[int], hits: list[int], max_hits: int,
+                      new: list[int], cached_now: list[tuple[int, int]],
+                      num_new_full: int) -> None:
+        """After one allocation batch of r (``keys``: the content its hits must hold): the
+        hard invariants, then the policy's own auditors. Every engine on this pool."""
+        where = self._where_fn(r)
+        policy = self.policy
+        self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
+        self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
+                                      policy)
+        if self.auditors:
+            audit = policy.audit()
+            ev = r.ev
+            for auditor in self.auditors:
+                auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
+                                 audit)
 
     def _evicted(self, r: RequestState, victims: list[int], decisions: list | None,
                  num_asked: int) -> None:

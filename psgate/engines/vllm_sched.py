@@ -272,20 +272,12 @@ class VllmSchedEngine(SimEngine):
         mgr.allocate_slots, mgr.free = allocate_slots, free_request
 
     def _batch_done(self, r: RequestState, request) -> None:
-        where = self._where_fn(r)
         if r.seq < 0:        # its first scheduling: trace content it must compute again
             r.outcome.recompute_tokens += self._recompute
         hits = self._hits
-        ns_keys = [self._key_of(r.ev.id, pos) for pos in range(len(hits))]
-        self.checker.admitted(where, ns_keys, hits, (request.num_tokens - 1) // self.bs,
-                              self._new, self._cached)
-        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
-                                      self, self.policy)
-        if self.auditors:
-            audit = self.policy.audit()
-            for auditor in self.auditors:
-                auditor.admitted(where, r.ev.group, r.ev.contract, self.now / 1e9,
-                                 r.preq.num_new_full_blocks, audit)
+        self._check_batch(r, [self._key_of(r.ev.id, pos) for pos in range(len(hits))], hits,
+                          (request.num_tokens - 1) // self.bs, self._new, self._cached,
+                          r.preq.num_new_full_blocks)
 
     def check_victim(self, v: int) -> None:
         """The policy chose v: a cached block no request holds, or the run stops here
