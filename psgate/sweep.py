@@ -84,7 +84,9 @@ _CODE_DIGEST: str | None = None
 # the CLI, reports, calibration and the live vLLM engines are not in it.
 REPLAY_CODE = ("__init__.py", "api.py", "atomic.py", "contracts.py", "errors.py",
                "experiment.py", "resources.py", "sweep.py", "engines/__init__.py",
-               "engines/cost.py", "engines/results.py", "engines/sim.py", "invariants/",
+               "engines/base.py", "engines/cost.py", "engines/pool.py", "engines/replicas.py",
+               "engines/results.py", "engines/sched.py", "engines/sim.py",
+               "engines/step_cost.py", "invariants/",
                "policies/", "receipt/", "stats/", "trace/", "workloads/")
 
 

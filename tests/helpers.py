@@ -14,7 +14,7 @@ import pytest
 from hypothesis import strategies as st
 
 from psgate.engines import engine_class
-from psgate.engines.sim import NullRecorder
+from psgate.engines.base import NullRecorder
 from psgate.policies import make_policy
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 
@@ -148,7 +148,7 @@ def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: 
                                   done_ids=summary.done_ids, recorder=log, paranoid=paranoid,
                                   cost=cost, trace_path=path, groups=summary.groups)
     log.block_ids = {}
-    admit = engine._try_admit
+    admit = engine.try_admit
 
     def spy(r):
         status = admit(r)
@@ -156,7 +156,7 @@ def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: 
             log.block_ids[r.ev.id] = list(r.blocks)
         return status
 
-    engine._try_admit = spy
+    engine.try_admit = spy
     if setup is not None:
         setup(engine, log)
     with TraceReader(TraceSource(path, Path(path)), hashes) as reader:

@@ -166,3 +166,52 @@ def test_no_module_imports_a_private_name_of_another():
                 bad.append(f"{module}:{node.lineno} uses {node.attr} of "
                            f"{aliases[node.value.id]}")
     assert not bad, "\n".join(bad)
+
+
+def _classes() -> dict[str, tuple[str, list[str], set[str]]]:
+    """Every psgate class: its module, its base classes' names and the ``_``-names it
+    defines (methods, and attributes it assigns on ``self``)."""
+    out = {}
+    for module, _, tree in _modules():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+            for node in ast.walk(cls):
+                if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                        and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    names.add(node.attr)
+            bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                     for b in cls.bases]
+            out[cls.name] = (module, bases, {n for n in names if _private(n)})
+    return out
+
+
+def test_no_subclass_uses_a_private_name_of_a_class_in_another_module():
+    """A class built on a class of another module (an engine on the shared bookkeeping, a
+    policy on another policy) calls, reads or overrides only its public interface: a
+    ``self._x`` it touches is its own or its module's."""
+    classes = _classes()
+
+    def inherited(name: str, module: str) -> set[str]:
+        found: set[str] = set()
+        for base in classes.get(name, ("", [], set()))[1]:
+            if base in classes:
+                base_module, _, names = classes[base]
+                if base_module != module:
+                    found |= names
+                found |= inherited(base, module)
+        return found
+
+    bad = []
+    for module, _, tree in _modules():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            foreign = inherited(cls.name, module)
+            if not foreign:
+                continue
+            for node in ast.walk(cls):
+                name = (node.attr if isinstance(node, ast.Attribute)
+                        and isinstance(node.value, ast.Name) and node.value.id == "self"
+                        else node.name if isinstance(node, ast.FunctionDef) else None)
+                if name in foreign:
+                    bad.append(f"{module}:{node.lineno} {cls.name} touches {name} of a base "
+                               f"class in another module")
+    assert not bad, "\n".join(sorted(set(bad)))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from psgate.engines.sim import NullRecorder
+from psgate.engines.base import NullRecorder
 from psgate.policies import policy_class, policy_names
 
 from helpers import replay_file, write_lines
@@ -74,7 +74,7 @@ def test_evict_batch_decides_as_select_then_evict(tmp_path, policy, lines, capac
     assert all(v.holds for v in batched.invariants.values())
 
     def silent(engine, log):
-        engine.recorder, engine._records = NullRecorder(), False
+        engine.recorder, engine.records = NullRecorder(), False
 
     quiet, _, _ = replay_file(p, capacity, policy=policy, setup=silent)
     assert [(o.id, o.state, o.cached_tokens, o.release_ns) for o in quiet.requests] == \

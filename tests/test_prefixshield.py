@@ -1035,12 +1035,12 @@ def test_fallback_queues_dropped_and_rebuilt_decide_the_same(tmp_path, seed):
         def setup(engine, log):
             pol = engine.policy
             pol.glob_budget = pol.glob_patience = n
-            glob = pol._glob
+            glob = pol.global_queues
 
             def counted():
                 rebuilds.append(pol.glob is None)
                 return glob()
-            pol._glob = counted
+            pol.global_queues = counted
         return setup
 
     _, kept, _ = replay(path, 41, params={"contracts": KC}, setup=patience(10 ** 9))

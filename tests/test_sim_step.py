@@ -37,11 +37,24 @@ class StepLog(EventLog):
         self.eviction_times.append((now_ns, req.id))
 
 
+class HitLog(StepLog):
+    """StepLog that asks for hit rows (``--ledger-hits``) and keeps them."""
+
+    hits = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hit_rows: list[tuple[float, str, int, int, str, str]] = []
+
+    def hit(self, now_ns, req, pos, block, hash_name, owner) -> None:
+        self.hit_rows.append((now_ns / MS, req.id, pos, block, hash_name, owner))
+
+
 def replay_step(path: Path, capacity: int, policy: str = "lru", cost=ONE_MS,
-                sched: SchedulerParams | None = None, paranoid: bool = True):
+                sched: SchedulerParams | None = None, paranoid: bool = True, log=None):
     hashes = HashTable()
     header, summary = validate_trace(str(path), hashes)
-    log = StepLog()
+    log = log if log is not None else StepLog()
     engine = StepSimEngine(header=header, hashes=hashes, capacity=capacity,
                            policy=make_policy(policy), contracts=CONTRACTS,
                            done_ids=summary.done_ids, recorder=log, paranoid=paranoid,
@@ -100,6 +113,22 @@ def test_decode_without_a_block_preempts_the_last_running_request(tmp_path):
     # B's first token came at 1 ms; resumed at 8 ms it samples output 6 at 9, done at 11.
     assert o["B"].ttft_ms == 1 and t0(o["B"].release_ns) == 11
     assert o["B"].cached_tokens == 0       # what its first scheduling found
+
+
+def test_hit_rows_are_written_when_a_request_is_looked_up(tmp_path):
+    # A caches a1 a2 and finishes (1 out token: done at 1 ms). C arrives at 5 ms and its
+    # lookup, when it is scheduled, takes both: two hit rows at 5 ms, in prefix order, with
+    # the trace's hash names and the owner of each block. B never hits: no rows.
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2"], "out": 1},
+        {"t": 0, "id": "B", "blocks": ["b1"], "out": 1},
+        {"t": 0.005, "id": "C", "blocks": ["a1", "a2", "c3"], "out": 1},
+    ])
+    log = HitLog()
+    o, result, _ = replay_step(p, capacity=16, log=log)
+    assert o["C"].cached_tokens == 8
+    assert log.hit_rows == [(5.0, "C", 0, 1, "a1", "g"), (5.0, "C", 1, 2, "a2", "g")]
+    assert len(log.hit_rows) == result.counts["hit_blocks"]
 
 
 def test_chunked_prefill_under_the_token_budget(tmp_path):

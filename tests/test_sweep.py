@@ -127,8 +127,10 @@ def test_cell_ids_follow_the_code_that_computes_them(tmp_path, monkeypatch):
 def test_code_digest_covers_the_replay_path_only(tmp_path, monkeypatch):
     import psgate.sweep as sw
     root = tmp_path / "psgate"
+    step_path = ("engines/sched.py", "engines/step_cost.py", "engines/pool.py",
+                 "engines/base.py")
     for rel in ("sweep.py", "cli.py", "engines/sim.py", "engines/vllm_real.py",
-                "policies/lru.py", "report/html.py"):
+                "policies/lru.py", "report/html.py", *step_path):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(f"# {rel}\n")
     monkeypatch.setattr(sw, "__file__", str(root / "sweep.py"))
@@ -141,7 +143,7 @@ def test_code_digest_covers_the_replay_path_only(tmp_path, monkeypatch):
     for rel in ("cli.py", "engines/vllm_real.py", "report/html.py"):
         (root / rel).write_text("# changed\n")
         assert digest() == base, rel
-    for rel in ("engines/sim.py", "policies/lru.py", "sweep.py"):
+    for rel in ("engines/sim.py", "policies/lru.py", "sweep.py", *step_path):
         (root / rel).write_text(f"# changed {rel}\n")
         assert digest() != base, rel
         base = digest()

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from psgate.engines import engine_class  # noqa: E402
-from psgate.engines.sim import NullRecorder  # noqa: E402
+from psgate.engines.base import NullRecorder  # noqa: E402
 from psgate.policies import make_policy, policy_names  # noqa: E402
 from psgate.trace.future import future_uses  # noqa: E402
 from psgate.trace.importers import import_trace  # noqa: E402

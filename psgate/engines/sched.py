@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
-from psgate.engines.sim import NS_PER_MS, PolicyFault, RequestState, SimEngine
+from psgate.engines.base import NS_PER_MS, PolicyFault, ReplayEngine, RequestState
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policies.base import EvictionPolicy
@@ -72,7 +72,7 @@ class StepRequest(RequestState):
         self.first_token_ns = -1
 
 
-class StepSimEngine(SimEngine):
+class StepSimEngine(ReplayEngine):
     """Replays one trace under one policy with vLLM's scheduler on a modeled step clock."""
 
     name = "sim"
@@ -86,10 +86,6 @@ class StepSimEngine(SimEngine):
         self.watermark_blocks = int(self.sched.watermark * self.num_blocks)
         self.waiting: deque[StepRequest] = deque()
         self.running: list[StepRequest] = []
-        # Output key -> blocks holding it, earliest first. Nothing remembers an output key
-        # once its last copy is gone (only prompt content counts as recomputed), so what
-        # is kept is bounded by the pool, not the trace.
-        self.out_copies: dict[int, list[int]] = {}
         parent = self.hashes.parent
 
         def parent_of(k: int) -> int:
@@ -111,33 +107,6 @@ class StepSimEngine(SimEngine):
                           else self.policy.on_admit)
         self._end_admit = (None if cls.end_admit is EvictionPolicy.end_admit
                            else self.policy.end_admit)
-
-    # -- content keys beyond the trace's hashes -------------------------------------
-    def _index_add(self, k: int, b: int) -> bool:
-        if k < OUTPUT_KEY_BIT:
-            return super()._index_add(k, b)
-        self.out_copies.setdefault(k, []).append(b)
-        return False
-
-    def _index_drop(self, k: int, b: int) -> None:
-        if k < OUTPUT_KEY_BIT:
-            super()._index_drop(k, b)
-            return
-        copies = self.out_copies[k]
-        copies.remove(b)
-        if not copies:
-            del self.out_copies[k]
-
-    def _first_copy(self, k: int) -> int:
-        """The block a lookup of k takes (the earliest inserted copy), or -1."""
-        if k >= OUTPUT_KEY_BIT:
-            v = self.out_copies.get(k)
-            return v[0] if v else -1
-        h = k & HASH_MASK
-        if self.slot_ns[h] == k >> KEY_SHIFT:
-            return self.slot_blk[h]
-        v = self.other.get(k)
-        return v[0] if v else -1
 
     # -- the replay -------------------------------------------------------------
     def run(self, events: Iterable[RequestEvent | CancelEvent | DoneEvent]) -> RunResult:
@@ -164,30 +133,30 @@ class StepSimEngine(SimEngine):
         for r in list(self.running) + list(self.waiting):
             r.outcome.state = UNFINISHED
             self.counts["unfinished"] += 1
-            self._finalize(r)
+            self.finalize(r)
         self.running.clear()
         self.waiting.clear()
-        return self._result()
+        return self.result()
 
     def _deliver_due(self, it) -> None:
         """Every trace event due by now, in trace order."""
         while self._next is not None and self._next.t_ns <= self.now:
-            self._deliver(self._next)
+            self.deliver(self._next)
             self._next = next(it, None)
 
-    def _arrive(self, ev: RequestEvent) -> None:
+    def arrive(self, ev: RequestEvent) -> None:
         if len(self.slot_ns) < len(self.hashes.names):
-            self._grow_slots()
-        r = self._request_state(ev, max(1, ev.out), StepRequest)
+            self.grow_slots()
+        r = self.request_state(ev, max(1, ev.out), StepRequest)
         # Without chunked prefill vLLM refuses a sequence longer than the token budget
         # (its max_model_len may not exceed max_num_batched_tokens: config/scheduler.py).
         sched = self.sched
-        if self._accepted(r, too_long=not sched.enable_chunked_prefill and (
+        if self.accepted(r, too_long=not sched.enable_chunked_prefill and (
                 ev.prompt_tokens + r.max_out > sched.max_num_batched_tokens)):
             r.arrive_step = self.counts["steps"]
             self.waiting.append(r)
 
-    def _cancel(self, ev: CancelEvent) -> None:
+    def cancel(self, ev: CancelEvent) -> None:
         """vLLM's ``finish_requests(..., FINISHED_ABORTED)`` (scheduler.py:2649): a waiting
         request leaves the queue, a running one frees its blocks."""
         r = self.reqs.get(ev.id)
@@ -208,7 +177,7 @@ class StepSimEngine(SimEngine):
             o.state = DROPPED
             self.counts["dropped"] += 1
         del self.reqs[ev.id]
-        self._finalize(r)
+        self.finalize(r)
 
     # -- one step -----------------------------------------------------------------
     def _step(self) -> bool:
@@ -332,7 +301,7 @@ class StepSimEngine(SimEngine):
                 o.state = COMPLETED
                 o.release_ns = now
                 del self.reqs[r.ev.id]
-                self._finalize(r)
+                self.finalize(r)
         return True
 
     def _started(self, r: StepRequest, hits: list[int]) -> None:
@@ -385,7 +354,7 @@ class StepSimEngine(SimEngine):
             if b < 0:
                 return hits
             hits.append(b)
-        first = self._first_copy
+        first = self.first_copy
         for pos in range(len(evb), num):
             b = first(output_key(r.preq.index, pos))
             if b < 0:
@@ -404,8 +373,8 @@ class StepSimEngine(SimEngine):
 
     def _return_blocks(self, r: StepRequest) -> None:
         if r.blocks:
-            self._free_blocks(r)
-            where = self._where_fn(r)
+            self.free_blocks(r)
+            where = self.where_fn(r)
             self.checker.released(where, r.blocks)
             self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
                                           self, self.policy)
@@ -453,25 +422,25 @@ class StepSimEngine(SimEngine):
         if self._on_admit is not None:
             self._on_admit(preq, now)
         if hits:
-            self._touch(r, hits)
+            self.touch(r, hits)
             blocks.extend(hits)
             r.num_cached_blocks = num_hits
         new: list[int] = []
         if num_new:
-            new = self._get_new_blocks(r, num_new)
+            new = self.get_new_blocks(r, num_new)
             blocks.extend(new)
         cached_now: list[tuple[int, int]] = []
         recompute = 0
         if num_full > r.num_cached_blocks:
             preq.num_new_full_blocks = num_full - r.num_cached_blocks
             key = self.key
-            on_cached = self._on_cached
+            on_cached = self.on_cached_fn
             evb = r.ev.blocks
             num_prompt = len(evb)
             base = r.ns << KEY_SHIFT
             ns = r.ns
             slot_ns, slot_blk, slot_lost = self.slot_ns, self.slot_blk, self.slot_lost
-            index_add = self._index_add
+            index_add = self.index_add
             for pos in range(r.num_cached_blocks, num_full):
                 b = blocks[pos]
                 if pos < num_prompt:
@@ -497,9 +466,11 @@ class StepSimEngine(SimEngine):
         if recompute and not r.started:
             r.outcome.recompute_tokens += recompute
         self._checked(r, hits, new, cached_now)
-        if self._records:
+        if self.records:
             self.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
                                     note)
+        if hits and self.records_hits:
+            self.record_hits(r, hits)
         return True
 
     def _checked(self, r: StepRequest, hits: list[int], new: list[int],
@@ -510,5 +481,5 @@ class StepSimEngine(SimEngine):
         evb = r.ev.blocks
         keys = [base | evb[pos] if pos < len(evb) else output_key(r.preq.index, pos)
                 for pos in range(len(hits))]
-        self._check_batch(r, keys, hits, (r.num_tokens - 1) // self.bs, new, cached_now,
+        self.check_batch(r, keys, hits, (r.num_tokens - 1) // self.bs, new, cached_now,
                           r.preq.num_new_full_blocks)

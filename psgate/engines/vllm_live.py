@@ -90,7 +90,7 @@ class LivePolicy:
         self.groups: list[str] = []
         self._gids: dict[str, int] = {}
         self._ns: dict[tuple[str, str], int] = {}
-        self._preqs: dict[str, PolicyRequest] = {}
+        self.preqs: dict[str, PolicyRequest] = {}
         self._cur: PolicyRequest | None = None
         self._begun = False
         self._num_hits = self._num_new = 0      # the current batch's, for its ledger row
@@ -102,7 +102,7 @@ class LivePolicy:
         self._wrap(mgr, pool)
 
     # -- requests -------------------------------------------------------------
-    def _gid(self, group: str) -> int:
+    def gid_of(self, group: str) -> int:
         g = self._gids.get(group)
         if g is None:
             g = self._gids[group] = len(self.groups)
@@ -111,17 +111,17 @@ class LivePolicy:
 
     def preq(self, request) -> PolicyRequest:
         rid = self.request_id(request)
-        p = self._preqs.get(rid)
+        p = self.preqs.get(rid)
         if p is None:
             group, contract, scope = self.describe(request)
-            self._gid(group)
+            self.gid_of(group)
             ns = self._ns.setdefault((group, scope), len(self._ns))
             n = request.num_prompt_tokens
             p = PolicyRequest(id=rid, group=group, contract=contract, scope=scope, namespace=ns,
                               prefix=None, t_ns=self.clock_ns(), prompt_tokens=n,
                               num_prompt_blocks=n // self.block_size, num_new_full_blocks=0,
-                              index=len(self._preqs))
-            self._preqs[rid] = p
+                              index=len(self.preqs))
+            self.preqs[rid] = p
         return p
 
     def _begin(self) -> None:
@@ -153,13 +153,13 @@ class LivePolicy:
 
         def free_request(request):
             rid = self.request_id(request)
-            self._cur = self._preqs.get(rid)
+            self._cur = self.preqs.get(rid)
             try:
                 return free(request)
             finally:
                 self._cur = None
                 if request.is_finished():
-                    self._preqs.pop(rid, None)
+                    self.preqs.pop(rid, None)
 
         def touched(blocks):
             self._begin()

@@ -174,7 +174,7 @@ class VllmPoolEngine(SimEngine):
             r = self._cur
             for b in ids:
                 self.owner[b] = r.gid
-            self._occ_add(r.gid, len(ids))
+            self.occ_add(r.gid, len(ids))
             self._new.extend(ids)
             policy.on_allocated(r.preq, ids)
             return out
@@ -212,15 +212,15 @@ class VllmPoolEngine(SimEngine):
         return self.policy.reclaim_first(self._cur.preq, num_blocks)
 
     def evicting(self, d: Decision) -> None:
-        self._evict(d, self._cur)
+        self.evict(d, self._cur)
 
     def released(self, block_ids: list[int]) -> None:
         owner = self.owner
         for b in block_ids:
-            self._occ_add(owner[b], -1)
+            self.occ_add(owner[b], -1)
             owner[b] = -1
 
-    def _drop_content(self, v: int, k: int) -> None:
+    def drop_content(self, v: int, k: int) -> None:
         n = self.key_copies[k] - 1
         if n:
             self.key_copies[k] = n
@@ -240,7 +240,7 @@ class VllmPoolEngine(SimEngine):
             self.vreqs[ev.id] = vreq
         return vreq
 
-    def _try_admit(self, r: RequestState) -> str:
+    def try_admit(self, r: RequestState) -> str:
         ev = r.ev
         bs = self.bs
         preq = r.preq
@@ -262,7 +262,7 @@ class VllmPoolEngine(SimEngine):
                                       num_lookahead_tokens=ev.out)
         if got is None:
             if self._begun:
-                raise PolicyFault(f"{self._where(r)}: vLLM refused the allocation after "
+                raise PolicyFault(f"{self.where(r)}: vLLM refused the allocation after "
                                   f"it had started")
             self._cur = None
             return "nofit"
@@ -272,25 +272,25 @@ class VllmPoolEngine(SimEngine):
         blocks = list(self.mgr.get_block_ids(ev.id)[0])
         hits = [b.block_id for b in hit_blocks]
         if len(blocks) != r.num_total or blocks[:num_hits] != hits:
-            raise PolicyFault(f"{self._where(r)}: vLLM gave the request {len(blocks)} blocks, "
+            raise PolicyFault(f"{self.where(r)}: vLLM gave the request {len(blocks)} blocks, "
                               f"the replay model expects {r.num_total} "
                               f"(ceil((prompt + out) / block_size))")
         r.blocks = blocks
         note = self.policy.end_admit(preq, self.now)
         max_hits = min((ev.prompt_tokens - 1) // bs, num_full)
-        self._admitted(r, hits, self._new, self._cached_now, max_hits, self._recompute, note)
+        self.admitted(r, hits, self._new, self._cached_now, max_hits, self._recompute, note)
         self._cur = None
         return "ok"
 
-    def _release(self, r: RequestState, state: str) -> None:
+    def release(self, r: RequestState, state: str) -> None:
         vreq = self.vreqs.pop(r.ev.id)
         vreq.status = self._Status.FINISHED_STOPPED
         self._cur = r
         self.mgr.free(vreq)      # -> queue.prepend_n (uncached), queue.append_n (cached)
         self._cur = None
-        self._released(r, state)
+        self.request_released(r, state)
 
-    def _finalize(self, r: RequestState) -> None:
+    def finalize(self, r: RequestState) -> None:
         self.vreqs.pop(r.ev.id, None)    # rejected or dropped: vLLM holds nothing for it
-        super()._finalize(r)
+        super().finalize(r)
 

@@ -70,7 +70,7 @@ from pathlib import Path
 from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, RunResult)
-from psgate.engines.sim import NullRecorder
+from psgate.engines.base import NullRecorder
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
-from psgate.engines.sim import PolicyFault, RequestState, SimEngine
+from psgate.engines.base import PolicyFault, ReplayEngine, RequestState
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (RefView, namespace_salt, prompt_token_ids, tokens_for,
@@ -97,8 +97,8 @@ class _StepPolicy(LivePolicy):
 
     def preq(self, request) -> PolicyRequest:
         r = self.engine.reqs[request.request_id]
-        self._gid(r.ev.group)
-        self._preqs[r.ev.id] = r.preq
+        self.gid_of(r.ev.group)
+        self.preqs[r.ev.id] = r.preq
         return r.preq
 
     def evicting(self, d: Decision) -> None:
@@ -111,7 +111,7 @@ class _StepPolicy(LivePolicy):
         self.engine.released(block_ids)
 
 
-class VllmSchedEngine(SimEngine):
+class VllmSchedEngine(ReplayEngine):
     """Replays one trace through vLLM's Scheduler under one psgate policy."""
 
     name = "vllm-sched"
@@ -218,7 +218,7 @@ class VllmSchedEngine(SimEngine):
             ids = [b.block_id for b in out]
             for b in ids:
                 self.owner[b] = r.gid
-            self._occ_add(r.gid, len(ids))
+            self.occ_add(r.gid, len(ids))
             self._new.extend(ids)
             return out
 
@@ -264,7 +264,7 @@ class VllmSchedEngine(SimEngine):
             held = [b.block_id for b in blocks_of.get(rid, ())]
             free(request)
             r = self.reqs.get(rid)
-            where = self._where_fn(r) if r is not None else rid
+            where = self.where_fn(r) if r is not None else rid
             self.checker.released(where, held)
             self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
                                           self, self.policy)
@@ -275,7 +275,7 @@ class VllmSchedEngine(SimEngine):
         if r.seq < 0:        # its first scheduling: trace content it must compute again
             r.outcome.recompute_tokens += self._recompute
         hits = self._hits
-        self._check_batch(r, [self._key_of(r.ev.id, pos) for pos in range(len(hits))], hits,
+        self.check_batch(r, [self._key_of(r.ev.id, pos) for pos in range(len(hits))], hits,
                           (request.num_tokens - 1) // self.bs, self._new, self._cached,
                           r.preq.num_new_full_blocks)
 
@@ -283,7 +283,7 @@ class VllmSchedEngine(SimEngine):
         """The policy chose v: a cached block no request holds, or the run stops here
         (before vLLM would hand a pinned block to a second request)."""
         r = self._cur
-        where = self._where_fn(r) if r is not None else self.trace_path
+        where = self.where_fn(r) if r is not None else self.trace_path
         self.checker.evicted(where, v)
         blk = self.pool.blocks[v] if 0 < v < self.num_blocks else None
         if blk is None or blk.ref_cnt != 0 or blk.block_hash is None or self.key[v] == NO_KEY:
@@ -301,7 +301,7 @@ class VllmSchedEngine(SimEngine):
         og = self.owner[v]
         self.key[v] = NO_KEY
         self.owner[v] = -1
-        self._occ_add(og, -1)
+        self.occ_add(og, -1)
         if self._cur is not None:
             self.evict_matrix[self._cur.gid][og] += 1
         self.num_evictions += 1
@@ -309,7 +309,7 @@ class VllmSchedEngine(SimEngine):
     def released(self, block_ids: list[int]) -> None:
         owner = self.owner
         for b in block_ids:
-            self._occ_add(owner[b], -1)
+            self.occ_add(owner[b], -1)
             owner[b] = -1
 
     # -- the replay -------------------------------------------------------------------
@@ -321,7 +321,7 @@ class VllmSchedEngine(SimEngine):
         try:
             while True:
                 while pending is not None and pending.t_ns <= self.now:
-                    self._deliver(pending)
+                    self.deliver(pending)
                     pending = next(it, None)
                 if self.sched.get_num_unfinished_requests() == 0 or not self._step():
                     if pending is None:
@@ -331,14 +331,14 @@ class VllmSchedEngine(SimEngine):
         except PolicyFault as exc:
             self.aborted = str(exc)
         self._unfinished()
-        return self._result()
+        return self.result()
 
-    def _arrive(self, ev: RequestEvent) -> None:
+    def arrive(self, ev: RequestEvent) -> None:
         num_out = max(1, ev.out)
-        r = self._request_state(ev, num_out)
+        r = self.request_state(ev, num_out)
         r.first_token_ns = -1
         r.wait_start_ns = self.counts["steps"]     # steps run before it arrived
-        if not self._accepted(r, too_long=not self.params.enable_chunked_prefill
+        if not self.accepted(r, too_long=not self.params.enable_chunked_prefill
                               and ev.prompt_tokens + num_out > self.max_model_len):
             return
         r.state = _WAITING
@@ -351,7 +351,7 @@ class VllmSchedEngine(SimEngine):
         self.vreqs[ev.id] = vreq
         self.sched.add_request(vreq)
 
-    def _cancel(self, ev: CancelEvent) -> None:
+    def cancel(self, ev: CancelEvent) -> None:
         r = self.reqs.get(ev.id)
         if r is None:
             self.counts["late_cancels"] += 1
@@ -446,7 +446,7 @@ class VllmSchedEngine(SimEngine):
         r.state = 0
         del self.reqs[r.ev.id]
         del self.vreqs[r.ev.id]
-        self._finalize(r)
+        self.finalize(r)
 
     def _unfinished(self) -> None:
         """Requests vLLM still holds when the replay stops (an abort, or requests it can

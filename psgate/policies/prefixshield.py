@@ -392,7 +392,7 @@ class PrefixShield(EvictionPolicy):
                 heappop(h)
         return 3, 0, -1
 
-    def _glob(self) -> SeqQueues:
+    def global_queues(self) -> SeqQueues:
         """The all-groups queues, rebuilt if they were dropped; a use keeps them."""
         n = self.pool.num_blocks
         self.glob_budget = self.glob_patience
@@ -413,10 +413,10 @@ class PrefixShield(EvictionPolicy):
             self.glob = gl
         return self.glob
 
-    def _global_best(self) -> tuple[int, int]:
+    def global_best(self) -> tuple[int, int]:
         """(segment, block) of the best eligible candidate over all groups; block -1
         when no leaf is eligible."""
-        glob = self._glob()
+        glob = self.global_queues()
         for s in range(3):
             b = glob.head(s)
             if b >= 0:
@@ -467,7 +467,7 @@ class PrefixShield(EvictionPolicy):
             self.denied += 1
 
     def on_touch(self, block: int) -> None:
-        self._uncandidate(block)
+        self.uncandidate(block)
 
     def _eligible_push(self, b: int) -> None:
         g, s = self.owner[b], (self.cls[b] if self._segments else 0)
@@ -489,7 +489,7 @@ class PrefixShield(EvictionPolicy):
         if ne[g] == 1:
             self._relist(g)
 
-    def _uncandidate(self, b: int) -> None:
+    def uncandidate(self, b: int) -> None:
         self.cand[b] = 0
         self.num_cand -= 1
         gq = self.gq
@@ -556,7 +556,7 @@ class PrefixShield(EvictionPolicy):
                 if self.glob_budget <= 0:       # unused for a pool's worth: drop it
                     self.glob = None
             return b, g, top_p, top_p - 1.0 / debts[2], seg, runner, runner_p, False
-        seg, b = self._global_best()
+        seg, b = self.global_best()
         if b >= 0:
             return b, -1, None, None, seg, -1, 0.0, False
         b = self._oldest_nonleaf()     # no eligible leaf at all: guard, see the docstring
@@ -572,7 +572,7 @@ class PrefixShield(EvictionPolicy):
             counts = {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}
         else:
             queue = "ancestry-fallback" if ancestry_fallback else f"global/{seg_name[seg]}"
-            live = self._glob().live
+            live = self.global_queues().live
             counts = {"probationary": live[0], "normal": live[1], "reuse": live[2]}
         og = self.owner[b]
         raw, norm, _ = self._debt_cache.get(og) or self._debts(og)
@@ -638,7 +638,7 @@ class PrefixShield(EvictionPolicy):
         tree, cand = self.tree, self.cand
         if tree is None and not cand[b]:
             return
-        self._uncandidate(b)
+        self.uncandidate(b)
         if tree is not None:             # LeafTracker.evicted, inline
             tree.gen[b] += 1
             p = tree.parent[b]

@@ -155,7 +155,7 @@ class PrefixShieldB(PrefixShield):
     def _pick(self, g: int, segments: bool) -> tuple[int, int]:
         """(segment, block) of g's first eligible candidate (g < 0: over all groups) in
         segment order or in native order; block -1 when there is none."""
-        queues, base = (self.gq, 3 * g) if g >= 0 else (self._glob(), 0)
+        queues, base = (self.gq, 3 * g) if g >= 0 else (self.global_queues(), 0)
         best = (2, -1)
         for s in range(3):
             b = queues.head(base + s)
@@ -166,7 +166,7 @@ class PrefixShieldB(PrefixShield):
                     best = (s, b)
         return best
 
-    def _global_best(self) -> tuple[int, int]:
+    def global_best(self) -> tuple[int, int]:
         return self._pick(-1, self.segment_order())
 
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
@@ -190,10 +190,10 @@ class PrefixShieldB(PrefixShield):
         cls = self.cls
         self.num_prob += sum(1 for b in blocks if cls[b] == PROBATIONARY)
 
-    def _uncandidate(self, b: int) -> None:
+    def uncandidate(self, b: int) -> None:
         if self.cand[b] and self.cls[b] == PROBATIONARY:
             self.num_prob -= 1
-        super()._uncandidate(b)
+        super().uncandidate(b)
 
     # -- the pairs: regrets and credits ---------------------------------------------------
     def ghost_tags(self) -> list[tuple[int, int]]:

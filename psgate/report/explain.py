@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from psgate.engines.sim import NullRecorder
+from psgate.engines.base import NullRecorder
 from psgate.errors import InputError
 from psgate.receipt.ledger import fmt_t
 from psgate.report.receipts import (config_from_receipt, load_receipt, prepare_replay,

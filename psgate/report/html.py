@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from psgate.engines.sim import NullRecorder
+from psgate.engines.base import NullRecorder
 from psgate.errors import EngineUnavailable, InputError, PsgateError
 from psgate.report.receipts import (load_receipt, prepare_replay, replay_run,
                                     resimulation_refusal, text_lines)

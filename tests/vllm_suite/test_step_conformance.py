@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from psgate.contracts import CONTRACT_NAMES
 from psgate.engines import engine_class
 from psgate.engines.sched import StepSimEngine
-from psgate.engines.sim import NullRecorder
+from psgate.engines.base import NullRecorder
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.policies import make_policy, policy_names
 from psgate.trace.importers import import_trace

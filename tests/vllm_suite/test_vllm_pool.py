@@ -55,14 +55,14 @@ def _observed(result, log):
 def _count_duplicates(engine, log):
     """Wrap the admission tail to count last-block recomputes: a block cached while
     another block already holds the same content."""
-    admitted = engine._admitted
+    admitted = engine.admitted
     log.duplicates = 0
 
     def spy(r, hits, new, cached_now, *rest):
         admitted(r, hits, new, cached_now, *rest)
         log.duplicates += sum(1 for _, k in cached_now if engine.checker.copies(k) > 1)
 
-    engine._admitted = spy
+    engine.admitted = spy
 
 
 def compare(path: Path, capacity: int, policy: str, counts: Counter) -> None:

@@ -1,0 +1,465 @@
+"""The replay engine's bookkeeping, shared by every engine that replays on psgate's terms.
+
+A :class:`ReplayEngine` is a :class:`~psgate.engines.pool.BlockPool` plus what a replay
+needs around it whatever its scheduler: the policy bound to the pool (and its hooks, called
+only when a policy overrides them), the invariant checker and the policy's auditors, groups
+and their occupancy over time, each request's state and outcome, allocation (truly free
+blocks first, then the policy's victims, as vLLM's ``get_new_blocks``), freeing in vLLM's
+order, and the run's result. The schedulers subclass it: :mod:`psgate.engines.sim` (the
+service model), :mod:`psgate.engines.sched` (vLLM's scheduler on a step clock) and the
+vLLM engines, which mirror vLLM's own pool into the same arrays. What a subclass may call
+or override is public; names with a leading underscore stay inside their module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from psgate.engines.cost import CostModel
+from psgate.engines.pool import BlockPool
+from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
+                                    RunResult)
+from psgate.errors import InputError
+from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.policies.base import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
+from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
+from psgate.trace.model import CancelEvent, RequestEvent, TraceHeader
+from psgate.trace.reader import HashTable
+
+NS_PER_MS = 1_000_000
+
+
+class RequestState:
+    """A request from arrival until its blocks are released (engines built on sim share it:
+    slots, as thousands may wait at once)."""
+
+    __slots__ = ("ev", "preq", "gid", "ns", "state", "blocks", "num_total", "admit_ns",
+                 "first_token_ns", "release_ns", "seq", "done_ns", "awaits_done", "outcome",
+                 "wait_start_ns")
+
+    def __init__(self, ev: RequestEvent, preq: PolicyRequest, gid: int, num_total: int,
+                 outcome: RequestOutcome, awaits_done: bool):
+        self.ev = ev
+        self.preq = preq
+        self.gid = gid
+        self.ns = preq.namespace
+        self.state = 0
+        self.blocks: list[int] = []
+        self.num_total = num_total
+        self.admit_ns = 0
+        self.first_token_ns = 0
+        self.release_ns = -1
+        self.seq = -1
+        self.done_ns = ev.done_ns
+        self.awaits_done = awaits_done
+        self.outcome = outcome
+        self.wait_start_ns = -1
+
+
+class PolicyFault(Exception):
+    """The policy chose a block that is not a candidate; the run cannot go on."""
+
+
+class NullRecorder:
+    """Receives ledger events; the receipt layer supplies a real one. A recorder may
+    also have ``eviction_batch(now_ns, req, decisions, blocks, hash_names, owners)``, taking
+    one allocation's eviction rows in one call, after the policy evicted them all; one
+    that looks at the pool or the policy when called sets ``sequential = True``."""
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        pass
+
+    def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
+        pass
+
+    def hit(self, now_ns, req, pos, block, hash_name, owner) -> None:
+        pass
+
+
+class ReplayEngine(BlockPool):
+    """One trace under one policy on psgate's block pool; a subclass schedules and
+    ``run()`` returns a :class:`RunResult`."""
+
+    name = "sim"
+
+    def __init__(self, *, header: TraceHeader, hashes: HashTable, capacity: int,
+                 policy: EvictionPolicy, contracts: Iterable[str], done_ids: frozenset[str],
+                 cost: CostModel | None = None, recorder=None, paranoid: bool = False,
+                 label: str = "run", trace_path: str = "trace", progress=None,
+                 groups: tuple[str, ...] = (), max_in_flight: int = 1_000_000,
+                 sink: OutcomeSink | None = None) -> None:
+        if capacity < 2:
+            raise InputError(f"expected at least 2 configured blocks (one is vLLM's null "
+                             f"block), found {capacity}", path="--capacity")
+        self.bs = header.block_size
+        self.max_in_flight = max_in_flight
+        self.num_in_flight = 0
+        self.policy = policy
+        self.contracts = frozenset(contracts)
+        self.done_ids = done_ids
+        self.cost = cost or CostModel()
+        self.recorder = recorder or NullRecorder()
+        self.label = label
+        self.trace_path = trace_path
+        self.progress = progress
+
+        BlockPool.__init__(self, capacity, hashes)
+        n = capacity
+
+        self.ns_ids: dict[tuple[str, str], int] = {}
+        self.groups = GroupIds()
+        self.gids, self.group_names = self.groups.ids, self.groups.names
+        self.occ: list[int] = []
+        self.occ_max: list[int] = []
+        self.occ_area: list[int] = []
+        self.occ_t: list[int] = []
+        self.evict_matrix: list[list[int]] = []
+
+        self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
+                                  groups=tuple(groups), key_shift=KEY_SHIFT))
+        parent = hashes.parent
+
+        def parent_of(k: int) -> int:
+            p = parent[k & HASH_MASK]
+            return NO_KEY if p < 0 else ((k >> KEY_SHIFT) << KEY_SHIFT) | p
+
+        self.checker = InvariantChecker(n, parent_of, paranoid=paranoid,
+                                        parent_table=parent, key_shift=KEY_SHIFT)
+        # Hooks a policy leaves at the base class's no-op are not called per block, and
+        # a policy with its own evict_batch evicts a whole batch in one call.
+        cls = type(policy)
+        self.on_hit_fn = None if cls.on_hit is EvictionPolicy.on_hit else policy.on_hit
+        self.on_cached_fn = None if cls.on_cached is EvictionPolicy.on_cached else policy.on_cached
+        self.on_released_fn = (None if cls.on_released is EvictionPolicy.on_released
+                             else policy.on_released)
+        # A recorder that reads the pool at each eviction (``sequential``) needs it as it
+        # was just before that one: one select_victim/on_evict at a time then.
+        self.batch_evictions = (cls.batches_evictions()
+                                and not getattr(self.recorder, "sequential", False))
+        # Decisions (the ranking fields of each eviction) are built only for a recorder
+        # that writes them.
+        self.records = type(self.recorder) is not NullRecorder
+        self.records_hits = bool(getattr(self.recorder, "hits", False))
+        self.auditors = policy.invariant_auditors()
+        self.paranoid = paranoid
+
+        self.now = 0
+        self.start_ns: int | None = None
+        self.reqs: dict[str, RequestState] = {}     # id -> request, while admitted or waiting
+        self.seq = 0
+        self.outcomes: list[RequestOutcome] = []    # when no sink takes them
+        self.sink = sink
+        self.num_evictions = 0
+        self.num_requests = 0
+        self.counts = {"admitted": 0, "waits": 0, "rejected": 0, "dropped": 0, "cancelled": 0,
+                       "late_cancels": 0, "late_dones": 0, "done_shifted": 0, "unfinished": 0,
+                       "hit_blocks": 0, "new_blocks": 0}
+        self.rejected_ids: list[str] = []
+        self.aborted: str | None = None
+
+    def gid_of(self, group: str) -> int:
+        g = self.gids.get(group)
+        if g is None:
+            g = self.groups.add(group)
+            self.occ.append(0)
+            self.occ_max.append(0)
+            self.occ_area.append(0)
+            self.occ_t.append(self.now)
+            for row in self.evict_matrix:
+                row.append(0)
+            self.evict_matrix.append([0] * (g + 1))
+        return g
+
+    def occ_add(self, g: int, delta: int) -> None:
+        now = self.now
+        self.occ_area[g] += self.occ[g] * (now - self.occ_t[g])
+        self.occ_t[g] = now
+        v = self.occ[g] + delta
+        self.occ[g] = v
+        if v > self.occ_max[g]:
+            self.occ_max[g] = v
+
+    def where(self, r: RequestState) -> str:
+        return f"{self.trace_path}:{r.ev.line} (request {r.ev.id}, {self.label})"
+
+    def where_fn(self, r: RequestState):
+        """_where(r), formatted only if a check fails."""
+        return lambda: self.where(r)
+
+    def num_candidates(self) -> int:
+        return self.policy.num_candidates
+
+    def request_state(self, ev: RequestEvent, num_out: int, cls=RequestState,
+                       awaits_done: bool = False) -> RequestState:
+        """An arriving request as the engines track it: its contract checked, its group
+        and namespace numbered on first sight, the policy's view of it (arrival index
+        included) and its outcome, to be filled in."""
+        if ev.contract not in self.contracts:
+            raise InputError(f"unknown contract '{ev.contract}'; the replay's contract table "
+                             f"has {', '.join(sorted(self.contracts))}",
+                             path=self.trace_path, line=ev.line, field="contract")
+        g = self.gid_of(ev.group)
+        nskey = (ev.group, ev.scope)
+        ns = self.ns_ids.get(nskey)
+        if ns is None:
+            ns = len(self.ns_ids)
+            self.ns_ids[nskey] = ns
+        preq = PolicyRequest(id=ev.id, group=ev.group, contract=ev.contract, scope=ev.scope,
+                             namespace=ns, prefix=ev.prefix, t_ns=ev.t_ns,
+                             prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
+                             num_new_full_blocks=0, priority=ev.priority,
+                             priority_until_ns=ev.priority_until_ns, index=self.num_requests)
+        self.num_requests += 1
+        if self.policy.wants_block_keys:
+            base = ns << KEY_SHIFT
+            preq.block_keys = [base | h for h in ev.blocks]
+        outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
+                                 measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
+                                 prompt_tokens=ev.prompt_tokens)
+        num_total = -(-(ev.prompt_tokens + num_out) // self.bs)
+        return cls(ev, preq, g, num_total, outcome, awaits_done)
+
+    def accepted(self, r: RequestState, too_long: bool = False) -> bool:
+        """Rejects r (False) when it cannot fit even into an empty cache (or the policy's
+        cap for it), or ``too_long`` says the engine cannot take it; else r is in flight."""
+        cap = self.policy.capacity_for(r.preq)
+        if too_long or r.num_total > (self.num_usable if cap is None
+                                      else min(cap, self.num_usable)):
+            r.outcome.state = REJECTED
+            self.counts["rejected"] += 1
+            self.rejected_ids.append(r.ev.id)
+            self.finalize(r)
+            return False
+        ev = r.ev
+        self.reqs[ev.id] = r
+        self.num_in_flight += 1
+        if self.num_in_flight > self.max_in_flight:
+            raise InputError(f"more than {self.max_in_flight} requests admitted or waiting at "
+                             f"t={ev.t_ns / 1e9:g} s (the cap; raise it with --max-in-flight)",
+                             path=self.trace_path, line=ev.line)
+        return True
+
+    def record_hits(self, r: RequestState, hits: list[int]) -> None:
+        """One ledger row per block r hit (``--ledger-hits``), in prefix order; a hit past
+        the trace's blocks (a resumed request's own output block) has no hash name."""
+        names, gnames, owner = self.hashes.names, self.group_names, self.owner
+        evb = r.ev.blocks
+        now, preq, hit = self.now, r.preq, self.recorder.hit
+        for pos, b in enumerate(hits):
+            hit(now, preq, pos, b, names[evb[pos]] if pos < len(evb) else "", gnames[owner[b]])
+
+    def touch(self, r: RequestState, hits: list[int]) -> None:
+        """r takes its hits, as vLLM's ``touch``: a candidate leaves the policy's queue,
+        every hit block gains a reference."""
+        policy, ref = self.policy, self.ref
+        preq = r.preq
+        on_hit = self.on_hit_fn
+        for pos, b in enumerate(hits):
+            if ref[b] == 0:
+                policy.on_touch(b)
+            ref[b] += 1
+            if on_hit is not None:
+                on_hit(b, preq, pos)
+
+    def deliver(self, ev) -> None:
+        """One trace event to a step engine (its arrivals wait for a scheduler step; a done
+        event decides nothing there, it only counts when its request is unknown)."""
+        if type(ev) is RequestEvent:
+            self.arrive(ev)
+        elif type(ev) is CancelEvent:
+            self.cancel(ev)
+        elif ev.id not in self.reqs:
+            self.counts["late_dones"] += 1
+        if self.progress is not None:
+            self.progress(ev.line)
+
+    def get_new_blocks(self, r: RequestState, num_new: int) -> list[int]:
+        """``num_new`` blocks for r, as vLLM's ``get_new_blocks`` pops them
+        (block_pool.py): truly free ones from the front first, then the policy's victims;
+        each is pinned by r and charged to its group."""
+        policy = self.policy
+        preq = r.preq
+        free = self.free
+        take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
+        if take:                                  # the front of the stack is its end
+            new = free[-take:].tolist()
+            new.reverse()
+            del free[-take:]
+        else:
+            new = []
+        num_evict = num_new - take
+        if num_evict:
+            now = self.now
+            if self.batch_evictions:
+                decisions = [] if self.records else None
+                victims = policy.evict_batch(preq, now, num_evict, decisions)
+                self.evicted_batch(r, victims, decisions, num_evict)
+                new += victims
+            else:
+                for _ in range(num_evict):
+                    d = policy.select_victim(preq, now)
+                    self.evict(d, r)
+                    new.append(d.victim)
+        ref, owner = self.ref, self.owner
+        g = r.gid
+        for b in new:
+            ref[b] = 1
+            owner[b] = g
+        policy.on_allocated(preq, new)
+        self.occ_add(g, num_new)
+        return new
+
+    def check_batch(self, r: RequestState, keys: list[int], hits: list[int], max_hits: int,
+                      new: list[int], cached_now: list[tuple[int, int]],
+                      num_new_full: int) -> None:
+        """After one allocation batch of r (``keys``: the content its hits must hold): the
+        hard invariants, then the policy's own auditors. Every engine on this pool."""
+        where = self.where_fn(r)
+        policy = self.policy
+        self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
+        self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
+                                      policy)
+        if self.auditors:
+            audit = policy.audit()
+            ev = r.ev
+            for auditor in self.auditors:
+                auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
+                                 audit)
+
+    def evicted_batch(self, r: RequestState, victims: list[int], decisions: list | None,
+                 num_asked: int) -> None:
+        """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
+        in order as _evict would, record it, and drop its content."""
+        where = self.where_fn(r)
+        num_valid = self.checker.evicted_many(where, victims)
+        ref, key, owner = self.ref, self.key, self.owner
+        slot_ns, slot_blk, slot_lost, more = self.slot_ns, self.slot_blk, self.slot_lost, self.more
+        index_drop = self.index_drop
+        names, gnames = self.hashes.names, self.group_names
+        nb = self.num_blocks
+        rec = self.recorder if decisions is not None else None
+        batch_rec = getattr(rec, "eviction_batch", None)
+        if batch_rec is not None:
+            rec = None
+            hash_names: list[str] = []
+            owners: list[str] = []
+        now, preq = self.now, r.preq
+        row = self.evict_matrix[r.gid]
+        num_by_owner: dict[int, int] = {}
+        try:
+            for i, v in enumerate(victims):
+                k = key[v] if 0 < v < nb else NO_KEY
+                if i >= num_valid or k == NO_KEY or ref[v] != 0:
+                    if batch_rec is not None:       # the rows of the victims before it
+                        batch_rec(now, preq, decisions[:i], victims[:i], hash_names, owners)
+                    raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
+                                      f"{v}, which is not an eviction candidate (pinned or "
+                                      f"holding no content)")
+                og = owner[v]
+                if rec is not None:
+                    rec.eviction(now, preq, decisions[i], v,
+                                 names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "", gnames[og])
+                elif batch_rec is not None:
+                    hash_names.append(names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "")
+                    owners.append(gnames[og])
+                h = k & HASH_MASK                      # _drop_content, inline
+                if (k < OUTPUT_KEY_BIT and slot_ns[h] == k >> KEY_SHIFT and slot_blk[h] == v
+                        and (not more or k not in more)):
+                    slot_blk[h] = -1
+                    slot_lost[h] = 1
+                else:
+                    index_drop(k, v)
+                key[v] = NO_KEY
+                owner[v] = -1
+                num_by_owner[og] = num_by_owner.get(og, 0) + 1
+        finally:                  # what was evicted counts, even when the run aborts here
+            for og, num in num_by_owner.items():
+                self.occ_add(og, -num)
+                row[og] += num
+                self.num_evictions += num
+        if batch_rec is not None:
+            batch_rec(now, preq, decisions, victims, hash_names, owners)
+        if len(victims) != num_asked:
+            raise PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
+                              f"{len(victims)} blocks where {num_asked} were asked for")
+
+    def evict(self, d, r: RequestState) -> None:
+        v = d.victim
+        k = self.key[v]
+        where = self.where_fn(r)
+        self.checker.evicted(where, v)
+        if not (0 < v < self.num_blocks) or self.ref[v] != 0 or k == NO_KEY:
+            raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block {v}, which "
+                              f"is not an eviction candidate (pinned or holding no content)")
+        og = self.owner[v]
+        if self.records:
+            self.recorder.eviction(self.now, r.preq, d, v,
+                                   self.hashes.names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "",
+                                   self.group_names[og])
+        self.drop_content(v, k)
+        self.key[v] = NO_KEY
+        self.policy.on_evict(v)
+        self.occ_add(og, -1)
+        self.owner[v] = -1
+        self.evict_matrix[r.gid][og] += 1
+        self.num_evictions += 1
+
+    def drop_content(self, v: int, k: int) -> None:
+        """Block v, holding content k, is being evicted: forget it in the lookup table;
+        content with no copy left is lost (a later recompute is counted)."""
+        self.index_drop(k, v)
+
+    def free_blocks(self, r: RequestState) -> None:
+        """r's blocks go back in vLLM's ``free`` order (block_pool.py:774-803): walked last
+        first, uncached ones to the front of the free queue, cached ones to the policy."""
+        ref, key, owner = self.ref, self.key, self.owner
+        uncached: list[int] = []
+        freed: list[int] = []
+        for b in reversed(r.blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                (uncached if key[b] == NO_KEY else freed).append(b)
+        self.free.extend(reversed(uncached))        # the front is the end
+        if self.on_released_fn is not None:
+            self.on_released_fn(uncached)
+        if uncached:
+            num_by_owner: dict[int, int] = {}
+            for b in uncached:
+                og = owner[b]
+                num_by_owner[og] = num_by_owner.get(og, 0) + 1
+                owner[b] = -1
+            for og, num in num_by_owner.items():
+                self.occ_add(og, -num)
+        self.policy.on_free(freed, self.now)
+
+    def finalize(self, r: RequestState) -> None:
+        if r.outcome.state != REJECTED:
+            self.num_in_flight -= 1
+        if self.sink is None:
+            self.outcomes.append(r.outcome)
+        else:
+            self.sink.add(r.outcome, r.preq.index)
+
+    def result(self) -> RunResult:
+        invariants = self.checker.results()
+        for auditor in self.auditors:
+            auditor.finish()
+            invariants.update(auditor.results())
+        end = self.now
+        span = max(1, end - (self.start_ns or 0))
+        occ_mean = {}
+        for g, name in enumerate(self.group_names):
+            area = self.occ_area[g] + self.occ[g] * (end - self.occ_t[g])
+            occ_mean[name] = area / span
+        names = self.group_names
+        matrix = {names[a]: {names[b]: n for b, n in enumerate(row) if n}
+                  for a, row in enumerate(self.evict_matrix)}
+        return RunResult(
+            label=self.label, policy=self.policy.describe(), usable_blocks=self.num_usable,
+            requests=self.outcomes, groups=list(names), evictions=self.num_evictions,
+            evictions_by={a: row for a, row in matrix.items() if row},
+            occupancy_mean=occ_mean,
+            occupancy_max={names[g]: v for g, v in enumerate(self.occ_max)},
+            counts=dict(self.counts), invariants=invariants,
+            orphans=self.checker.orphan_stats(), aborted=self.aborted,
+            rejected_ids=list(self.rejected_ids), start_ns=self.start_ns or 0, end_ns=end)
