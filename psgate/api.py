@@ -44,7 +44,7 @@ from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, re
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
 SCHEDULERS = ("service", "step")
-DEFAULT_SCHEDULER = "service"
+DEFAULT_SCHEDULER = "step"
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 

@@ -4,7 +4,8 @@ The vLLM plugin (``PSGATE_CAPTURE=DIR``) feeds a :class:`CaptureWriter` from the
 scheduler: arrivals, completions, cancellations, and per request the cached tokens
 and first-token time the scheduler saw. The scheduler thread only puts a small
 tuple on a bounded queue; when the queue is full the event is dropped and counted,
-never waited for. A writer thread does the hashing and the writing:
+never waited for, and wakes nothing. A writer thread, which drains the queue every
+``POLL_S`` (50 ms; sooner if ``flush_s`` is shorter), does the hashing and the writing:
 
     request   keyed chained block hashes of the prompt (psgate.trace.hashing), bound
               to the scope (model, adapter, cache_salt) as ``psgate trace redact``
@@ -36,7 +37,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
+from collections import deque
 import threading
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ from psgate.trace.redact import key_fingerprint, pseudonym, scope_root
 from psgate.trace.writer import header_line
 
 SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
-_STOP = object()
+POLL_S = 0.05       # how often the writer thread looks at the queue
 
 
 class CaptureWriter:
@@ -78,7 +79,13 @@ class CaptureWriter:
         self._buf: list[bytes] = []         # whole lines not yet written
         self._buf_since = 0.0               # time.monotonic() of the oldest of them
         self._used: set[str] = set()        # ids in the current file
-        self.q: queue.Queue = queue.Queue(maxsize=queue_size)
+        # A deque the writer drains every POLL_S: an append is one atomic C call, and no
+        # event wakes the writer thread (a wake-up per event makes the two threads trade
+        # the GIL on every request); the bound is kept by its length, read before a put.
+        self.q: deque = deque()
+        self.queue_size = queue_size
+        self._poll_s = min(POLL_S, flush_s)
+        self._stop = threading.Event()
         self.num_dropped = 0            # all drops (scheduler thread)
         self._dropped_reported = 0      # drops already counted in some header
         self.num_written = 0
@@ -86,6 +93,7 @@ class CaptureWriter:
         self.files: list[str] = []
         self._ids: dict[str, str] = {}
         self._roots: dict[tuple, bytes] = {}
+        self._names: dict[tuple, tuple[str, str]] = {}   # (group, scope) -> pseudonyms
         self._fh = None
         self._part: Path | None = None
         self._file_bytes = 0
@@ -106,10 +114,10 @@ class CaptureWriter:
         return self.clock() - self.t0
 
     def submit(self, event: tuple) -> None:
-        try:
-            self.q.put_nowait(event)
-        except queue.Full:
+        if len(self.q) >= self.queue_size:
             self.num_dropped += 1
+        else:
+            self.q.append(event)
 
     def request(self, rid: str, group: str, contract: str, scope: tuple[str, ...],
                 token_ids, max_tokens: int, client_id: str | None = None) -> None:
@@ -127,19 +135,19 @@ class CaptureWriter:
 
     # -- the writer thread ------------------------------------------------------------------
     def _run(self) -> None:
+        q, stop = self.q, self._stop
         while True:
-            try:
-                ev = self.q.get(timeout=self.flush_s if self._buf else None)
-            except queue.Empty:
-                self._flush()
-                continue
-            if ev is _STOP:
+            stopping = stop.wait(self._poll_s)
+            while q:
+                line = self._line(q.popleft())
+                if line is not None:
+                    self._write(line)
+                if self._buf and (len(self._buf) >= self.flush_events
+                                  or time.monotonic() - self._buf_since >= self.flush_s):
+                    self._flush()
+            if stopping:
                 return
-            line = self._line(ev)
-            if line is not None:
-                self._write(line)
-            if self._buf and (len(self._buf) >= self.flush_events
-                              or time.monotonic() - self._buf_since >= self.flush_s):
+            if self._buf and time.monotonic() - self._buf_since >= self.flush_s:
                 self._flush()
 
     def _line(self, ev: tuple) -> dict | None:
@@ -150,6 +158,11 @@ class CaptureWriter:
             root = self._roots.get(scope)
             if root is None:
                 root = self._roots[scope] = scope_root(scope, self.key)
+            names = self._names.get((group, scope))
+            if names is None:
+                names = self._names[(group, scope)] = (
+                    pseudonym("g", group, self.key),
+                    pseudonym("s", "\x00".join(scope), self.key))
             new_id = base = pseudonym("r", rid if client is None else client, self.key)
             n = 1
             while new_id in self._used:
@@ -159,8 +172,7 @@ class CaptureWriter:
             self._ids[rid] = new_id
             self.num_requests += 1
             return {"t": t, "op": "request", "id": new_id,
-                    "group": pseudonym("g", group, self.key), "contract": contract,
-                    "scope": pseudonym("s", "\x00".join(scope), self.key),
+                    "group": names[0], "contract": contract, "scope": names[1],
                     "blocks": chain_hashes(list(toks), self.bs, self.key, parent=root),
                     "tail": len(toks) % self.bs, "out": int(max_tokens or 0)}
         new_id = self._ids.pop(ev[2], None)
@@ -238,7 +250,7 @@ class CaptureWriter:
         self._closed = True
         if not self._thread.is_alive() and self._thread.ident is None:
             self.start()
-        self.q.put(_STOP)
+        self._stop.set()
         self._thread.join()
         if self._fh is not None:
             self._finish_file()

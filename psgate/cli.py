@@ -157,7 +157,7 @@ def replay(
     model_config: Annotated[Optional[str], typer.Option(help="--engine vllm: Hugging Face model config directory (default: the bundled tiny Qwen2)")] = None,
     time_compression: Annotated[float, typer.Option(help="--engine vllm: trace seconds per wall-clock second")] = 1.0,
     pacing: Annotated[str, typer.Option(help="--engine vllm: wall (requests on the compressed wall clock, times observed) or lockstep (on the modeled step clock, one step at a time, times modeled)")] = "wall",
-    scheduler: Annotated[str, typer.Option(help="--engine sim: service (admission at arrival, one prefill server) or step (vLLM's scheduler on a modeled step clock)")] = api.DEFAULT_SCHEDULER,
+    scheduler: Annotated[str, typer.Option(help="--engine sim: step (vLLM's scheduler on a modeled step clock) or service (the first model: admission at arrival, one prefill server)")] = api.DEFAULT_SCHEDULER,
     max_num_batched_tokens: Annotated[int, typer.Option(help="step scheduler: token budget of one step (vLLM's max_num_batched_tokens)")] = SchedulerParams().max_num_batched_tokens,
     max_num_seqs: Annotated[int, typer.Option(help="step scheduler: most requests running at once (vLLM's max_num_seqs)")] = SchedulerParams().max_num_seqs,
     chunked_prefill: Annotated[bool, typer.Option(help="step scheduler: split long prompts under the token budget")] = True,
@@ -198,7 +198,7 @@ def replay(
         trace=trace, baseline=baseline, candidate=candidate, capacity=capacity, engine=engine,
         model_config=model_config, time_compression=time_compression, pacing=pacing,
         scheduler=scheduler,
-        step_cost=_step_cost(step_param, cost_model if scheduler == "step"
+        step_cost=_step_cost(step_param, cost_model if (engine == "sim" and scheduler == "step")
                              or engine in ("vllm-sched", "vllm") else None),
         sched=SchedulerParams(max_num_batched_tokens=max_num_batched_tokens,
                               max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked_prefill),
@@ -259,6 +259,18 @@ def _warn_saturated(receipt: dict) -> None:
                   soft_wrap=True)
 
 
+def _warn_saturated_runs(receipt: dict) -> None:
+    """One line for an experiment some of whose runs saturated (each run's receipt says
+    which and why): the paired interval then mixes backlog with policy."""
+    saturated = [run["id"] for run in receipt["runs"] if run.get("saturated")]
+    if saturated:
+        shown = ", ".join(saturated[:5]) + (", ..." if len(saturated) > 5 else "")
+        err.print(f"psgate: warning: {len(saturated)} of {len(receipt['runs'])} runs saturated "
+                  f"their modeled instance ({shown}; runs/<id>/receipt.json says why), so "
+                  f"their hit fractions measure the backlog, not the policy",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
 def _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_seed, junit,
                        json_out, quiet, verbose=False) -> None:
     from psgate.experiment import ExperimentConfig, run_experiment
@@ -271,6 +283,7 @@ def _replay_experiment(cfg, workload, corpus, runs, seed, resamples, bootstrap_s
             err.print(f"[{done + 1}/{total}] {run_id}", highlight=False, markup=False)
     result = run_experiment(exp, progress=progress)
     r = result.receipt
+    _warn_saturated_runs(r)
     if junit:
         write_junit(junit, "replay", r["gate"]["checks"])
     if quiet:
@@ -447,7 +460,11 @@ def trace_gen(
     params = _params(param, "--param")
     if seed is not None:
         params["seed"] = seed
-    cost = load_cost_model(cost_model) if cost_model is not None else None
+    cost = None
+    if cost_model is not None:       # rates=step: the file's step fit sets the rates
+        from psgate.workloads.common import StepRates
+        cost = (StepRates(load_step_cost_model(cost_model)) if params.get("rates") == "step"
+                else load_cost_model(cost_model))
     lines = generate_workload(kind, params, cost=cost)
     write_trace(output, lines)
     n = sum(1 for x in lines[1:] if x.get("op") == "request")
@@ -557,7 +574,7 @@ def sweep(
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
     cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file")] = None,
-    scheduler: Annotated[str, typer.Option(help="service or step (see psgate replay --help)")] = api.DEFAULT_SCHEDULER,
+    scheduler: Annotated[str, typer.Option(help="step or service (see psgate replay --help)")] = api.DEFAULT_SCHEDULER,
     step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="also write each cell's gate as a JUnit test case")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
@@ -630,6 +647,7 @@ def calibrate(
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="cost-model file to write")],
     model_config: Annotated[Optional[str], typer.Option(help="Hugging Face style config.json (or its directory); weights are random, nothing is downloaded")] = None,
     convert: Annotated[Optional[str], typer.Option(help="instead of measuring, rewrite this version-1 file as version 2 (the step model refitted to the timings it keeps)")] = None,
+    from_receipt: Annotated[Optional[str], typer.Option(help="instead of measuring, fit the step model to the real engine's own steps in this receipt (directory or receipt.json) of --engine vllm --pacing lockstep")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     dtype: Annotated[Optional[str], typer.Option(help="float32 (cpu default), bfloat16 (cuda default) or float16")] = None,
     form: Annotated[str, typer.Option(help="the per-request fit: linear (DESIGN section 3) or attention (adds u^2 and u*c terms)")] = "attention",
@@ -645,15 +663,25 @@ def calibrate(
     force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
     quiet: Annotated[bool, typer.Option(help="no summary on stderr")] = False,
 ) -> None:
-    """Time batched steps on this machine and fit a cost-model file (step and per-request)."""
+    """Time batched steps on this machine (or read a real engine's from a lockstep receipt)
+    and fit a cost-model file (step and per-request)."""
     check_destination(output)       # before minutes of timing, not after
     _refuse_existing(output, force, "--output")
     from psgate.calibrate.run import CalibrateConfig, calibrate as run_calibration, summary
 
-    if (model_config is None) == (convert is None):
-        raise InputError("give exactly one of --model-config (measure) and --convert "
-                         "(rewrite a version-1 file)", path="--model-config")
-    if convert is not None:
+    if sum(x is not None for x in (model_config, convert, from_receipt)) != 1:
+        raise InputError("give exactly one of --model-config (measure), --convert "
+                         "(rewrite a version-1 file) and --from-receipt (fit a lockstep "
+                         "receipt's steps)", path="--model-config")
+    if from_receipt is not None:
+        from psgate.calibrate.from_receipt import receipt_document
+        from psgate.calibrate.run import write_document
+        from psgate.report.receipts import read_receipt_file
+        from psgate.report.verify import recorded_outputs_difference
+        doc = receipt_document(from_receipt, read_receipt=read_receipt_file,
+                               outputs_difference=recorded_outputs_difference, notes=notes)
+        write_document(doc, output, force)
+    elif convert is not None:
         from psgate.calibrate.run import convert_v1, write_document
         doc = convert_v1(convert, notes=notes)
         write_document(doc, output, force)

@@ -45,6 +45,7 @@ from psgate.stats.bootstrap import paired_summary
 from psgate.trace.reader import check_seed, corpus_traces, require_utf8_name, validate_trace
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate, generators
+from psgate.workloads.common import StepRates
 
 EXPERIMENT_FORMAT = 1
 # One default for every command that bootstraps (replay over matched runs, sweep).
@@ -108,7 +109,7 @@ class ExperimentConfig:
     seed: int = 0
     resamples: int = DEFAULT_RESAMPLES
     bootstrap_seed: int = 0
-    cost_for_workload: CostModel | None = None
+    cost_for_workload: CostModel | StepRates | None = None
     run_ids: list[str] = field(default_factory=list, init=False)
 
 
@@ -147,7 +148,9 @@ def _plan(cfg: ExperimentConfig) -> tuple[list[tuple[str, int | None, Path | Non
     kind, params = parse_workload(cfg.workload)
     gen = generators().get(kind)
     if gen is not None and gen.uses_cost and cfg.cost_for_workload is None:
-        cfg.cost_for_workload = cfg.replay.cost      # rates follow the cost model in use
+        # rates follow the cost model in use: the step model's where the workload asks
+        cfg.cost_for_workload = (StepRates(cfg.replay.step_cost, cfg.replay.sched)
+                                 if params.get("rates") == "step" else cfg.replay.cost)
     if "seed" in params:
         raise InputError("the run seeds derive from --seed; do not set seed in --workload",
                          path="--workload")
@@ -260,6 +263,11 @@ def run_experiment(cfg: ExperimentConfig,
                     "metrics": {"baseline": _headline(base_metrics[-1]),
                                 "candidate": _headline(cand_metrics[-1])},
                 })
+                saturated = [k for k in ("baseline", "candidate")
+                             if (r["runs"][k].get("saturation") or {}).get("verdict")
+                             == "saturated"]
+                if saturated:       # its hit fractions measure the backlog, not the policy
+                    rows[-1]["saturated"] = saturated
             if progress:
                 progress(len(plan), len(plan), "summary")
             paired = paired_summary(base_metrics, cand_metrics, cfg.resamples, cfg.bootstrap_seed)

@@ -44,8 +44,8 @@ class ShadowRunner:
     def __init__(self, mgr, policy, directory: str | Path, *, live_policy: str = "native",
                  interval_s: float = 60.0, describe=identify, clock=time.monotonic,
                  t0: float | None = None, flush_s: float = 1.0) -> None:
-        from vllm.v1.request import RequestStatus
-        self._Status = RequestStatus
+        from vllm.v1.request import Request, RequestStatus
+        self._Request, self._Status = Request, RequestStatus
         self.real = mgr
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +67,12 @@ class ShadowRunner:
         self.sreqs: dict[str, object] = {}
         self.stats: dict[str, dict[str, int]] = {}
         self.owner: dict[int, str] = {}          # live block id -> group that cached it
+        self._groups: dict[str, str] = {}        # live request id -> its group, while held
+        self._same_hashes: bool | None = None    # live prompt hashes are the shadow's own
+        # Blocks held per request id, read in place: the shadow grows a request only when
+        # the live one holds more blocks, which a decode step rarely changes.
+        self._live_blocks = mgr.coordinator.single_type_managers[0].req_to_blocks
+        self._shadow_blocks = self.smgr.coordinator.single_type_managers[0].req_to_blocks
         self._cur_group: str | None = None
         self._batch_live: list[str] = []
         self._batch_shadow: list[str] = []
@@ -95,21 +101,30 @@ class ShadowRunner:
         allocate, free = mgr.allocate_slots, mgr.free
         cache_full, evict = pool.cache_full_blocks, pool._maybe_evict_cached_block
 
+        sreqs, groups = self.sreqs, self._groups
+
         def allocate_slots(request, *args, **kwargs):
+            # Called for every running request in every step: the common decode step
+            # (request known, nothing evicted, no new block) does only dictionary lookups.
             rid = request.request_id
-            first = rid not in self.sreqs and request.num_computed_tokens == 0
-            hits = kwargs.get("num_new_computed_tokens", args[1] if len(args) > 1 else 0)
-            group = self.describe(request)[0]
+            first = rid not in sreqs and request.num_computed_tokens == 0
+            group = groups.get(rid)
+            if group is None:
+                group = groups[rid] = self.describe(request)[0]
             self._cur_group = group
-            self._batch_live, self._batch_shadow = [], []
+            if self._batch_live:
+                self._batch_live = []
+            if self._batch_shadow:
+                self._batch_shadow = []
             try:
                 out = allocate(request, *args, **kwargs)
             finally:
                 self._cur_group = None
             if out is not None:
                 if first:
-                    self._admit(request, group, hits)
-                elif rid in self.sreqs:
+                    self._admit(request, group, kwargs.get(
+                        "num_new_computed_tokens", args[1] if len(args) > 1 else 0))
+                elif rid in sreqs:
                     self._grow(rid)
             now = self.clock() - self.t0
             if self._batch_live or self._batch_shadow:
@@ -126,7 +141,8 @@ class ShadowRunner:
 
         def free_request(request):
             out = free(request)
-            sreq = self.sreqs.pop(request.request_id, None)
+            groups.pop(request.request_id, None)
+            sreq = sreqs.pop(request.request_id, None)
             if sreq is not None:
                 sreq.status = self._Status.FINISHED_STOPPED
                 self.smgr.free(sreq)
@@ -150,14 +166,11 @@ class ShadowRunner:
         pool.cache_full_blocks, pool._maybe_evict_cached_block = cached, evicted
 
     def _admit(self, request, group: str, live_hits: int) -> None:
-        from vllm.v1.request import Request
         s = self._group(group)
         s["requests"] += 1
         s["prompt_tokens"] += request.num_prompt_tokens
         s["live_hit_tokens"] += live_hits
-        sreq = Request(request.request_id, list(request.prompt_token_ids),
-                       request.sampling_params, None, cache_salt=request.cache_salt,
-                       lora_request=request.lora_request, block_hasher=self._hasher)
+        sreq = self._shadow_request(request)
         computed, n_hit, _ = self.smgr.get_computed_blocks(sreq)
         got = self.smgr.allocate_slots(sreq, sreq.num_tokens - n_hit,
                                        num_new_computed_tokens=n_hit,
@@ -171,11 +184,35 @@ class ShadowRunner:
         self.sreqs[request.request_id] = sreq
         self._grow(request.request_id)
 
+    def _shadow_request(self, request):
+        """The shadow's copy of a live request: its prompt only, same salt and adapter.
+
+        Its block hashes are those vLLM's hasher gives the prompt with the cache salt and
+        the LoRA name as extra keys (``kv_cache_utils.py:954-998``, ``:626-660``). The live
+        request already holds them, computed by the same hasher unless the engine hashes
+        with another function or block size, or adds multimodal or prompt-embedding keys
+        the copy does not carry; so the first plain request is hashed both ways, and when
+        the two agree the live hashes are reused from then on instead of hashing again."""
+        plain = not request.mm_features and request.prompt_embeds is None
+        reuse = plain and self._same_hashes
+        sreq = self._Request(request.request_id, list(request.prompt_token_ids),
+                             request.sampling_params, None, cache_salt=request.cache_salt,
+                             lora_request=request.lora_request,
+                             block_hasher=None if reuse else self._hasher)
+        n = len(sreq.prompt_token_ids) // self.bs
+        if reuse:
+            sreq.block_hashes = request.block_hashes[:n]      # no token is ever added to it
+        elif plain and self._same_hashes is None:
+            self._same_hashes = (len(sreq.block_hashes) == n
+                                 and request.block_hashes[:n] == sreq.block_hashes)
+        return sreq
+
     def _grow(self, rid: str) -> None:
         """Give the shadow request as many blocks as the live one holds now."""
-        sreq = self.sreqs[rid]
-        missing = len(self.real.get_block_ids(rid)[0]) - len(self.smgr.get_block_ids(rid)[0])
+        missing = (len(self._live_blocks.get(rid, ()))
+                   - len(self._shadow_blocks.get(rid, ())))
         if missing > 0:
+            sreq = self.sreqs[rid]
             n = missing * self.bs
             if self.smgr.allocate_slots(sreq, n) is not None:
                 sreq.num_computed_tokens += n

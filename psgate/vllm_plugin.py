@@ -331,7 +331,7 @@ class _CaptureHooks:
                 if before == 0 and rid not in self.cached:
                     self.cached[rid] = kwargs.get("num_new_computed_tokens",
                                                   args[1] if len(args) > 1 else 0)
-                elif request.num_output_tokens >= 1 and rid not in self.first_token:
+                elif rid not in self.first_token and request.num_output_tokens >= 1:
                     self.first_token[rid] = self.writer.now()
             return out
 

@@ -11,7 +11,7 @@ import pytest
 
 from test_cli import assert_one_line_error, psgate
 
-REQ = "tenant-0-20"      # a victim request the flood emptied under lru, kept under prefixshield
+REQ = "tenant-0-40"      # a victim request emptied under lru, kept under prefixshield
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,8 @@ def flood(tmp_path_factory):
     for name, extra in (("full", []), ("evictions", ["--ledger-rows", "evictions"]),
                         ("gzip", ["--ledger-compression", "gzip"])):
         proc = psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
-                      "prefixshield", "--out", d / name, "--quiet", *extra)
+                      "prefixshield", "--capacity", "576", "--out", d / name, "--quiet",
+                      *extra)
         assert proc.returncode == 0, proc.stderr
     return d
 
@@ -51,7 +52,7 @@ def test_request_names_the_evicting_group_with_exact_counts(flood):
     assert (base["hits"], base["missed"], base["evicted"], base["never_cached"],
             base["resident_not_hit"]) == (0, 66, 64, 2, 0)
     assert [(b["group"], b["blocks"], b["requests"]) for b in base["blame"]] == [
-        ("flooder", 58, ["x5", "x6"]), ("tenant-1", 6, ["tenant-1-21", "tenant-1-22"])]
+        ("tenant-1", 42, ["tenant-1-41", "tenant-1-42"]), ("flooder", 22, ["x79"])]
     assert sum(b["blocks"] for b in base["blame"]) + base["never_cached"] \
         + base["resident_not_hit"] == base["missed"]
     assert [b["pos"] for b in base["blocks"] if b["status"] == "never_cached"] == [64, 65]
@@ -59,14 +60,15 @@ def test_request_names_the_evicting_group_with_exact_counts(flood):
     assert base["ledger_consistent"] and cand["ledger_consistent"]
     # the admission's own evictions: a count and a range, not one paragraph each
     own = base["own_evictions"]
-    assert (own["count"], own["decisions"][0], own["decisions"][-1]) == (68, 1772, 1839)
-    assert own["by_owner"] == {"flooder": 40, "tenant-0": 28}
+    assert (own["count"], own["decisions"][0], own["decisions"][-1]) == (66, 5497, 5562)
+    assert own["by_owner"] == {"flooder": 22, "tenant-0": 3, "tenant-1": 41}
     lines = text.splitlines()
     assert len(lines) <= 40, text
-    assert sum("1772" in ln for ln in lines) == 1
+    assert sum("5497" in ln for ln in lines) == 1
     joined = " ".join(ln.strip() for ln in lines)
-    assert "58 of 66 missed blocks were evicted by flooder's requests x5, x6" in joined
-    assert "6 of 66 missed blocks were evicted by tenant-1's requests" in joined
+    assert "42 of 66 missed blocks were evicted by tenant-1's requests tenant-1-41, " \
+           "tenant-1-42" in joined
+    assert "22 of 66 missed blocks were evicted by flooder's request x79" in joined
     assert "2 were never cached (blocks 64-65" in joined
     assert "baseline (lru): 0 of 66 blocks hit" in text
     assert "candidate (prefixshield): 64 of 66 blocks hit" in text
@@ -81,12 +83,12 @@ def test_the_plain_answer_fits_one_screen(flood):
     assert len(lines) <= 40 and max(map(len, lines)) <= 160, proc.stdout[:2000]
     assert "needed a block beyond the truly free ones" not in proc.stdout
     text = " ".join(ln.strip() for ln in lines)
-    assert "58 of 66 missed blocks were evicted by flooder's requests x5, x6 (decisions " \
-           "105-171" in text
+    assert "42 of 66 missed blocks were evicted by tenant-1's requests tenant-1-41, " \
+           "tenant-1-42 (decisions 4635-4679" in text
     at = next(i for i, ln in enumerate(lines) if ln.startswith("looked up at"))
     assert lines[at - 1].split() == ["baseline", "(lru)", "candidate", "(prefixshield)"]
     assert lines[at + 1].split() == ["hit", "0", "64"]
-    assert "its own admission (decision 1840) evicted 68 blocks" in text
+    assert "its own admission (decision 5563) evicted 66 blocks" in text
 
 
 def test_blamed_decisions_are_the_last_evictions_in_the_ledger(flood):
@@ -118,7 +120,8 @@ def test_blamed_decisions_are_the_last_evictions_in_the_ledger(flood):
 
 
 def test_block_hash_shows_the_content_history_in_both_runs(flood):
-    res, _ = blame(flood / "full")
+    # a later victim of the same prefix: its eviction is among the events the text shows
+    res, _ = blame(flood / "full", "tenant-0-53")
     b = next(b for b in res["runs"]["baseline"]["blocks"] if b["pos"] == 0)
     e = b["eviction"]
     proc = psgate("explain", flood / "full", "--block", b["hash"][:12], "--json")
@@ -129,7 +132,7 @@ def test_block_hash_shows_the_content_history_in_both_runs(flood):
     cand = hist["runs"]["candidate"]["groups"]["tenant-0"]
     ev = [x for x in base["events"] if x["kind"] == "evicted"]
     assert e["decision"] in [x["decision"] for x in ev]
-    assert next(x for x in ev if x["decision"] == e["decision"])["request"] == "x6"
+    assert next(x for x in ev if x["decision"] == e["decision"])["request"] == "tenant-0-52"
     assert base["evicted"] == len(ev) >= 1 and cand["evicted"] == 0
     assert cand["cached"] == 1 and cand["hits"] > base["hits"]
     rows = ledger(flood / "full" / "ledger.csv", "baseline")
@@ -216,16 +219,16 @@ def test_resident_blocks_that_were_not_hit_say_why(tmp_path):
     assert psgate("trace", "gen", "sharegpt", "-o", sg, "--param",
                   "conversations=60").returncode == 0
     assert psgate("replay", "--trace", sg, "--baseline", "lru", "--candidate", "s3fifo",
-                  "--capacity", 128, "--out", tmp_path / "s", "--quiet").returncode in (0, 1)
-    res, text = blame(tmp_path / "s", "c7t3")
+                  "--capacity", 512, "--out", tmp_path / "s", "--quiet").returncode in (0, 1)
+    res, text = blame(tmp_path / "s", "c9t4")
     s3, lru = res["runs"]["candidate"], res["runs"]["baseline"]
     assert (s3["hits"], s3["evicted"], s3["never_cached"], s3["resident_not_hit"]) \
-        == (0, 10, 9, 7)
+        == (0, 60, 33, 15)
     assert [b["pos"] for b in s3["blocks"] if b["status"] == "resident_not_hit"] == \
-        list(range(1, 8))
-    assert s3["blocks"][0]["eviction"]["group"] == "tenant-0"
-    assert lru["hits"] == 7
-    assert "7 were resident but not hit (blocks 1-7: after the first miss (block 0))" in text
+        list(range(26, 41))
+    assert s3["blocks"][0]["eviction"]["group"] == "tenant-2"
+    assert lru["hits"] == 75
+    assert "15 were resident but not hit (blocks 26-40: after the first miss (block 0))" in text
     assert s3["ledger_consistent"] and lru["ledger_consistent"]
 
 

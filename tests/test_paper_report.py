@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_DIR = ROOT / "examples" / "paper"
 sys.path.insert(0, str(PAPER_DIR))
@@ -80,6 +82,25 @@ def test_tiny_reproduction_end_to_end(tmp_path):
         head = json.loads(traces[0].read_text().splitlines()[0])
         assert head["import"]["format"] == name and "hold" in head["paper_reproduction"]
         assert all("done_t" in json.loads(x) for x in traces[0].read_text().splitlines()[1:])
+    # Every cell replays under vLLM's scheduler with the defaults, and generated traces take
+    # their rates from the same step model; the report's header and comparison say so.
+    ot = _cell(out, "table1-one-touch-", lambda c: c["candidate"] == "prefixshield"
+               and not c["candidate_params"])
+    spec = json.loads((ot / "cell.json").read_text())
+    assert spec["scheduler"] == "step" and spec["params"]["rates"] == "step"
+    assert spec["sched"] == SchedulerParams().to_json()
+    assert spec["step_cost"] == StepCostModel().to_json()
+    head = json.loads(next((ot / "traces").iterdir()).read_text().splitlines()[0])
+    assert head["generator"]["derived"]["rate_model"]["kind"] == "step"
+    assert "replayed with vLLM's scheduler (psgate's step scheduler" in report
+    assert "## What changed under vLLM's scheduler" in report
+    assert re.search(r"^\| Table I \| one-touch, lru \| 56\.44 \| ", report, re.M)
+    # --render-only rewrites the same report from the saved plan, computing nothing
+    before = (out / "REPORT.md").read_text()
+    (out / "REPORT.md").unlink()
+    proc = subprocess.run(cmd + ["--render-only"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "REPORT.md").read_text() == before
     # Interrupted or repeated: every cell resumes from its receipt, the report is the same.
     first = report.split("cells in")[1]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -111,7 +132,7 @@ def test_report_shows_only_numbers_from_results_or_paper_values(tmp_path):
     from experiment import paper_values
     from report import render
 
-    data = fake_results(random.Random(7))
+    data = with_changes(fake_results(random.Random(7)), random.Random(8))
     text = render(data)
     allowed = set()
     for source in (data, paper_values()):       # the values, not the notes of where
@@ -130,7 +151,10 @@ def test_report_shows_only_numbers_from_results_or_paper_values(tmp_path):
     for part in ("## Table I", "## Fig. 3b", "Across the paper's ratios",
                  "Beyond the paper's range: ratio 11.3 ",
                  "Attack traces with runs below", "Benign traces, below", "HISTORY.md",
-                 "## Gate verdicts", "fails in the cells below"):
+                 "## Gate verdicts", "fails in the cells below",
+                 "## What changed under vLLM's scheduler", "One-touch under LRU",
+                 "flags 17 of 444 replays", "real mooncake, 13 of 14",
+                 "max_num_batched_tokens 1999"):
         assert part in text, part
     plots.draw(tmp_path, data)          # the figures need nothing but the same data
     assert sorted(p.name for p in tmp_path.glob("fig*.png")) == [
@@ -213,6 +237,30 @@ def fake_results(rng: random.Random) -> dict:
             v["within"] = v["gap_pp"] >= -1.5
             benign.append(v)
     bounds = [0.07, 0.13, "adaptive"]
+
+    def mech():
+        return {role: {"hit": frac(), "ttft_p95_ms": rng.uniform(120, 3000),
+                       "queue_ms": rng.uniform(11, 999), "prefix_evicted": rng.uniform(11, 9999),
+                       "prefix_by_attacker": rng.uniform(11, 9999),
+                       "prefix_by_victim": rng.uniform(11, 9999),
+                       "prefix_in_window": rng.uniform(11, 9999),
+                       "candidates": rng.uniform(11, 700), "queued_blocks": rng.uniform(11, 99),
+                       "output_evicted": rng.uniform(11, 99), "preemptions": rng.uniform(2, 9),
+                       "held_hit_share": frac(), "no_hit_share": frac(),
+                       "age_s": rng.uniform(0.11, 0.99)} for role in ("baseline", "candidate")}
+
+    def rates():
+        return {"c_prefill_per_s": rng.uniform(3, 19), "victim_rate_per_s": rng.uniform(3, 19),
+                "attack_rate_per_s": rng.uniform(3, 19), "attack_window_s": [11.5, 71.25],
+                "attack_window_len_s": 59.75}
+
+    model = {"scheduler": "step", "rates": rates(),
+             "sched": {"max_num_batched_tokens": 1999, "max_num_seqs": 77,
+                       "enable_chunked_prefill": True, "long_prefill_token_threshold": 33,
+                       "watermark": 0.03},
+             "step_cost": {"source": "made up", "fixed_ms": 11.5, "per_prefill_token_ms": 0.07,
+                           "per_context_token_ms": 0.003, "per_decode_ms": 0.15,
+                           "per_decode_context_token_ms": 0.0005}}
     return {
         "meta": {"quick": False, "tiny": False, "runs": 7, "seed": 3, "cells": 123,
                  "replay_min": 41.234, "fresh": 45, "resumed": 78, "wall_min": 12.345,
@@ -249,4 +297,17 @@ def fake_results(rng: random.Random) -> dict:
              "candidate": "prefixshield", "capacity": 777, "runs": 7,
              "paired": ["non-regression hit_fraction (group:tenant-a)"],
              "checks": [{"name": "candidate exercised eviction", "runs": 4}]}]},
+        "model": model, "mechanism": {k: mech() for k in attacks},
+        "saturation": {"saturated": 17, "replays": 444, "rows": [
+            {"section": "real", "trace": "mooncake", "saturated": 13, "replays": 14}]},
     }
+
+
+def with_changes(data: dict, rng: random.Random) -> dict:
+    """``data`` with the service-model comparison results.collect adds, computed by
+    results.changed from a made-up service snapshot shaped as service_model.json."""
+    from results import changed
+    service = fake_results(rng)
+    service = {k: service[k] for k in ("table1", "capacity", "load", "pressure")} | {
+        "mechanism": service["mechanism"], "rates": service["model"]["rates"]}
+    return {**data, "changed": changed(data, service)}

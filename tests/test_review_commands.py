@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -22,10 +21,11 @@ from test_cli import assert_one_line_error, psgate
 @pytest.fixture(scope="module")
 def receipts(tmp_path_factory):
     d = tmp_path_factory.mktemp("r")
-    for name, cand in (("ps", "prefixshield"), ("lru", "lru")):
+    for name, cand, extra in (("ps", "prefixshield", ()), ("lru", "lru", ()),
+                              ("ps-service", "prefixshield", ("--scheduler", "service"))):
         proc = psgate("replay", "--baseline", "lru",
                       "--candidate", cand, "--out", d / name, "--quiet",
-                      "--junit", d / f"{name}.xml")
+                      "--junit", d / f"{name}.xml", *extra)
         assert proc.returncode == 0, proc.stderr
     return d
 
@@ -45,7 +45,8 @@ def test_verify_identical_then_tampered(receipts, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(receipts / "ps", bad)
     lines = (bad / "ledger.csv").read_text().splitlines(keepends=True)
-    lines[40] = lines[40].replace("tenant-x", "tenant-a", 1)
+    i = next(i for i, ln in enumerate(lines) if i and ",tenant-x," in ln)
+    lines[i] = lines[i].replace("tenant-x", "tenant-a", 1)
     (bad / "ledger.csv").write_text("".join(lines))
     proc = psgate("verify", bad)
     assert proc.returncode == 1
@@ -58,6 +59,20 @@ def test_verify_identical_then_tampered(receipts, tmp_path):
     proc = psgate("verify", bad)
     assert proc.returncode == 1
     assert "/runs/candidate/metrics/totals/evictions" in json.loads(proc.stdout)["first_difference"]
+
+
+def test_the_step_scheduler_is_the_default_and_a_service_receipt_verifies_as_recorded(
+        receipts):
+    """A receipt without config.scheduler was made under the service model: verify (and
+    every re-simulation) runs it so, whatever the default; the default records its steps."""
+    step = json.loads((receipts / "ps" / "receipt.json").read_text())["config"]
+    service = json.loads((receipts / "ps-service" / "receipt.json").read_text())["config"]
+    assert step["replay_model"].startswith("psgate replay model v2") and "scheduler" in step
+    assert service["replay_model"].startswith("psgate replay model v1")
+    assert "scheduler" not in service and "step_cost_model" not in service
+    proc = psgate("verify", receipts / "ps-service")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["verified"] is True
 
 
 def test_verify_needs_the_same_trace(tmp_path):
@@ -74,16 +89,19 @@ def test_verify_needs_the_same_trace(tmp_path):
 
 
 def test_explain_eviction_and_request(receipts):
-    proc = psgate("explain", receipts / "ps", "--decision", "47", "--candidates")
+    # decision 223: the candidate run's first eviction, a cached output block (no trace hash)
+    proc = psgate("explain", receipts / "ps", "--decision", "223", "--candidates")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "decision 47 (candidate run, policy prefixshield)" in out
+    assert "decision 223 (candidate run, policy prefixshield)" in out
+    assert "(an output block, no trace hash, owned by tenant-x)" in out
     assert "largest projected normalized creation debt" in out
     assert "segments are emptied Probationary, then Normal, then Reuse" in out
-    assert "<- victim" in out
+    (victim,) = [ln for ln in out.splitlines() if ln.endswith("<- victim")]
+    assert victim.split() == ["298", "block", "363", "tenant-x", "(output)", "<-", "victim"]
     n = int(out.split("All ")[1].split(" candidates")[0])
     ledger = (receipts / "ps" / "ledger.csv").read_text().splitlines()
-    row = next(r for r in ledger if r.startswith("candidate,prefixshield,47,"))
+    row = next(r for r in ledger if r.startswith("candidate,prefixshield,223,"))
     assert row.split(",")[11] == str(n)     # num_candidates column
     proc = psgate("explain", receipts / "lru", "--run", "baseline", "--request", "x5")
     assert proc.returncode == 0
@@ -93,11 +111,11 @@ def test_explain_eviction_and_request(receipts):
     assert_one_line_error(proc, 2, "--decision", "has no ledger row 999999")
 
 
-def _relabelled(receipts, tmp_path, engine):
+def _relabelled(receipts, tmp_path, engine, name="ps"):
     """The prefixshield receipt as if another engine had made it (no recorded digest
     covers receipt.json itself)."""
     d = tmp_path / engine
-    shutil.copytree(receipts / "ps", d)
+    shutil.copytree(receipts / name, d)
     r = json.loads((d / "receipt.json").read_text())
     r["config"]["engine"] = engine
     (d / "receipt.json").write_text(json.dumps(r))
@@ -106,10 +124,10 @@ def _relabelled(receipts, tmp_path, engine):
 
 def test_a_real_engine_receipt_is_never_re_simulated_with_sim(receipts, tmp_path):
     real = _relabelled(receipts, tmp_path, "vllm")
-    proc = psgate("explain", real, "--decision", "47", "--candidates")
+    proc = psgate("explain", real, "--decision", "223", "--candidates")
     assert_one_line_error(proc, 2, "explain --candidates re-simulates", "engine 'vllm'",
                           "vllm-pool is proven equal to")
-    proc = psgate("explain", real, "--decision", "47")      # the ledger alone: no replay
+    proc = psgate("explain", real, "--decision", "223")     # the ledger alone: no replay
     assert proc.returncode == 0, proc.stderr
     proc = psgate("report", real, "-o", tmp_path / "real.html")
     assert proc.returncode == 0, proc.stderr
@@ -118,7 +136,7 @@ def test_a_real_engine_receipt_is_never_re_simulated_with_sim(receipts, tmp_path
     assert "Times are modeled" not in page and "TTFT (ms, modeled)" not in page
     assert "No time series: drawing the time series re-simulates" in page
     assert 'id="plot-occupancy"' not in page
-    pool = _relabelled(receipts, tmp_path, "vllm-pool")
+    pool = _relabelled(receipts, tmp_path, "vllm-pool", "ps-service")   # pool: service model
     proc = psgate("explain", pool, "--decision", "47", "--candidates")
     assert proc.returncode == 0 and "<- victim" in proc.stdout, proc.stderr
     proc = psgate("report", pool, "-o", tmp_path / "pool.html")

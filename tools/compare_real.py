@@ -2,7 +2,8 @@
 
     PYTHONPATH=. <vLLM python> tools/compare_real.py [--out DIR] [--capacity 48 ...]
         [--pacing lockstep --pacing wall] [--compare-engine sim] [--compare-scheduler step]
-        [--cost-model examples/cost-models/cpu-tiny-qwen2-step.json | --fit-steps] [--json]
+        [--cost-model examples/cost-models/cpu-tiny-qwen2-step.json
+         | --fit-steps [--fit-on calibration|own]] [--json]
 
 Two ``tenant-flood`` traces (block size 32, eight seconds: a light one that never queues
 and a loaded one whose flood makes vLLM's scheduler queue, chunk and preempt) are replayed
@@ -25,6 +26,15 @@ so every remaining difference is the scheduler model's or the cache's, not the d
 speed. Wall rows show what the device's own speed changes. Everything runs in-process, so
 it needs the interpreter with vLLM (scripts/install-vllm.sh); on two CPU cores the default
 set takes a few minutes. The receipts stay under ``--out`` for a closer look.
+
+``--fit-steps`` prices every row with a step model fitted to the real engine's own steps:
+a lockstep replay on the real engine, then ``psgate calibrate --from-receipt`` on its
+receipt (the file stays under ``--out`` as ``fit-*.json``, with its provenance). By default
+(``--fit-on calibration``) the fit is out-of-sample: it is made once per capacity on the
+``calibration`` trace, a third tenant-flood with its own seed and rates that no row replays;
+``--fit-on own`` fits each trace on its own lockstep steps (in-sample). The same model on
+another trace is what ``psgate calibrate --from-receipt RECEIPT -o FILE`` then
+``--cost-model FILE`` gives any replay.
 """
 
 from __future__ import annotations
@@ -58,7 +68,13 @@ TRACES = {
     # prefill and (at 48 blocks) preemptions
     "loaded": dict(COMMON, victim_rate=3.0, victim_out=32, flood_rate=10.0, flood_tokens=384,
                    flood_out=24, flood_start_s=1.0, flood_end_s=3.0, duration_s=4.0),
+    # --fit-steps fits on this one by default (never a compared row): another seed, rates
+    # between the two, so its steps hold prefills alone, decode batches and mixed ones
+    "calibration": dict(COMMON, seed=7, victim_rate=2.5, victim_out=24, flood_rate=6.0,
+                        flood_tokens=320, flood_out=16, flood_start_s=1.0, flood_end_s=4.0,
+                        duration_s=6.0),
 }
+COMPARED = ("light", "loaded")
 
 
 def _rows(path: Path) -> dict[tuple[str, str], dict]:
@@ -76,18 +92,24 @@ def replay(trace: Path, out: Path, capacity: int, engine: str, **kw) -> tuple[di
 
 def fitted_step_cost(trace: Path, out: Path, capacity: int, sched: SchedulerParams,
                      given: StepCostModel) -> StepCostModel:
-    """The step cost model fitted (nonnegative relative least squares, as psgate calibrate
-    fits) to the wall time of every step the real engine took in a lockstep replay of the
-    trace, both policies' runs: this engine's own speed, kernels and scheduling overhead
-    included, which a calibration through transformers does not see."""
-    from psgate.calibrate.fit import fit_step
+    """The step cost model fitted (psgate calibrate --from-receipt) to the wall time of
+    every step the real engine took in a lockstep replay of the trace, both policies' runs:
+    this engine's own speed, kernels and scheduling overhead included, which a calibration
+    through transformers does not see. The file is written as ``<out>.json``."""
+    from psgate.calibrate.from_receipt import receipt_document
+    from psgate.calibrate.run import write_document
+    from psgate.report.receipts import read_receipt_file
+    from psgate.report.verify import recorded_outputs_difference
 
-    receipt, _ = replay(trace, out, capacity, "vllm", pacing="lockstep", sched=sched,
-                        step_cost=given)
-    steps = [r for run in receipt["runs"].values()
-             for r in run["observed"]["step_wall_ms"]["rows"]]
-    fit = fit_step(*zip(*steps))
-    return StepCostModel(**fit.coefficients)
+    replay(trace, out, capacity, "vllm", pacing="lockstep", sched=sched, step_cost=given)
+    doc = receipt_document(out, read_receipt=read_receipt_file,
+                           outputs_difference=recorded_outputs_difference)
+    path = out.with_name(out.name + ".json")
+    write_document(doc, path, force=True)
+    print(f"{path}: step model fitted to {doc['method']['num_steps']} steps, held-out "
+          f"median relative error {doc['fit']['holdout_median_rel_error']:.1%}",
+          file=sys.stderr)
+    return load_step_cost_model(path)
 
 
 def _agree(real: dict, ref: dict, label: str) -> float | None:
@@ -109,6 +131,13 @@ def compare(args) -> list[dict]:
                             max_num_seqs=args.max_num_seqs)
     given = load_step_cost_model(args.cost_model) if args.cost_model else StepCostModel()
     rows = []
+    fitted: dict[int, StepCostModel] = {}
+    if args.fit_steps and args.fit_on == "calibration":
+        trace = out / "calibration.jsonl"
+        write_trace(trace, generate("tenant-flood", TRACES["calibration"]))
+        for capacity in args.capacity:
+            fitted[capacity] = fitted_step_cost(trace, out / f"fit-calibration-{capacity}",
+                                                capacity, sched, given)
     for name in args.trace:
         trace = out / f"{name}.jsonl"
         write_trace(trace, generate("tenant-flood", TRACES[name]))
@@ -116,9 +145,10 @@ def compare(args) -> list[dict]:
             tag = f"{name}-{capacity}"
             step_cost = given
             if args.fit_steps:
-                step_cost = fitted_step_cost(trace, out / f"{tag}-fit", capacity, sched, given)
-                print(f"{tag}: step model fitted to the engine's own steps: "
-                      f"{step_cost.coefficients()}", file=sys.stderr)
+                step_cost = fitted.get(capacity) or fitted_step_cost(
+                    trace, out / f"fit-{tag}", capacity, sched, given)
+                print(f"{tag}: step model fitted to the engine's own steps "
+                      f"({args.fit_on}): {step_cost.coefficients()}", file=sys.stderr)
             ref_kw = dict(step_cost=step_cost, sched=sched)
             if args.compare_engine == "sim":
                 ref_kw["scheduler"] = args.compare_scheduler
@@ -179,7 +209,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="compare-real-out", help="traces and receipts go here")
     p.add_argument("--trace", action="append", choices=sorted(TRACES),
-                   help="which traces (repeatable; default both)")
+                   help="which traces (repeatable; default light and loaded)")
     p.add_argument("--capacity", type=int, action="append",
                    help="configured KV blocks (repeatable; default 48)")
     p.add_argument("--pacing", action="append", choices=("lockstep", "wall"),
@@ -196,11 +226,15 @@ def main(argv=None) -> int:
                    "the steps (wall rows need one of this machine: "
                    "examples/cost-models/cpu-tiny-qwen2-step.json)")
     p.add_argument("--fit-steps", action="store_true",
-                   help="first replay each trace in lockstep and fit the step cost model to "
-                   "the wall time of the engine's own steps; every row then uses that model")
+                   help="first replay the calibration trace (--fit-on own: each trace) in "
+                   "lockstep and fit the step cost model to the wall time of the engine's own "
+                   "steps (psgate calibrate --from-receipt); every row then uses that model")
+    p.add_argument("--fit-on", choices=("calibration", "own"), default="calibration",
+                   help="--fit-steps: fit once on the calibration trace (out-of-sample, the "
+                   "default) or each trace on its own lockstep steps (in-sample)")
     p.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
     args = p.parse_args(argv)
-    args.trace = args.trace or list(TRACES)
+    args.trace = args.trace or list(COMPARED)
     args.capacity = args.capacity or [48]
     args.pacing = args.pacing or ["lockstep", "wall"]
     # vLLM logs to stdout; stdout is kept for the table (or JSON) alone.

@@ -18,12 +18,30 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from psgate.engines.cost import CostModel
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.sweep import SweepConfig, cells, run_cell
 from psgate.trace.importers import import_trace
 from psgate.trace.writer import write_trace
+from psgate.workloads import generators
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_VALUES = Path(__file__).resolve().parent / "paper_values.json"
+
+
+# The replay model of every cell: vLLM's scheduler (psgate's step scheduler) with its
+# default settings on the default step cost model; generators whose rates derive from
+# capacity take them from the same model (``rates=step``: C_prefill measured under it).
+SCHEDULER = "step"
+SCHED = SchedulerParams()
+STEP_COST = StepCostModel()
+STEP_RATES = {"rates": "step"}
+
+
+def rate_params(kind: str) -> dict:
+    """What a generated workload adds to its parameters so its rates come from the step
+    model (nothing for generators with fixed rates)."""
+    gen = generators().get(kind)
+    return dict(STEP_RATES) if gen is not None and gen.uses_cost else {}
 
 
 def paper_values() -> dict:
@@ -146,13 +164,15 @@ def specs(quick: bool, runs: int, seed: int, out: Path, tiny: bool = False,
         if tiny and cap > 1024:
             continue
         common = dict(out=out, candidate=cand, candidate_params=cp, capacity=cap,
-                      baseline=base[0] if base else "lru", resamples=2000, cost=CostModel())
+                      baseline=base[0] if base else "lru", resamples=2000, cost=CostModel(),
+                      scheduler=SCHEDULER, step_cost=STEP_COST, sched=SCHED)
         if wl.get("corpus"):
             cfg = SweepConfig(workload=None, corpus=corpora[wl["kind"]], runs=runs,
                               allow_unexercised=True, **common)
         else:
             params = {**(TINY[wl["kind"]] if tiny else {}),
-                      **{k: v for k, v in wl.items() if k != "kind"}}
+                      **{k: v for k, v in wl.items() if k != "kind"},
+                      **rate_params(wl["kind"])}
             text = wl["kind"] + ("" if not params else ":" + ",".join(
                 f"{k}={json.dumps(v)}" for k, v in params.items()))
             cfg = SweepConfig(workload=text, runs=runs, seed=seed, **common)

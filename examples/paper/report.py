@@ -51,7 +51,7 @@ def render(data: dict) -> str:
         f"{' --tiny' if m['tiny'] else ''}`: "
         f"{m['runs']} matched runs per cell (seeds derived from {m['seed']}), "
         f"{m['configured']} configured blocks ({m['usable']} usable), "
-        f"{m['block_tokens']}-token blocks, the default cost model (modeled times), "
+        f"{m['block_tokens']}-token blocks, {model_line(data['model'])} (modeled times), "
         f"{m['cells']} cells in {m['replay_min']:.1f} min of replay time (summed over cells, "
         f"from their receipts); this invocation computed {m['fresh']} cell(s) and resumed "
         f"{m['resumed']} from their receipts in {m['wall_min']:.1f} min of wall-clock time "
@@ -137,6 +137,8 @@ def render(data: dict) -> str:
             f"{'-' if b is None else pct(b['candidate_mean'])} | {ref(r['paper_gain'])} | "
             f"{ref(r['paper_debt'])} |")
     lines += ["", pressure_note(data["pressure"]), ""]
+    if data.get("changed"):
+        lines += changed_section({**data["changed"], "saturation": data.get("saturation")}, m)
     lines += ["## Fig. 3a: segmentation ablation (full minus no-segmentation, pp)", "",
               "| trace | scope | full % | no-segmentation % | full minus no-seg | paper |",
               "|---|---|---|---|---|---|"]
@@ -227,6 +229,169 @@ def render(data: dict) -> str:
     lines += losses_note(data["losses"])
     lines += _gates(data["gates"])
     return "\n".join(lines) + "\n"
+
+
+def model_line(model: dict) -> str:
+    """The replay model of every cell, its settings and the rates it set, in words."""
+    if model["scheduler"] != "step":
+        return "the service replay model and the default cost model"
+    s, c, r = model["sched"], model["step_cost"], model["rates"]
+    coeff = ", ".join(f"{k} {c[k]:g}" for k in ("fixed_ms", "per_prefill_token_ms",
+                                                 "per_context_token_ms", "per_decode_ms",
+                                                 "per_decode_context_token_ms"))
+    return (f"replayed with vLLM's scheduler (psgate's step scheduler, `--scheduler step`: "
+            f"max_num_batched_tokens {s['max_num_batched_tokens']}, max_num_seqs "
+            f"{s['max_num_seqs']}, chunked prefill "
+            f"{'on' if s['enable_chunked_prefill'] else 'off'}, long_prefill_token_threshold "
+            f"{s['long_prefill_token_threshold']}, watermark {s['watermark']:g}) on the step "
+            f"cost model ({c['source']}: {coeff}), generated workloads' rates derived from "
+            f"the same model (`rates=step`; one-touch's C_prefill "
+            f"{r['c_prefill_per_s']:.2f} requests/s: victim {r['victim_rate_per_s']:.2f}/s, "
+            f"attacker {r['attack_rate_per_s']:.2f}/s over a "
+            f"{r['attack_window_len_s']:.1f}-s attack window)")
+
+
+MECH_COLUMNS = (("hit", "victim hit %", lambda v: pct(v)),
+                ("prefix_by_attacker", "victim prefix blocks evicted by the attacker", "{:.1f}"),
+                ("prefix_by_victim", "by the victim", "{:.1f}"),
+                ("prefix_in_window", "in the attack window", "{:.1f}"),
+                ("candidates", "evictable blocks at those evictions", "{:.1f}"),
+                ("held_hit_share", "hit tokens taken while another victim request held the "
+                 "prefix, %", lambda v: pct(v)),
+                ("no_hit_share", "victim requests with no hit, %", lambda v: pct(v)),
+                ("queued_blocks", "blocks held by queued requests", "{:.1f}"),
+                ("output_evicted", "generated-token blocks evicted", "{:.1f}"),
+                ("preemptions", "preemptions", "{:.1f}"),
+                ("queue_ms", "victim queue delay, ms", "{:.1f}"),
+                ("ttft_p95_ms", "victim P95 TTFT, ms", "{:.1f}"))
+
+
+def _mech_cell(v, fmt) -> str:
+    if v is None:
+        return "-"
+    return fmt(v) if callable(fmt) else fmt.format(v)
+
+
+def _why(row: dict, ch: dict) -> str:
+    w = row["why"]
+    if w["kind"] in ("lru", "policy") and (w["kind"] == "lru" or w["policy"] == "prefixshield"):
+        role = "baseline" if w["kind"] == "lru" else "candidate"
+        a = ch["service_mechanism"][w["trace"]][role]
+        b = ch["step_mechanism"][w["trace"]][role]
+        return (f"victim prefix blocks evicted {a['prefix_evicted']:.1f} -> "
+                f"{b['prefix_evicted']:.1f} per run ({a['prefix_by_attacker']:.1f} -> "
+                f"{b['prefix_by_attacker']:.1f} by the attacker); victim P95 TTFT "
+                f"{a['ttft_p95_ms']:.1f} -> {b['ttft_p95_ms']:.1f} ms")
+    if w["kind"] == "policy":
+        return (f"LRU {w['lru'][0]:.2f} -> {w['lru'][1]:.2f}%; gain over LRU "
+                f"{w['gain'][0]:+.2f} -> {w['gain'][1]:+.2f} pp")
+    return (f"LRU {w['lru'][0]:.2f} -> {w['lru'][1]:.2f}%, PrefixShield {w['ps'][0]:.2f} -> "
+            f"{w['ps'][1]:.2f}%")
+
+
+def changed_section(ch: dict, m: dict) -> list[str]:
+    """Service model against vLLM's scheduler, row by row, and what the ledgers show."""
+    sr, nr = ch["service_rates"], ch["step_rates"]
+    lines = ["## What changed under vLLM's scheduler", "",
+             "The previous edition of this report replayed every cell with psgate's first "
+             "replay model (`--scheduler service`: a request is admitted at arrival and holds "
+             "its blocks while it queues for one FIFO prefill server) at rates from the "
+             f"per-request cost model (one-touch's C_prefill {sr['c_prefill_per_s']:.2f} "
+             f"requests/s: victim {sr['victim_rate_per_s']:.2f}/s, attacker "
+             f"{sr['attack_rate_per_s']:.2f}/s); its numbers are kept in "
+             "`examples/paper/service_model.json` (HISTORY.md says how). This edition runs "
+             "vLLM's scheduler, where a waiting request holds nothing, at rates from the step "
+             f"model (C_prefill {nr['c_prefill_per_s']:.2f}/s: victim "
+             f"{nr['victim_rate_per_s']:.2f}/s, attacker {nr['attack_rate_per_s']:.2f}/s). "
+             f"Gap to the paper: closed when the step-model value is within "
+             f"{ch['close_pp']:g} pp of the paper's, else narrowed or widened against the "
+             "service model's. Why: the same cells' ledgers (victim prefix blocks evicted per "
+             "run, LRU for the lru rows, the candidate for PrefixShield's) or how LRU and the "
+             "candidate each moved." + (
+                 " The service-model numbers are from the full reproduction (every run, "
+                 "full-size workloads), so against this reduced run they compare only roughly."
+                 if m["quick"] or m["tiny"] else ""), "",
+             "| section | row | service model | step model | paper | gap to the paper | why |",
+             "|---|---|---|---|---|---|---|"]
+    for r in ch["rows"]:
+        lines.append(f"| {r['section']} | {r['row']} | {r['service']:.2f} | {r['step']:.2f} | "
+                     f"{ref(r['paper'])} | {r['verdict']} | {_why(r, ch)} |")
+    lines += ["", "What the ledgers show (means over runs of the Table I cells: LRU is the "
+              "baseline run, PrefixShield the candidate; victim prefix blocks are content "
+              "blocks the victim group cached, counted per eviction, by the evicting "
+              "request's group; queued blocks averaged over the attack window):", "",
+              "| trace | policy | model | " + " | ".join(c[1] for c in MECH_COLUMNS) + " |",
+              "|---|---|---|" + "---|" * len(MECH_COLUMNS)]
+    for kind in ch["step_mechanism"]:
+        for role, pol in (("baseline", "lru"), ("candidate", "prefixshield")):
+            for model, mech in (("service", ch["service_mechanism"]),
+                                ("step", ch["step_mechanism"])):
+                v = mech[kind][role]
+                lines.append(f"| {kind} | {pol} | {model} | " + " | ".join(
+                    _mech_cell(v[k], f) for k, _, f in MECH_COLUMNS) + " |")
+    lines += ["", one_touch_answer(ch, m), ""]
+    if ch.get("saturation"):
+        lines += [saturation_note(ch["saturation"]), ""]
+    return lines
+
+
+def saturation_note(sat: dict) -> str:
+    """Which replays psgate's saturation check flags (their hit fractions measure a
+    backlog more than the policy)."""
+    text = (f"psgate's saturation check (`psgate/stats/saturation.py`: the queue delay grows "
+            f"with the trace, or the P95 TTFT is as long as the trace) flags {sat['saturated']} "
+            f"of {sat['replays']} replays in this edition")
+    if sat["rows"]:
+        text += ": " + "; ".join(f"{r['section']} {r['trace']}, {r['saturated']} of "
+                                 f"{r['replays']}" for r in sat["rows"])
+    return text + ". The service-model edition's receipts predate the check."
+
+
+def one_touch_answer(ch: dict, m: dict) -> str:
+    """The question the step model was to answer, in words from the numbers: does holding
+    nothing for waiting requests take LRU's one-touch victim toward the paper's collapse?"""
+    row = next(r for r in ch["rows"] if r["row"] == "one-touch, lru")
+    a = ch["service_mechanism"]["one-touch"]["baseline"]
+    b = ch["step_mechanism"]["one-touch"]["baseline"]
+    svc, new, paper = row["service"], row["step"], row["paper"]
+    text = (f"One-touch under LRU: the service model kept the victim at {svc:.2f}% where the "
+            f"paper's vLLM run falls to {paper}%; a candidate explanation was that the "
+            f"service model pins queued requests' prefixes (requests queued for prefill "
+            f"held {a['queued_blocks']:.1f} blocks on average over the attack window). Under "
+            f"vLLM's scheduler waiting requests hold nothing ({b['queued_blocks']:.1f}), and "
+            f"the victim's hit fraction is {new:.2f}%: the gap to the paper ")
+    if row["verdict"] in ("closed", "stays closed"):
+        text += "closed. "
+    elif row["narrowed_by"] > 0:
+        text += (f"narrowed by {row['narrowed_by']:.2f} pp but did not close "
+                 f"({row['gap_step']:.2f} pp remain), so pinned queued prefixes explain at "
+                 "most that part. ")
+    else:
+        text += (f"did not narrow ({row['gap_step']:.2f} pp against "
+                 f"{row['gap_service']:.2f} pp), so pinned queued prefixes do not explain it. ")
+    text += (f"The ledgers show instead: LRU evicted {b['prefix_evicted']:.1f} victim prefix "
+             f"blocks per run ({a['prefix_evicted']:.1f} under the service model), "
+             f"{b['prefix_by_attacker']:.1f} of them for the attacker's allocations, "
+             f"{b['prefix_in_window']:.1f} inside the attack window; at those evictions "
+             f"{b['candidates']:.1f} of {m['usable']} usable blocks were evictable "
+             f"({a['candidates']:.1f} under the service model), the rest held by running "
+             f"requests; {b['output_evicted']:.1f} blocks of generated tokens were evicted "
+             f"and {b['preemptions']:.1f} requests preempted per run. ")
+    text += (f"Of the victim's hit tokens, {pct(b['held_hit_share'])}% were taken while another "
+             f"victim request on the same prefix still held it ({pct(a['held_hit_share'])}% "
+             f"under the service model), hits no eviction order can take away, and "
+             f"{pct(b['no_hit_share'])}% of victim requests hit nothing "
+             f"({pct(a['no_hit_share'])}%): ")
+    text += ("what keeps LRU's victim hits up is reads of the same prefix overlapping in "
+             "time, not prefixes surviving in the free pool. " if b["held_hit_share"] >= 0.5
+             else "most hits found blocks that had outlived their last reader. ")
+    if b["age_s"] is not None and a["age_s"] is not None:
+        text += (f"An evicted victim prefix block had been free {b['age_s']:.2f} s on average "
+                 f"({a['age_s']:.2f} s under the service model). ")
+    vr = ch["step_rates"]["victim_rate_per_s"]
+    text += (f"The victim's queue delay averaged {b['queue_ms']:.1f} ms "
+             f"({a['queue_ms']:.1f} ms) at {vr:.2f} victim requests/s")
+    return text + "."
 
 
 def pct(x: float) -> str:

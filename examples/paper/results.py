@@ -14,7 +14,7 @@ from pathlib import Path
 
 from experiment import (ATTACKS, BENIGN, BENIGN_CAPACITIES, BENIGN_POLICIES, BOUNDS,
                         CANDIDATES, HOLD_PER_OUT_S, HOLD_S, PAPER_PRESSURES, PRESSURES_BEYOND,
-                        PSB_ATTACKS, REAL, TINY, TINY_REAL, TRADEOFF_TRACES, label,
+                        PSB_ATTACKS, REAL, STEP_RATES, TINY, TINY_REAL, TRADEOFF_TRACES, label,
                         paper_values)
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.receipt.ledger import open_text
@@ -24,6 +24,11 @@ from psgate.workloads.paper import mean_bucket_debt
 # prefixshield-b on a benign trace counts as keeping up when it is at most this far
 # (pp) below the better of LRU and S3-FIFO
 WITHIN_PP = 1.0
+# The service-model reproduction's numbers, kept when the replay model became vLLM's
+# scheduler (HISTORY.md says how they were taken); "What changed" compares with them.
+SERVICE = Path(__file__).resolve().parent / "service_model.json"
+# A psgate value this close to the paper's (pp) counts as the gap closed.
+CLOSE_PP = 2.0
 
 
 def collect(out: Path, todo, results: dict[str, dict], runs: int, quick: bool, wall: float,
@@ -36,7 +41,8 @@ def collect(out: Path, todo, results: dict[str, dict], runs: int, quick: bool, w
         key = (section, kind, spec["candidate"],
                json.dumps(spec["candidate_params"], sort_keys=True),
                json.dumps({k: v for k, v in spec["params"].items()
-                           if k not in shrunk or shrunk[k] != v}, sort_keys=True),
+                           if (k not in shrunk or shrunk[k] != v) and k not in STEP_RATES},
+                          sort_keys=True),
                spec["capacity"])
         by[key] = spec["id"]
 
@@ -196,7 +202,115 @@ def collect(out: Path, todo, results: dict[str, dict], runs: int, quick: bool, w
                "capacity": spec["capacity"], **_failed_checks(out, spec["id"])}
               for _, kind, spec in todo if results[spec["id"]]["gate"] != "pass"]
     data["gates"] = {"cells": len(todo), "passed": len(todo) - len(failed), "failed": failed}
+    data["model"] = _model(out, first_run, cell("table1", "one-touch", "prefixshield"))
+    data["saturation"] = _saturation(out, todo)
+    data["mechanism"] = {kind: mechanism(out, cell("table1", kind, "prefixshield"))
+                         for kind in ATTACKS}
+    if SERVICE.exists():
+        data["changed"] = changed(data, json.loads(SERVICE.read_text()))
     return data
+
+
+def _model(out: Path, run: dict, cid: str) -> dict:
+    """The replay model of the cells (a run receipt's config) and the rates the step model
+    set for one-touch (its first trace's header)."""
+    cfg = run["config"]
+    exp = _experiment(out, cid)
+    head = json.loads((out / "cells" / cid / exp["runs"][0]["trace"]["path"]).read_text()
+                      .split("\n", 1)[0])
+    d = head["generator"]["derived"]
+    return {"scheduler": "step" if cfg.get("scheduler") else "service",
+            "sched": cfg.get("scheduler"), "step_cost": cfg.get("step_cost_model"),
+            "rates": _rates(d),
+            "rate_model": d.get("rate_model")}
+
+
+def _saturation(out: Path, todo) -> dict:
+    """How many replays (a run's baseline or candidate) psgate's saturation check calls
+    saturated, in all and per (section, trace) where any is."""
+    rows: dict[tuple, list[int]] = {}
+    for section, kind, spec in todo:
+        for r in _experiment(out, spec["id"])["runs"]:
+            rec = json.loads((out / "cells" / spec["id"] / r["receipt"]).read_text())
+            for role in ("baseline", "candidate"):
+                v = (rec["runs"][role].get("saturation") or {}).get("verdict")
+                n = rows.setdefault((section, kind), [0, 0])
+                n[0] += v == "saturated"
+                n[1] += 1
+    return {"saturated": sum(n[0] for n in rows.values()),
+            "replays": sum(n[1] for n in rows.values()),
+            "rows": [{"section": s, "trace": k, "saturated": n[0], "replays": n[1]}
+                     for (s, k), n in rows.items() if n[0]]}
+
+
+def _rates(derived: dict) -> dict:
+    """One-touch's rates from a trace header's ``derived``, with its attack window's length."""
+    r = {k: derived[k] for k in ("c_prefill_per_s", "victim_rate_per_s", "attack_rate_per_s",
+                                 "attack_window_s")}
+    r["attack_window_len_s"] = r["attack_window_s"][1] - r["attack_window_s"][0]
+    return r
+
+
+def _verdict(service: float, step: float, paper: float | None) -> str:
+    if paper is None:
+        return "no paper value"
+    before, after = abs(service - paper), abs(step - paper)
+    if after <= CLOSE_PP:
+        return "closed" if before > CLOSE_PP else "stays closed"
+    if abs(after - before) < 0.005:
+        return "unchanged"
+    return "narrowed" if after < before else "widened"
+
+
+def changed(data: dict, service: dict) -> dict:
+    """Row by row, the service-model value (``service``: service_model.json), the step
+    model's, the paper's and whether the gap to the paper closed (within CLOSE_PP),
+    narrowed or widened; each row carries the numbers that say why (LRU's and the
+    candidate's own moves, and for the attack traces the ledgers' counts)."""
+    rows = []
+
+    def add(section, row, svc, new, paper, why):
+        rows.append({"section": section, "row": row, "service": svc, "step": new,
+                     "paper": paper, "verdict": _verdict(svc, new, paper), "why": why,
+                     "gap_service": None if paper is None else abs(svc - paper),
+                     "gap_step": None if paper is None else abs(new - paper),
+                     "narrowed_by": None if paper is None else abs(svc - paper) - abs(
+                         new - paper)})
+
+    for new, old in zip(data["table1"], service["table1"]):
+        kind = new["trace"]
+        add("Table I", f"{kind}, lru", old["lru"] * 100, new["lru"] * 100, new["paper_lru"],
+            {"kind": "lru", "trace": kind})
+        for rn, ro in zip(new["rows"], old["rows"]):
+            add("Table I", f"{kind}, {rn['policy']}", ro["e"]["candidate_mean"] * 100,
+                rn["e"]["candidate_mean"] * 100, rn["paper"],
+                {"kind": "policy", "trace": kind, "policy": rn["policy"],
+                 "lru": [old["lru"] * 100, new["lru"] * 100],
+                 "gain": [ro["e"]["diff_mean"] * 100, rn["e"]["diff_mean"] * 100]})
+
+    def gain_rows(section, key, fmt, new_rows, old_rows, paper_key):
+        old_by = {r[key]: r for r in old_rows}
+        for rn in new_rows:
+            ro = old_by.get(rn[key])
+            if ro is None:
+                continue
+            en, eo = rn["e"], ro["e"]
+            add(section, fmt(rn[key]), eo["diff_mean"] * 100, en["diff_mean"] * 100,
+                rn[paper_key], {"kind": "gain",
+                                "lru": [eo["baseline_mean"] * 100, en["baseline_mean"] * 100],
+                                "ps": [eo["candidate_mean"] * 100,
+                                       en["candidate_mean"] * 100]})
+
+    gain_rows("Fig. 2 capacity (gain, pp)", "capacity", lambda c: f"{c} blocks",
+              data["capacity"], service["capacity"], "paper")
+    gain_rows("Fig. 2 load (gain, pp)", "alpha", lambda a: f"alpha {a:g}", data["load"],
+              service["load"], "paper")
+    gain_rows("Fig. 2 creation pressure (gain, pp)", "ratio",
+              lambda r: "default" if r is None else f"ratio {r:g}", data["pressure"],
+              service["pressure"], "paper_gain")
+    return {"rows": rows, "close_pp": CLOSE_PP, "service_mechanism": service["mechanism"],
+            "step_mechanism": data["mechanism"], "service_rates": _rates(service["rates"]),
+            "step_rates": data["model"]["rates"]}
 
 
 def _failed_checks(out: Path, cid: str) -> dict:
@@ -357,3 +471,124 @@ def _attack_pressure(out: Path, cid: str) -> dict:
         rows.append((obs, debt, len(att), end - start))
     return {k: _mean(r[i] for r in rows)
             for i, k in enumerate(("observed", "debt", "requests", "window"))}
+
+
+def mechanism(out: Path, cid: str) -> dict:
+    """What a one-touch cell's ledgers show, per policy role (baseline, candidate), means
+    over runs: the victim's hit fraction and P95 TTFT; its prefix blocks evicted (content
+    blocks the victim group cached), split by the evicting request's group, and how many
+    fell inside the attack window; blocks of generated tokens evicted (the step model caches
+    them; none in the service model); preemptions; and the blocks requests held while they
+    queued for prefill, averaged over the attack window (the service model admits at
+    arrival and holds a request's blocks from then on; the step model's waiting requests
+    hold nothing, so theirs is 0 by construction and is computed the same way: from each
+    request's allocation and queue delay). ``held_hit_share``: the share of the victim's hit
+    tokens taken while another victim request on the same prefix held it; ``no_hit_share``:
+    measured victim requests that hit nothing. ``age_s``: mean seconds an evicted victim prefix
+    block had been free (LRU's ``freed_t``; None where the policy records none);
+    ``candidates``: mean evictable blocks at those evictions (the rest were held by
+    requests)."""
+    acc: dict[str, dict[str, list]] = {"baseline": {}, "candidate": {}}
+    exp = _experiment(out, cid)
+    for r in exp["runs"]:
+        run_dir = out / "cells" / cid / Path(r["receipt"]).parent
+        rec = json.loads((run_dir / "receipt.json").read_text())
+        step = rec["config"].get("scheduler") is not None
+        start, end = _attack_window(out, cid, r)
+        ledger = rec["config"].get("ledger", {}).get("file", "ledger.csv")
+        per = {role: {"prefix_by_attacker": 0, "prefix_by_victim": 0, "prefix_in_window": 0,
+                      "output": 0, "ages": [], "alloc": {}, "cands": []} for role in acc}
+        with open_text(run_dir / ledger) as fh:
+            for row in csv.DictReader(fh):
+                role = row["run"]
+                if role not in per:
+                    continue
+                p = per[role]
+                if row["kind"] == "evict":
+                    if row["hash"] == "":
+                        p["output"] += 1
+                    elif row["owner"] == "victim":
+                        p["prefix_by_attacker" if row["group"] == "attacker"
+                          else "prefix_by_victim"] += 1
+                        t = float(row["t"])
+                        p["prefix_in_window"] += start <= t < end
+                        p["cands"].append(int(row["num_candidates"]))
+                        note = json.loads(row["rank"]) if row["rank"] else {}
+                        if "freed_t" in note:
+                            p["ages"].append(t - note["freed_t"])
+                elif row["kind"] == "admit" and not step:
+                    p["alloc"][row["request"]] = int(row["allocated"] or 0)
+        queued = {role: 0.0 for role in acc}
+        ttft_q = {role: [] for role in acc}
+        reads: dict[str, list] = {role: [] for role in acc}
+        prefix = {}
+        for line in (out / "cells" / cid / r["trace"]["path"]).read_text().splitlines()[1:]:
+            req = json.loads(line)
+            if req.get("role") == "victim":
+                prefix[req["id"]] = req["prefix"]
+        with open(run_dir / "requests.csv", newline="") as fh:
+            for row in csv.DictReader(fh):
+                role = row["run"]
+                if role not in per or not row["queue_ms"]:
+                    continue
+                t = float(row["t"])
+                admit = t + float(row["wait_ms"] or 0) / 1000
+                began = t + float(row["queue_ms"]) / 1000
+                if not step:
+                    overlap = max(0.0, min(began, end) - max(admit, start))
+                    queued[role] += per[role]["alloc"].get(row["id"], 0) * overlap
+                if row["role"] == "victim" and row["measure"] == "1":
+                    ttft_q[role].append(float(row["queue_ms"]))
+                if row["role"] == "victim" and row["done_t"]:
+                    # where its lookup took hits: admission (service), first scheduling (step)
+                    looked = began if step else admit
+                    reads[role].append((prefix[row["id"]], looked, float(row["done_t"]),
+                                        int(row["cached_tokens"] or 0), row["measure"] == "1"))
+        for role in acc:
+            p, runs = per[role], rec["runs"][role]
+            v = runs["metrics"]["roles"]["victim"]
+            vals = {"hit": v["hit_fraction"], "ttft_p95_ms": v["ttft_p95_ms"],
+                    "queue_ms": _mean(ttft_q[role]) if ttft_q[role] else 0.0,
+                    "prefix_evicted": p["prefix_by_attacker"] + p["prefix_by_victim"],
+                    "prefix_by_attacker": p["prefix_by_attacker"],
+                    "prefix_by_victim": p["prefix_by_victim"],
+                    "prefix_in_window": p["prefix_in_window"], "output_evicted": p["output"],
+                    "preemptions": runs["counts"].get("preemptions", 0),
+                    "queued_blocks": queued[role] / (end - start) if end > start else 0.0,
+                    **_pinned(reads[role]),
+                    "candidates": _mean(p["cands"]) if p["cands"] else None,
+                    "age_s": _mean(p["ages"]) if p["ages"] else None}
+            for k, x in vals.items():
+                acc[role].setdefault(k, []).append(x)
+    return {role: {k: (None if any(x is None for x in xs) else _mean(xs))
+                   for k, xs in d.items()} for role, d in acc.items()}
+
+
+def _pinned(reads: list[tuple]) -> dict:
+    """Of the measured victim requests (prefix, lookup time, done time, cached tokens,
+    measured): the share with no hit, and the share of hit tokens taken while another victim
+    request on the same prefix held its blocks (looked up earlier, not yet done), which no
+    eviction order can take away."""
+    by: dict[str, list] = {}
+    for x in reads:
+        by.setdefault(x[0], []).append(x)
+    hit = held = misses = measured = 0
+    for xs in by.values():
+        for _, t, _, cached, m in xs:
+            if not m:
+                continue
+            measured += 1
+            misses += cached == 0
+            hit += cached
+            if cached and any(t2 < t < d2 for _, t2, d2, _, _ in xs):
+                held += cached
+    return {"no_hit_share": misses / measured if measured else 0.0,
+            "held_hit_share": held / hit if hit else 0.0}
+
+
+def _attack_window(out: Path, cid: str, run: dict) -> tuple[float, float]:
+    """The attack window of a run's trace (its header's ``derived.attack_window_s``)."""
+    path = out / "cells" / cid / run["trace"]["path"]
+    head = json.loads(path.read_text().split("\n", 1)[0])
+    start, end = head["generator"]["derived"]["attack_window_s"]
+    return start, end

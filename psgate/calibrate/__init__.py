@@ -8,6 +8,8 @@
     fit the per-request prefill_ms(u, c) to the steps of one prefill chunk alone
     report each fit's error on held-out points it never saw
 
+``from_receipt`` fits the step model to a real engine's own timed steps instead (a lockstep
+receipt of ``--engine vllm``): nothing is measured, and the per-request model is derived.
 ``grid`` (the forms, the step grid and the held-out rules) needs nothing, so options are
 checked before anything heavy loads; ``fit`` needs numpy; ``measure`` needs torch and
 transformers (``psgate[calibrate]``). Only ``psgate calibrate`` imports them, never replay or

@@ -463,6 +463,10 @@ class StepSimEngine(ReplayEngine):
                     on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
             r.num_cached_blocks = num_full
         note = self._end_admit(preq, now) if self._end_admit is not None else None
+        if r.status == PREEMPTED:
+            # A resumed request's lookup: the ledger marks it, as a request's first row
+            # needs no mark, so that explain knows its hits are a new lookup.
+            note = {**(note or {}), "resumed": True}
         if recompute and not r.started:
             r.outcome.recompute_tokens += recompute
         self._checked(r, hits, new, cached_now)

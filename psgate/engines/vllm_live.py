@@ -71,9 +71,9 @@ class LivePolicy:
         self.clock_ns = clock_ns
         self.recorder = recorder
         self.describe = describe
-        self.request_id = request_id or (lambda request: request.request_id)
+        self.request_id = request_id or _request_id
         self.key_of = key_of or _hash_key
-        self.name_of = name_of or (lambda rid, pos, block: "")
+        self.name_of = name_of      # None: blocks have no names (ledger column empty)
         self.block_size = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         num_blocks = len(pool.blocks)
         policy.bind(pool_info or PoolInfo(num_blocks=num_blocks, num_usable=num_blocks - 1,
@@ -134,15 +134,27 @@ class LivePolicy:
         allocate, free = mgr.allocate_slots, mgr.free
         touch, get_new, cache_full = pool.touch, pool.get_new_blocks, pool.cache_full_blocks
         policy = self.policy
+        # Every running request's every step comes here: a request already known is looked
+        # up directly unless a subclass decides what a request is.
+        preqs = self.preqs
+        direct = type(self).preq is LivePolicy.preq and self.request_id is _request_id
 
         def allocate_slots(request, *args, **kwargs):
-            self._cur, self._begun = self.preq(request), False
-            self._cur.num_new_full_blocks = 0
+            cur = preqs.get(request.request_id) if direct else None
+            if cur is None:
+                cur = self.preq(request)
+            self._cur, self._begun = cur, False
+            cur.num_new_full_blocks = 0
             self._num_hits = self._num_new = 0
+            # vLLM resets a preempted request's computed tokens: scheduled again, it is a
+            # new lookup, which its ledger row says (as sim's step scheduler writes it).
+            resumed = request.num_computed_tokens == 0 and request.num_preemptions > 0
             try:
                 out = allocate(request, *args, **kwargs)
                 if self._begun:
                     note = policy.end_admit(self._cur, self.clock_ns())
+                    if resumed:
+                        note = {**(note or {}), "resumed": True}
                     if self.recorder is not None:
                         self.recorder.admission(self.clock_ns(), self._cur, self._num_hits,
                                                 self._num_new, self._cur.num_new_full_blocks,
@@ -182,12 +194,15 @@ class LivePolicy:
             policy.on_allocated(self._cur, ids)
             return out
 
+        names, name_of, key_of = self.names, self.name_of, self.key_of
+
         def cached(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs):
             cache_full(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
             self._begin()
             preq = self._cur
             num_prompt = request.num_prompt_tokens // self.block_size
             preq.num_new_full_blocks = max(0, num_full_blocks - num_cached_blocks)
+            rid = preq.id
             for pos in range(num_cached_blocks, num_full_blocks):
                 blk = blocks[pos]
                 if blk.is_null or blk.block_hash is None:
@@ -195,9 +210,10 @@ class LivePolicy:
                 b = blk.block_id
                 if pos >= num_prompt:
                     self.output_blocks.add(b)
-                self.names[b] = self.name_of(preq.id, pos, blk)
+                if name_of is not None:
+                    names[b] = name_of(rid, pos, blk)
                 policy.on_cached(b, preq, pos, blocks[pos - 1].block_id if pos else -1,
-                                 self.key_of(preq.id, pos, blk))
+                                 key_of(rid, pos, blk))
 
         mgr.allocate_slots, mgr.free = allocate_slots, free_request
         pool.touch, pool.get_new_blocks, pool.cache_full_blocks = touched, got_new, cached
@@ -220,17 +236,43 @@ class LivePolicy:
     def reclaim_first(self, num_blocks: int) -> int:
         return self.policy.reclaim_first(self._cur, num_blocks) if self._cur else 0
 
+    @property
+    def needs_decisions(self) -> bool:
+        """Whether evictions need their decisions (a recorder writes them)."""
+        return self.recorder is not None
+
+    @property
+    def batch_victims(self):
+        """The batch path (:class:`PolicyFreeQueue`) when ``evicting`` is this class's own;
+        a subclass that checks each eviction, or a recorder that reads the candidates as
+        they were before each one (``sequential``), gets one ``evicting`` call per victim."""
+        if (type(self).evicting is LivePolicy.evicting
+                and not getattr(self.recorder, "sequential", False)):
+            return self._evicted_batch
+        return None
+
+    def _evicted_batch(self, victims: list[int], decisions: list[Decision] | None) -> None:
+        """What ``evicting`` does after the policy chose each victim, for a batch the
+        policy has already evicted (its on_evict done): check, record, forget."""
+        for i, v in enumerate(victims):
+            self._evicted(v, decisions[i] if decisions is not None else None)
+
     def evicting(self, d: Decision) -> None:
-        v = d.victim
+        self._evicted(d.victim, d, evict=True)
+
+    def _evicted(self, v: int, d: Decision | None, evict: bool = False) -> None:
         blk = self.pool.blocks[v]
-        self.pinned.record(blk.ref_cnt == 0 and blk.block_hash is not None,
-                           lambda: f"policy '{self.policy.name}' chose block {v} (ref_cnt "
-                                   f"{blk.ref_cnt}, cached {blk.block_hash is not None})")
+        if blk.ref_cnt == 0 and blk.block_hash is not None:
+            self.pinned.checks += 1     # what record(True, ...) does, without a closure
+        else:
+            self.pinned.record(False, f"policy '{self.policy.name}' chose block {v} (ref_cnt "
+                                      f"{blk.ref_cnt}, cached {blk.block_hash is not None})")
         og = self.group_of_block[v]
         if self.recorder is not None:
             self.recorder.eviction(self.clock_ns(), self._cur, d, v, self.names[v] or "",
                                    self.groups[og] if og >= 0 else "")
-        self.policy.on_evict(v)
+        if evict:
+            self.policy.on_evict(v)
         self.output_blocks.discard(v)
         self.names[v] = None
         g = self._gids[self._cur.group] if self._cur is not None else -1
@@ -241,6 +283,10 @@ class LivePolicy:
     def released(self, block_ids: list[int]) -> None:
         for b in block_ids:
             self.group_of_block[b] = -1
+
+
+def _request_id(request) -> str:
+    return request.request_id
 
 
 def _hash_key(request_id: str, pos: int, block) -> int:

@@ -40,6 +40,10 @@ class QueueOwner(Protocol):
     def released(self, block_ids: list[int]) -> None:
         """Blocks without content went back to the truly free blocks."""
 
+    # Optional: an owner with ``batch_victims(victims, decisions)`` and ``needs_decisions``
+    # (whether it needs the decisions) takes a whole batch from ``policy.evict_batch``,
+    # which has already called on_evict for each victim, in order.
+
 
 class PolicyFreeQueue:
     """Duck-types vLLM 0.32's ``FreeKVCacheBlockQueue`` over a psgate policy."""
@@ -51,6 +55,10 @@ class PolicyFreeQueue:
         self.owner = owner
         # Truly free block ids, front first (the engine's view of vLLM's queue head).
         self.free: deque[int] = deque(free_ids)
+        # A policy whose evict_batch is its own (select_victim + on_evict, n times, in one
+        # call; the contract tests hold it to that) evicts an allocation's victims at once.
+        self._batch = (type(policy).batches_evictions()
+                       and getattr(owner, "batch_victims", None) is not None)
 
     @property
     def num_free_blocks(self) -> int:
@@ -67,10 +75,19 @@ class PolicyFreeQueue:
         ids = [free.popleft() for _ in range(take)]
         if take < n:
             req, now = self.owner.context()
-            for _ in range(n - take):
-                d = self.policy.select_victim(req, now)
-                self.owner.evicting(d)
-                ids.append(d.victim)
+            if self._batch:
+                decisions = [] if self.owner.needs_decisions else None
+                victims = self.policy.evict_batch(req, now, n - take, decisions)
+                if len(victims) < n - take:
+                    raise RuntimeError(f"policy '{self.policy.name}' had {len(victims)} "
+                                       f"candidates for {n - take} evictions")
+                self.owner.batch_victims(victims, decisions)
+                ids += victims
+            else:
+                for _ in range(n - take):
+                    d = self.policy.select_victim(req, now)
+                    self.owner.evicting(d)
+                    ids.append(d.victim)
         blocks = self._blocks
         return [blocks[i] for i in ids]
 

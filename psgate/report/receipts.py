@@ -228,10 +228,11 @@ def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
 
 
 def step_settings(cfg: dict) -> dict:
-    """The step scheduler's settings a receipt's config records (none for a service-model
-    receipt, which has no ``scheduler`` key)."""
+    """The scheduler a receipt's config records. A service-model receipt has no
+    ``scheduler`` key, and says so explicitly here: the default replay model is the step
+    scheduler, and a receipt must re-run under the model it was made with."""
     if "scheduler" not in cfg:
-        return {}
+        return {"scheduler": "service"}
     return {"scheduler": "step", "sched": SchedulerParams(**cfg["scheduler"]),
             "step_cost": StepCostModel.from_json(cfg["step_cost_model"])}
 

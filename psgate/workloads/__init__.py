@@ -7,10 +7,13 @@ before any policy is compared on it, and written into every trace header):
 
 Generators whose arrival rates derive from prefill capacity (C_prefill) take the
 cost model too: the defaults unless a calibrated file is given, whose name and
-SHA-256 then go into the header beside the derived rates.
+SHA-256 then go into the header beside the derived rates. Their parameter ``rates``
+picks which model: "service" (the per-request CostModel) or "step" (a StepRates: vLLM's
+scheduler on the step cost model, whose C_prefill workloads.common measures with a
+scheduler recurrence of its own).
 
 Generators import the trace writer, the contract table and, of the engines, only the cost
-model: a workload never depends on a policy or on how a replay runs.
+models: a workload never depends on a policy or on how a replay runs.
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ def generators() -> dict[str, Generator]:
 
 
 def generate(kind: str, params: dict, cost=None) -> list[dict]:
-    """The trace lines of workload ``kind``; ``cost`` (a CostModel) only for the kinds
-    whose rates derive from C_prefill."""
+    """The trace lines of workload ``kind``; ``cost`` (a CostModel, or with ``rates=step``
+    a StepRates) only for the kinds whose rates derive from C_prefill."""
     gens = generators()
     gen = gens.get(kind)
     if gen is None:

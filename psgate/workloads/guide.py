@@ -83,9 +83,10 @@ from psgate.contracts import CONTRACT_NAMES
 from psgate.engines.cost import CostModel
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
-from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
-                                     fraction, need, nonneg, ordered, poisson, positive,
-                                     request, resolve_params, unique_prefill_rate)
+from psgate.workloads.common import (SYNTHETIC_HASHING, StepRates, c_prefill_rate, chain,
+                                     fraction, header_params, need, nonneg, ordered, poisson,
+                                     positive, rate_model, rate_provenance, request,
+                                     resolve_params)
 
 
 STEADY_DEFAULTS = {
@@ -160,6 +161,8 @@ CANCELLATION_DEFAULTS = {
 COLD_DEFAULTS = {
     "seed": 0, "block_size": 16, "tenants": 3, "rate": 6.0, "prompt_min_tokens": 128,
     "prompt_max_tokens": 1024, "out": 32, "duration_s": 30.0,
+    # C_prefill (derived, reported only) from the per-request or the step model
+    "rates": "service",
 }
 
 
@@ -608,7 +611,7 @@ def cancellation(**overrides) -> list[dict]:
 
 @register_generator("cold", "no reuse at all: every prompt unique, nothing can hit",
                     COLD_DEFAULTS, uses_cost=True)
-def cold(cost: CostModel | None = None, **overrides) -> list[dict]:
+def cold(cost: CostModel | StepRates | None = None, **overrides) -> list[dict]:
     kind = "cold"
     p = resolve_params(kind, COLD_DEFAULTS, overrides)
     positive(kind, p, "block_size", "tenants", "rate", "prompt_min_tokens", "duration_s")
@@ -625,7 +628,8 @@ def cold(cost: CostModel | None = None, **overrides) -> list[dict]:
         blocks, tail = _prompt([], 0, f"cold/{rid}", n, bs)
         ev.add(request(t, rid, f"tenant-{g}", groups[f"tenant-{g}"], blocks, tail,
                        p["out"], f"cold-{i}", "benign"))
-    cost = cost_or_default(cost)
-    c_prefill = unique_prefill_rate(cost, (p["prompt_min_tokens"] + p["prompt_max_tokens"]) // 2)
-    derived = {"c_prefill_per_s": round(c_prefill, 6), **cost_provenance(cost)}
-    return ev.lines(_header(kind, p, groups, derived))
+    model = rate_model(kind, p, cost)
+    c_prefill, measured = c_prefill_rate(
+        model, (p["prompt_min_tokens"] + p["prompt_max_tokens"]) // 2, p["out"], bs, 512)
+    derived = {"c_prefill_per_s": round(c_prefill, 6), **rate_provenance(model, measured)}
+    return ev.lines(_header(kind, header_params(p), groups, derived))

@@ -28,6 +28,16 @@ The window holds ``attack_requests`` requests (240: 5.64 turnovers of a 4,096-bl
 cache, the paper's fixed attack window). Defaults were fixed before any policy was
 compared on them and are written into every trace header.
 
+``rates`` picks the model behind C_prefill (and sharegpt's hold times): "service" (the
+default) is the per-request CostModel above, one FIFO prefill server; "step" is the model
+a ``--scheduler step`` replay runs, vLLM's scheduler on the step cost model
+(common.step_prefill_rate: the same 32 distinct-prefix requests, with the workload's
+output tokens, arriving together on 512 configured blocks; C_prefill = 32 / makespan,
+5.96/s at the step defaults against the service model's 10.09/s: the cache holds five
+such requests at once and decodes share the steps). Service-model rates replayed under
+the step scheduler overload it. The header's ``derived.rate_model`` records the step
+model; service-rate headers are as they always were.
+
 Randomness: one-touch and borrowing draw everything from one ``random.Random(seed)``
 (committed outputs; in one-touch every victim draw comes before any attacker draw, so
 ``attack=false`` already leaves its victim requests byte-identical). The newer
@@ -44,9 +54,10 @@ from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.engines.cost import CostModel
 from psgate.trace.writer import header_line
 from psgate.workloads import register_generator
-from psgate.workloads.common import (SYNTHETIC_HASHING, chain, cost_or_default, cost_provenance,
-                                     distinct, fraction, need, nonneg, ordered, poisson, positive,
-                                     request, resolve_params, unique_prefill_rate, whole_block)
+from psgate.workloads.common import (SYNTHETIC_HASHING, StepRates, c_prefill_rate,
+                                     chain, distinct, fraction, header_params, need, nonneg,
+                                     ordered, poisson, positive, rate_model, rate_provenance,
+                                     request, resolve_params, step_makespan_ns, whole_block)
 
 PAPER_CAPACITY = 512                 # configured blocks the load model assumes
 PAPER_USABLE = PAPER_CAPACITY - 1    # one is vLLM's null block
@@ -60,8 +71,10 @@ ONE_TOUCH_DEFAULTS = {
     # Added after one-touch's outputs were committed: written into the header only when
     # not at its default, so default outputs stay byte-identical.
     "capacity_target": PAPER_CAPACITY, "creation_pressure": None,
+    # Which model sets the rates (module docstring, load model): "service" or "step".
+    "rates": "service",
 }
-_ONE_TOUCH_ADDED = ("capacity_target", "creation_pressure")
+_ONE_TOUCH_ADDED = ("capacity_target", "creation_pressure", "rates")
 
 BORROWING_DEFAULTS = {
     "seed": 0, "block_size": 16, "idle_prefixes": 2, "active_prefixes": 31,
@@ -71,9 +84,9 @@ BORROWING_DEFAULTS = {
 # The victim/attacker layout every one-touch-like generator shares (one-touch's values).
 _ATTACK_BASE = {k: v for k, v in ONE_TOUCH_DEFAULTS.items() if k not in _ONE_TOUCH_ADDED}
 
-LOW_AND_SLOW_DEFAULTS = {**_ATTACK_BASE, "rate_fraction": 0.25}
+LOW_AND_SLOW_DEFAULTS = {**_ATTACK_BASE, "rate_fraction": 0.25, "rates": "service"}
 
-TWO_PASS_DEFAULTS = {**_ATTACK_BASE, "rate_fraction": 0.25, "replay_set": 1}
+TWO_PASS_DEFAULTS = {**_ATTACK_BASE, "rate_fraction": 0.25, "replay_set": 1, "rates": "service"}
 
 DELAYED_REPLAY_DEFAULTS = {
     "seed": 0, "block_size": 16, "delay_fraction": 0.5,
@@ -95,6 +108,7 @@ SHAREGPT_DEFAULTS = {
     "user_mean_tokens": 85.0, "user_sigma": 1.0, "user_max_tokens": 1024,
     "answer_mean_tokens": 250.0, "answer_sigma": 0.7, "answer_max_tokens": 1024,
     "max_context_tokens": 4096, "think_mean_s": 5.0, "load": 0.6, "warmup_s": 0.0,
+    "rates": "service",
 }
 
 SHAREGPT_BURSTY_DEFAULTS = {**SHAREGPT_DEFAULTS, "burst_period_s": 20.0, "burst_s": 2.0}
@@ -155,7 +169,7 @@ def _scaled_hot_prefixes(p: dict) -> int:
 
 @register_generator("one-touch", "victim re-reads 4 hot 1,536-token prefixes while an attacker "
                     "floods unseen prefixes (paper)", ONE_TOUCH_DEFAULTS, uses_cost=True)
-def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
+def one_touch(cost: CostModel | StepRates | None = None, **overrides) -> list[dict]:
     """One-touch (the paper's headline trace).
 
     ``capacity_target`` (Fig. 2 scaling; default 512 leaves the output byte-identical): the
@@ -194,8 +208,9 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
              "at least one block with creation_pressure", p["attack_tokens"])
     rng = random.Random(p["seed"])
     bs = p["block_size"]
-    cost = cost_or_default(cost)
-    c_prefill = unique_prefill_rate(cost, p["prefix_tokens"] + p["suffix_tokens"])
+    model = rate_model(kind, p, cost)
+    c_prefill, measured = c_prefill_rate(model, p["prefix_tokens"] + p["suffix_tokens"],
+                                         p["victim_out"], bs, PAPER_CAPACITY)
     victim_rate = p["alpha"] * c_prefill
     attack_rate = min(0.75 * c_prefill, 1.15 * p["alpha"] * c_prefill)
     n_hot = _scaled_hot_prefixes(p)
@@ -224,7 +239,7 @@ def one_touch(cost: CostModel | None = None, **overrides) -> list[dict]:
                "victim_rate_per_s": round(victim_rate, 6),
                "attack_rate_per_s": round(attack_rate, 6),
                "attack_window_s": [round(attack_start, 6), round(attack_end, 6)],
-               **cost_provenance(cost)}
+               **rate_provenance(model, measured)}
     if pressure is not None:
         window = attack_end - attack_start
         derived["creation_pressure"] = {
@@ -274,7 +289,7 @@ def borrowing(**overrides) -> list[dict]:
 
 
 def _slow_attack(kind: str, p: dict, attacker_request,
-                 cost: CostModel | None) -> tuple[list[tuple], dict]:
+                 cost: CostModel | StepRates | None) -> tuple[list[tuple], dict]:
     """Shared body of low-and-slow and two-pass-replay: one-touch's victim (own stream),
     an attacker at ``rate_fraction`` of one-touch's attack rate for ``attack_requests``
     requests (a window 1/rate_fraction times longer); ``attacker_request(i, t)`` makes
@@ -284,8 +299,9 @@ def _slow_attack(kind: str, p: dict, attacker_request,
          p["rate_fraction"])
     rng = _streams(p["seed"])
     bs = p["block_size"]
-    cost = cost_or_default(cost)
-    c_prefill = unique_prefill_rate(cost, p["prefix_tokens"] + p["suffix_tokens"])
+    model = rate_model(kind, p, cost)
+    c_prefill, measured = c_prefill_rate(model, p["prefix_tokens"] + p["suffix_tokens"],
+                                         p["victim_out"], bs, PAPER_CAPACITY)
     victim_rate = p["alpha"] * c_prefill
     one_touch_rate = min(0.75 * c_prefill, 1.15 * p["alpha"] * c_prefill)
     attack_rate = p["rate_fraction"] * one_touch_rate
@@ -303,13 +319,13 @@ def _slow_attack(kind: str, p: dict, attacker_request,
                "one_touch_attack_rate_per_s": round(one_touch_rate, 6),
                "attack_rate_per_s": round(attack_rate, 6),
                "attack_window_s": [round(attack_start, 6), round(attack_end, 6)],
-               **cost_provenance(cost)}
+               **rate_provenance(model, measured)}
     return events, derived
 
 
 @register_generator("low-and-slow", "one-touch's attack volume at a quarter of its rate over a "
                     "four times longer window (paper)", LOW_AND_SLOW_DEFAULTS, uses_cost=True)
-def low_and_slow(cost: CostModel | None = None, **overrides) -> list[dict]:
+def low_and_slow(cost: CostModel | StepRates | None = None, **overrides) -> list[dict]:
     """Low-and-slow: the same total pressure as one-touch (``attack_requests`` = 240 unseen
     1,536-token prefixes, each seen once) at ``rate_fraction`` (0.25) of one-touch's attack
     rate, so the window is four times longer (about 138 s instead of 34 s); the victim is
@@ -326,13 +342,13 @@ def low_and_slow(cost: CostModel | None = None, **overrides) -> list[dict]:
 
     events, derived = _slow_attack("low-and-slow", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(derived["attack_rate_per_s"] * n_attack, 6)
-    return [_attack_header("low-and-slow", p, p, derived)] + [e[2] for e in events]
+    return [_attack_header("low-and-slow", p, header_params(p), derived)] + [e[2] for e in events]
 
 
 @register_generator("two-pass-replay", "attacker admits sets of unseen prefixes, then replays "
                     "each set to fake reuse while in debt (paper)", TWO_PASS_DEFAULTS,
                     uses_cost=True)
-def two_pass_replay(cost: CostModel | None = None, **overrides) -> list[dict]:
+def two_pass_replay(cost: CostModel | StepRates | None = None, **overrides) -> list[dict]:
     """Two-pass replay: low-and-slow's schedule (``rate_fraction`` 0.25 of one-touch's rate,
     ``attack_requests`` = 240 requests), but the attacker works in rounds of
     2 x ``replay_set`` requests: pass 1 admits ``replay_set`` unseen prefixes, pass 2
@@ -363,7 +379,8 @@ def two_pass_replay(cost: CostModel | None = None, **overrides) -> list[dict]:
     events, derived = _slow_attack("two-pass-replay", p, attacker, cost)
     derived["attack_creation_blocks_per_s"] = round(
         derived["attack_rate_per_s"] * n_attack / 2, 6)
-    return [_attack_header("two-pass-replay", p, p, derived)] + [e[2] for e in events]
+    header = _attack_header("two-pass-replay", p, header_params(p), derived)
+    return [header] + [e[2] for e in events]
 
 
 def bucket_debt(times: list[float], blocks: list[int], rho: float, beta: float) -> float:
@@ -523,7 +540,7 @@ def _lognormal_tokens(rng: random.Random, mean: float, sigma: float, cap: int) -
 
 
 def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
-              cost: CostModel | None) -> list[dict]:
+              cost: CostModel | StepRates | None) -> list[dict]:
     positive(kind, p, "block_size", "conversations", "min_turns", "max_turns", "mean_turns",
              "user_mean_tokens", "user_sigma", "user_max_tokens", "answer_mean_tokens",
              "answer_sigma", "answer_max_tokens", "max_context_tokens", "load")
@@ -540,7 +557,7 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
          "tenant_contracts", "a non-empty list of contract names", tenants)
     bs = p["block_size"]
     rng = _streams(p["seed"])
-    cost = cost_or_default(cost)
+    model = rate_model(kind, p, cost)
     shapes = rng["shapes"]
     stop = 1.0 / (p["mean_turns"] - p["min_turns"] + 1)   # geometric extra turns, capped
     convs = []
@@ -563,8 +580,15 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
             prompt, answer = nxt, out
         convs.append((tenant, turns))
 
+    alone: dict[tuple[int, int], float] = {}
+
     def hold_s(prompt, out):   # modeled, as a miss with no queueing
-        return (cost.prefill_ms(prompt, 0) + out * cost.per_output_token_ms) / 1000.0
+        if isinstance(model, CostModel):
+            return (model.prefill_ms(prompt, 0) + out * model.per_output_token_ms) / 1000.0
+        if (prompt, out) not in alone:     # the request alone under the step scheduler
+            alone[prompt, out] = step_makespan_ns(model, 1, prompt, out, bs,
+                                                  PAPER_CAPACITY) / 1e9
+        return alone[prompt, out]
 
     reqs = [(pr, out, prev) for _, turns in convs for pr, out, prev in turns]
     occupancy = sum(math.ceil((pr + out) / bs) * hold_s(pr, out) for pr, out, _ in reqs)
@@ -601,11 +625,12 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
                "mean_blocks_x_hold_s": round(occupancy, 6),
                "request_rate_per_s": round(request_rate, 6),
                "conversation_rate_per_s": round(conv_rate, 6),
-               "max_hit_fraction": round(max_hit, 6), **cost_provenance(cost)}
+               "max_hit_fraction": round(max_hit, 6), **rate_provenance(model)}
     header = header_line(bs, hashing=SYNTHETIC_HASHING,
                          source=f"psgate workload {kind} (PrefixShield paper; ShareGPT-like "
                                 "synthetic conversations)",
-                         generator={"name": kind, "params": p, "derived": derived},
+                         generator={"name": kind, "params": header_params(p),
+                                    "derived": derived},
                          groups={f"tenant-{k}": {"contracts": [c]}
                                  for k, c in enumerate(tenants)})
     return [header] + [e[3] for e in events]
@@ -614,7 +639,7 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
 @register_generator("sharegpt", "benign multi-tenant multi-turn chat with ShareGPT-like "
                     "lengths; each turn re-sends the previous prompt (paper)", SHAREGPT_DEFAULTS,
                     uses_cost=True)
-def sharegpt(cost: CostModel | None = None, **overrides) -> list[dict]:
+def sharegpt(cost: CostModel | StepRates | None = None, **overrides) -> list[dict]:
     """ShareGPT-like multi-tenant conversations (all roles benign).
 
     Turn j's prompt = turn j-1's prompt + its answer + a new user message, so its first
@@ -637,6 +662,8 @@ def sharegpt(cost: CostModel | None = None, **overrides) -> list[dict]:
     traffic, not the prefill server, so the request rate is set by Little's law to
     load x 511 / E[blocks held x hold time] (load 0.6, the paper's default load, taken
     over these conversations): running requests hold 60% of usable blocks on average.
+    With ``rates=step`` a turn's modeled time is the request alone under the step
+    scheduler (its prefill chunks, then one decode step per further output token).
     """
     p = resolve_params("sharegpt", SHAREGPT_DEFAULTS, overrides)
     return _sharegpt("sharegpt", p, None, cost)
@@ -644,7 +671,7 @@ def sharegpt(cost: CostModel | None = None, **overrides) -> list[dict]:
 
 @register_generator("sharegpt-bursty", "sharegpt with conversation starts squeezed into short "
                     "bursts (paper)", SHAREGPT_BURSTY_DEFAULTS, uses_cost=True)
-def sharegpt_bursty(cost: CostModel | None = None, **overrides) -> list[dict]:
+def sharegpt_bursty(cost: CostModel | StepRates | None = None, **overrides) -> list[dict]:
     """sharegpt's conversations (same seed: same conversations, same tenants, same pauses),
     their Poisson start times squeezed into bursts: a start at t in period k =
     floor(t / burst_period_s) moves to k x period + (t - k x period) x burst_s / period.

@@ -38,7 +38,8 @@ def test_vllm_pool_receipt_names_vllm_verifies_and_equals_sim(tmp_path):
     from psgate.report.verify import verify
     pool = api.replay(api.ReplayConfig(engine="vllm-pool", candidate="prefixshield",
                                        out=tmp_path / "pool"))
-    sim = api.replay(api.ReplayConfig(candidate="prefixshield", out=tmp_path / "sim"))
+    sim = api.replay(api.ReplayConfig(candidate="prefixshield", scheduler="service",
+                                      out=tmp_path / "sim"))     # the model vllm-pool runs
     assert pool.receipt["config"]["engine_info"] == {"vllm": vllm.__version__}
     assert "engine_info" not in sim.receipt["config"]
     assert verify(tmp_path / "pool").identical
