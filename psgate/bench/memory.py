@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from psgate.bench.traces import INSTANT, TINY_CAPACITY, load, make_engine
+from psgate.bench.traces import INSTANT, INSTANT_STEPS, TINY_CAPACITY, load, make_engine
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import make_policy
 
@@ -61,11 +61,13 @@ def _peak_rss() -> int | None:
 
 def requests_memory_child(trace: str, out: str) -> dict:
     """In a fresh process: ``psgate replay`` of the trace (lru against prefixshield, full
-    ledger) and the process's peak RSS."""
+    ledger; the default step scheduler with zero-time steps, so no backlog of waiting
+    requests grows with the trace) and the process's peak RSS."""
     from psgate import api
     api.replay(api.ReplayConfig(trace=trace, baseline="lru", candidate="prefixshield",
                                 capacity=TINY_CAPACITY, out=Path(out), force=True,
-                                cost=INSTANT, contracts=CONTRACT_NAMES))
+                                cost=INSTANT, scheduler="step", step_cost=INSTANT_STEPS,
+                                contracts=CONTRACT_NAMES))
     shutil.rmtree(out, ignore_errors=True)
     return {"peak_rss": _peak_rss()}
 

@@ -30,11 +30,13 @@ def hot_loop(loaded: Loaded, policy: str, capacity: int,
 
 def end_to_end(trace: Path, policy: str, capacity: int, out: Path) -> float:
     """Seconds for psgate.api.replay (what ``psgate replay`` runs) with ``policy`` as
-    baseline and candidate: validation, two runs, full ledger, requests.csv, receipt."""
+    baseline and candidate: validation, two runs, full ledger, requests.csv, receipt. Under
+    the service model, whose admissions and releases are those of the vLLM KVCacheManager
+    replay it is compared with (each request allocated at t and freed at done_t)."""
     from psgate import api
     cfg = api.ReplayConfig(trace=str(trace), baseline=policy, candidate=policy,
                            capacity=capacity, out=out, force=True, cost=INSTANT,
-                           contracts=CONTRACT_NAMES)
+                           scheduler="service", contracts=CONTRACT_NAMES)
     gc.collect()
     t0 = CLOCK()
     api.replay(cfg)

@@ -12,12 +12,16 @@ from psgate.contracts import CONTRACT_NAMES
 from psgate.engines.cost import CostModel
 from psgate.engines import engine_class
 from psgate.engines.sim import SimEngine
+from psgate.engines.step_cost import StepCostModel
 from psgate.trace.model import TraceHeader, TraceSummary
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 from psgate.trace.writer import header_line
 
 # Zero service time: each request holds its blocks exactly from t to done_t.
 INSTANT = CostModel(0.0, 0.0, 0.0, 0.0)
+# Zero step time for the step scheduler (each step lasts the clock's 1 ns): nothing queues
+# behind a modeled device, so what is measured is psgate's own per-request state.
+INSTANT_STEPS = StepCostModel(0.0, 0.0, 0.0, 0.0, 0.0)
 BLOCK_SIZE = 16
 OUT_TOKENS = 16
 WARMUP_ROUNDS = 10
