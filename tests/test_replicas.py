@@ -330,14 +330,15 @@ def test_bad_values_are_one_line_errors_naming_the_option(tmp_path, args, option
 
 @pytest.mark.heavy
 def test_vllm_pool_replicas_decide_as_sim_replicas(tmp_path):
-    """vLLM's own block pool, one per instance, takes the same decisions as sim's."""
+    """vLLM's own block pool, one per instance, takes the same decisions as sim's service
+    model (the model vllm-pool runs vLLM's pool under)."""
     python = heavy_python("VLLM", ("vllm",), "bash scripts/install-vllm.sh .venv-vllm")
     trace = _trace(tmp_path, ("cancellation", {}))
     args = ["replay", "--trace", str(trace), "--baseline", "lru", "--candidate",
             "prefixshield", "--capacity", "256", "--replicas", "2", "--route", "session",
             "--quiet"]
-    for engine in ("sim", "vllm-pool"):
-        proc = subprocess.run([python, "-m", "psgate.cli", *args, "--engine", engine,
+    for engine, model in (("sim", ["--scheduler", "service"]), ("vllm-pool", [])):
+        proc = subprocess.run([python, "-m", "psgate.cli", *args, "--engine", engine, *model,
                                "--out", str(tmp_path / engine)], capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
