@@ -32,7 +32,6 @@ import cProfile
 import io
 import os
 import pstats
-import random
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from psgate import vllm_plugin  # noqa: E402
 from psgate.engines.step_cost import SchedulerParams  # noqa: E402
-from psgate.engines.vllm_pool import tokens_for  # noqa: E402
 
 MODES = ("off", "policy", "capture", "shadow")
 BS = 32
@@ -54,28 +52,11 @@ _VARS = (vllm_plugin.ENV_POLICY, vllm_plugin.ENV_CAPTURE, vllm_plugin.ENV_SHADOW
 
 
 def workload(n: int, seed: int = 1) -> list[tuple[str, list[int], str, str]]:
-    """(id, prompt token ids, group, contract) per request; see the module docstring."""
-    rng = random.Random(seed)
-    cache: dict[str, list[int]] = {}
-
-    def toks(name: str) -> list[int]:
-        t = cache.get(name)
-        if t is None:
-            t = cache[name] = tokens_for(name, BS, 4096)
-        return t
-
-    out = []
-    for i in range(n):
-        if i % 4 == 3:
-            group, contract = "flood", "best-effort"
-            blocks = [f"f{i}.{j}" for j in range(10)]
-        else:
-            t = rng.randrange(4)
-            group, contract = f"t{t}", ("critical" if t == 0 else "standard")
-            blocks = [f"sys{t}.{j}" for j in range(8)] + [
-                f"u{i}.{j}" for j in range(rng.randint(2, 6))]
-        out.append((f"r{i}", [x for b in blocks for x in toks(b)] + [5] * 7, group, contract))
-    return out
+    """(id, prompt token ids, group, contract) per request: bench_vllm.py's real-engine
+    workload (see the module docstring), with ids."""
+    from bench_vllm import real_workload
+    return [(f"r{i}", toks, group, contract)
+            for i, (toks, group, contract) in enumerate(real_workload(n, seed))]
 
 
 def _sampled(request) -> int:
