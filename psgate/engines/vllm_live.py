@@ -148,7 +148,8 @@ class LivePolicy:
             self._num_hits = self._num_new = 0
             # vLLM resets a preempted request's computed tokens: scheduled again, it is a
             # new lookup, which its ledger row says (as sim's step scheduler writes it).
-            resumed = request.num_computed_tokens == 0 and request.num_preemptions > 0
+            resumed = (request.num_computed_tokens == 0
+                       and getattr(request, "num_preemptions", 0) > 0)
             try:
                 out = allocate(request, *args, **kwargs)
                 if self._begun:

@@ -54,7 +54,9 @@ class Rows(NullRecorder):
         self.evictions.append((now_ns, req.id if req else None, block, hash_name, owner))
 
     def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
-        self.admissions.append((now_ns, req.id, hits, allocated, new_blocks))
+        # with whether the row marks a resumed request's new lookup (explain relies on it)
+        self.admissions.append((now_ns, req.id, hits, allocated, new_blocks,
+                                bool((note or {}).get("resumed"))))
 
 
 def run(engine: str, path: Path, capacity: int, policy: str, sched: SchedulerParams):
