@@ -132,6 +132,11 @@ class ReplayEngine(BlockPool):
         self.on_cached_fn = None if cls.on_cached is EvictionPolicy.on_cached else policy.on_cached
         self.on_released_fn = (None if cls.on_released is EvictionPolicy.on_released
                              else policy.on_released)
+        # The step scheduler opens and closes an allocation batch per prompt chunk and
+        # decode block: most are one block, so a no-op on_admit/end_admit is not called.
+        self.on_admit_fn = None if cls.on_admit is EvictionPolicy.on_admit else policy.on_admit
+        self.end_admit_fn = (None if cls.end_admit is EvictionPolicy.end_admit
+                             else policy.end_admit)
         # A recorder that reads the pool at each eviction (``sequential``) needs it as it
         # was just before that one: one select_victim/on_evict at a time then.
         self.batch_evictions = (cls.batches_evictions()

@@ -43,7 +43,6 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.base import NS_PER_MS, PolicyFault, ReplayEngine, RequestState
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policies.base import EvictionPolicy
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
 
@@ -99,14 +98,6 @@ class StepSimEngine(ReplayEngine):
                                         opaque_keys_from=OUTPUT_KEY_BIT)
         self.counts.update(preemptions=0, steps=0)
         self._next = None
-        # Each allocation batch opens with on_admit and closes with end_admit; a policy
-        # that leaves them at the base class's no-op is not called (most batches are a
-        # decode's one new block).
-        cls = type(self.policy)
-        self._on_admit = (None if cls.on_admit is EvictionPolicy.on_admit
-                          else self.policy.on_admit)
-        self._end_admit = (None if cls.end_admit is EvictionPolicy.end_admit
-                           else self.policy.end_admit)
 
     # -- the replay -------------------------------------------------------------
     def run(self, events: Iterable[RequestEvent | CancelEvent | DoneEvent]) -> RunResult:
@@ -419,8 +410,8 @@ class StepSimEngine(ReplayEngine):
         now = self.now
         preq = r.preq
         preq.num_new_full_blocks = 0
-        if self._on_admit is not None:
-            self._on_admit(preq, now)
+        if self.on_admit_fn is not None:
+            self.on_admit_fn(preq, now)
         if hits:
             self.touch(r, hits)
             blocks.extend(hits)
@@ -462,7 +453,7 @@ class StepSimEngine(ReplayEngine):
                 if on_cached is not None:
                     on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
             r.num_cached_blocks = num_full
-        note = self._end_admit(preq, now) if self._end_admit is not None else None
+        note = self.end_admit_fn(preq, now) if self.end_admit_fn is not None else None
         if r.status == PREEMPTED:
             # A resumed request's lookup: the ledger marks it, as a request's first row
             # needs no mark, so that explain knows its hits are a new lookup.
