@@ -73,8 +73,13 @@ ONE_TOUCH_DEFAULTS = {
     "capacity_target": PAPER_CAPACITY, "creation_pressure": None,
     # Which model sets the rates (module docstring, load model): "service" or "step".
     "rates": "service",
+    # Flood variants (one_touch's docstring): attacker cancels, attacker and victim scopes.
+    "attack_cancel_fraction": 0.0, "attack_cancel_min_s": 0.05, "attack_cancel_max_s": 1.0,
+    "attacker_scopes": 1, "victim_scopes": 1,
 }
-_ONE_TOUCH_ADDED = ("capacity_target", "creation_pressure", "rates")
+_FLOOD_VARIANTS = ("attack_cancel_fraction", "attack_cancel_min_s", "attack_cancel_max_s",
+                   "attacker_scopes", "victim_scopes")
+_ONE_TOUCH_ADDED = ("capacity_target", "creation_pressure", "rates", *_FLOOD_VARIANTS)
 
 BORROWING_DEFAULTS = {
     "seed": 0, "block_size": 16, "idle_prefixes": 2, "active_prefixes": 31,
@@ -124,8 +129,10 @@ def _victim_requests(p: dict, rng: random.Random, hot: list[list[str]], end: flo
                      rate: float, measure_from: float) -> list[tuple]:
     """One-touch's victim: Poisson(rate) on [0, end), each a uniformly drawn hot prefix plus
     ``suffix_tokens`` of unique suffix; measured from ``measure_from``. The draw order is
-    one-touch's committed one (arrival gap, then prefix)."""
+    one-touch's committed one (arrival gap, then prefix). Hot prefix k is read in scope
+    k mod ``victim_scopes`` (one scope, "m", by default)."""
     bs = p["block_size"]
+    scopes = p.get("victim_scopes", 1)
     events = []
     for i, t in enumerate(poisson(rng, 0.0, end, rate)):
         k = rng.randrange(len(hot))
@@ -134,8 +141,15 @@ def _victim_requests(p: dict, rng: random.Random, hot: list[list[str]], end: flo
         tail = p["suffix_tokens"] % bs
         events.append((t, 0, request(t, f"v{i}", p["victim_group"], p["victim_contract"],
                                      blocks, tail, p["victim_out"], f"victim-sys-{k}",
-                                     "victim", measure=t >= measure_from)))
+                                     "victim", measure=t >= measure_from,
+                                     scope=_scope(k, scopes))))
     return events
+
+
+def _scope(k: int, scopes: int) -> str:
+    """The k-th of ``scopes`` scopes (adapters of one model): "m" when there is one, so
+    default outputs stay as they were."""
+    return "m" if scopes == 1 else f"m+adapter-{k % scopes}"
 
 
 def _attack_groups(p: dict) -> dict:
@@ -189,8 +203,17 @@ def one_touch(cost: CostModel | StepRates | None = None, **overrides) -> list[di
     the number of attack requests drawn, the observed ratio (blocks those requests create /
     window / refill) and the nominal mean debt (the attacker's bucket charged at arrival
     times, debt averaged over the window).
+    Flood variants (defaults leave the output byte-identical): each attack request is
+    cancelled with probability ``attack_cancel_fraction``, uniformly ``attack_cancel_min_s``
+    to ``attack_cancel_max_s`` after its arrival (a cancel of a request still waiting
+    drops it, of a running one frees its blocks with what it computed cached: the flood
+    keeps creating); ``attacker_scopes`` > 1 sends attack request i in scope i mod N and
+    ``victim_scopes`` > 1 reads hot prefix k in scope k mod N (adapters of one model, one
+    group spread over several namespaces). Cancels draw from their own stream
+    (``random.Random(f"{seed}/cancel")``).
     One draw stream (the committed order: all victim draws, then the attacker's), so
-    ``attack=false`` and ``creation_pressure`` leave the victim requests byte-identical.
+    ``attack=false``, ``creation_pressure`` and the flood variants leave the victim
+    requests byte-identical (up to ``victim_scopes``' scope names).
     """
     kind = "one-touch"
     p = resolve_params(kind, ONE_TOUCH_DEFAULTS, overrides)
@@ -206,6 +229,7 @@ def one_touch(cost: CostModel | StepRates | None = None, **overrides) -> list[di
              f"creation_pressure needs its refill", p["attacker_contract"])
         need(kind, p["attack_tokens"] >= p["block_size"], "attack_tokens",
              "at least one block with creation_pressure", p["attack_tokens"])
+    _check_flood_variants(kind, p)
     rng = random.Random(p["seed"])
     bs = p["block_size"]
     model = rate_model(kind, p, cost)
@@ -228,12 +252,19 @@ def one_touch(cost: CostModel | StepRates | None = None, **overrides) -> list[di
     times: list[float] = []
     if p["attack"]:
         times = list(poisson(rng, attack_start, attack_end, attack_rate))
+        # cancels draw from their own stream: the victim's and the arrivals' draws stay
+        cancel_rng = random.Random(f"{p['seed']}/cancel")
+        lo, hi = p["attack_cancel_min_s"], p["attack_cancel_max_s"]
         for i, t in enumerate(times):
             events.append((t, 1, request(t, f"x{i}", p["attacker_group"],
                                          p["attacker_contract"],
                                          chain(f"attack-{i}", n_attack),
                                          p["attack_tokens"] % bs, p["attack_out"],
-                                         f"attack-{i}", "attacker")))
+                                         f"attack-{i}", "attacker",
+                                         scope=_scope(i, p["attacker_scopes"]))))
+            if p["attack_cancel_fraction"] and cancel_rng.random() < p["attack_cancel_fraction"]:
+                tc = round(t + cancel_rng.uniform(lo, hi), 6)
+                events.append((tc, 2, {"t": tc, "op": "cancel", "id": f"x{i}"}))
     events.sort(key=lambda e: (e[0], e[1]))
     derived = {"c_prefill_per_s": round(c_prefill, 6),
                "victim_rate_per_s": round(victim_rate, 6),
@@ -261,6 +292,18 @@ def one_touch(cost: CostModel | StepRates | None = None, **overrides) -> list[di
     params = {k: v for k, v in p.items()
               if k not in _ONE_TOUCH_ADDED or v != ONE_TOUCH_DEFAULTS[k]}
     return [_attack_header("one-touch", p, params, derived)] + [e[2] for e in events]
+
+
+def _check_flood_variants(kind: str, p: dict) -> None:
+    f = p["attack_cancel_fraction"]
+    need(kind, type(f) in (int, float) and 0 <= f <= 1, "attack_cancel_fraction",
+         "a number in [0, 1]", f)
+    nonneg(kind, p, "attack_cancel_min_s", "attack_cancel_max_s")
+    need(kind, p["attack_cancel_max_s"] >= p["attack_cancel_min_s"], "attack_cancel_max_s",
+         f"a value >= attack_cancel_min_s ({p['attack_cancel_min_s']!r})",
+         p["attack_cancel_max_s"])
+    for key in ("attacker_scopes", "victim_scopes"):
+        need(kind, type(p[key]) is int and p[key] >= 1, key, "an integer >= 1", p[key])
 
 
 @register_generator("borrowing", "one group idle, one active group whose working set needs "

@@ -1,0 +1,470 @@
+"""Run the pre-registered evaluation of prefixshield-b (protocol.toml beside this file).
+
+    python examples/paper/evaluate.py                      # held-out set, registered rule
+    python examples/paper/evaluate.py --set tuning         # the declared tuning set
+    python examples/paper/evaluate.py --set tuning --rule-params '{"evidence_fill": 0.25}'
+    python examples/paper/evaluate.py --report examples/paper/REPORT.md   # also the report
+
+Every cell of the chosen set replays each of its runs (seeds, Mooncake windows, WEKA
+bundles) under the protocol's policies and the rule, on psgate's sim engine with vLLM's
+scheduler (``--scheduler step``, default settings and step cost model), checking every
+hard invariant. Per cell: each policy's mean hit fraction (over runs; a run's is the mean
+over its measured requests of the scope), the rule's paired difference from each with its
+95% percentile-bootstrap interval over runs, and the criterion's verdict (protocol
+[criteria]). It writes OUT/results.json and OUT/results.md and, with --report, replaces the
+section between the held-out markers of that REPORT.md (appending it once).
+
+The held-out set runs the registered rule only: --rule-params is refused there, so that
+the set's numbers are never a tuning signal. A cell whose traces are under shared: is
+skipped, and named, when ../shared/traces is absent.
+
+Exit status: 0 every criterion met, 1 some criterion not met (or an invariant broke),
+2 bad protocol or options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from psgate.atomic import write_atomic  # noqa: E402
+from psgate.bench.traces import load  # noqa: E402
+from psgate.contracts import CONTRACT_NAMES  # noqa: E402
+from psgate.engines import engine_class  # noqa: E402
+from psgate.engines.cost import CostModel  # noqa: E402
+from psgate.engines.replicas import merge_results, replicas_of  # noqa: E402
+from psgate.experiment import derive_seed  # noqa: E402
+from psgate.policies import make_policy  # noqa: E402
+from psgate.stats.bootstrap import bootstrap_ci  # noqa: E402
+from psgate.stats.metrics import run_metrics  # noqa: E402
+from psgate.stats.saturation import SATURATED, SaturationMeter  # noqa: E402
+from psgate.sweep import code_digest  # noqa: E402
+from psgate.trace.importers import import_trace  # noqa: E402
+from psgate.trace.writer import write_trace  # noqa: E402
+from psgate.workloads import generate, generators  # noqa: E402
+
+PROTOCOL = Path(__file__).resolve().parent / "protocol.toml"
+SHARED = ROOT.parent / "shared" / "traces"
+BEGIN, END = "<!-- heldout:begin -->", "<!-- heldout:end -->"
+HOLD_S, HOLD_PER_OUT_S = 0.05, 0.0002      # as the paper reproduction's real corpora
+MOONCAKE_TENANTS = 6
+RULE = "rule"
+REPORT_SEEDS = 10       # the paper reproduction's runs: derive_seed(0, i), i < 10 (tuning)
+
+
+class ProtocolError(Exception):
+    """A protocol file or option that cannot be run: one line, exit 2."""
+
+
+# -- the protocol --------------------------------------------------------------------
+def load_protocol(path: Path) -> dict:
+    try:
+        proto = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ProtocolError(f"{path}: {exc}") from None
+    for key in ("version", "rule", "replay", "statistics", "criteria", "tuning", "heldout"):
+        if key not in proto:
+            raise ProtocolError(f"{path}: missing '{key}'")
+    if proto["version"] != 1:
+        raise ProtocolError(f"{path}: version: expected 1, found {proto['version']!r}")
+    if proto["replay"].get("scheduler") != "step":
+        raise ProtocolError(f"{path}: replay.scheduler: expected 'step', found "
+                            f"{proto['replay'].get('scheduler')!r}")
+    for set_name in ("tuning", "heldout"):
+        for i, cell in enumerate(proto[set_name]):
+            where = f"{path}: {set_name}[{i}]"
+            for key in ("name", "kind", "capacities"):
+                if key not in cell:
+                    raise ProtocolError(f"{where}: missing '{key}'")
+            if cell["kind"] not in ("attack", "benign"):
+                raise ProtocolError(f"{where}.kind: expected 'attack' or 'benign', found "
+                                    f"{cell['kind']!r}")
+            if "workload" in cell:
+                if cell["workload"] not in generators():
+                    raise ProtocolError(f"{where}.workload: unknown generator "
+                                        f"{cell['workload']!r}")
+                first, count = cell.get("seeds", [None, None])
+                if type(first) is not int or type(count) is not int or count < 2:
+                    raise ProtocolError(f"{where}.seeds: expected [first, count >= 2], found "
+                                        f"{cell.get('seeds')!r}")
+            elif cell.get("format") not in ("mooncake", "weka"):
+                raise ProtocolError(f"{where}: expected 'workload' or format 'mooncake' or "
+                                    f"'weka', found {cell.get('format')!r}")
+    _check_disjoint(proto, path)
+    return proto
+
+
+def _seeds(cell: dict) -> list[int]:
+    first, count = cell["seeds"]
+    return list(range(first, first + count))
+
+
+def _check_disjoint(proto: dict, path: Path) -> None:
+    """No held-out run is a tuning run: generated seeds per workload (the paper
+    reproduction's derived seeds count as tuning too), real sources by line or session."""
+    tuned: dict[str, set[int]] = {}
+    for cell in proto["tuning"]:
+        if "workload" in cell:
+            tuned.setdefault(cell["workload"], set()).update(_seeds(cell))
+    report = {derive_seed(0, i) for i in range(REPORT_SEEDS)}
+    for cell in proto["heldout"]:
+        if "workload" in cell:
+            seen = (tuned.get(cell["workload"], set()) | report) & set(_seeds(cell))
+            if seen:
+                raise ProtocolError(f"{path}: heldout '{cell['name']}': seeds "
+                                    f"{sorted(seen)} are tuning seeds")
+
+
+# -- building a cell's runs ----------------------------------------------------------
+def _source(cell: dict) -> Path | None:
+    """The cell's trace source, or None when it is under shared: and that is absent."""
+    src = cell["source"]
+    base, _, rel = src.partition(":")
+    if base == "repo":
+        return ROOT / rel
+    if base == "shared":
+        p = SHARED / rel
+        return p if p.exists() else None
+    raise ProtocolError(f"source: expected 'repo:PATH' or 'shared:PATH', found {src!r}")
+
+
+def _with_hold(lines: list[dict], note: dict) -> list[dict]:
+    header = dict(lines[0], evaluation=note)
+    body = []
+    for line in lines[1:]:
+        line = dict(line)
+        line["done_t"] = round(line["t"] + HOLD_S + HOLD_PER_OUT_S * line["out"], 6)
+        body.append(line)
+    return [header] + body
+
+
+def weka_sessions(src: Path, sel: dict) -> list[Path]:
+    """The selected session files: by size (then name), after skipping the ``skip``
+    smallest, leaving out every ``exclude_every``-th file in name order (0: none), the
+    first ``count``."""
+    files = sorted(src.glob("trace_*.json"))
+    every = sel.get("exclude_every", 0)
+    excluded = set(files[::every]) if every else set()
+    by_size = sorted(files, key=lambda f: (f.stat().st_size, f.name))[sel.get("skip", 0):]
+    picked = [f for f in by_size if f not in excluded][:sel["count"]]
+    if len(picked) < sel["count"]:
+        raise ProtocolError(f"{src}: {len(picked)} sessions selected, {sel['count']} "
+                            f"expected")
+    return picked
+
+
+def build_runs(cell: dict, rates: str, tmp: Path) -> list[tuple[str, Path]]:
+    """(run label, trace path) of every run of ``cell``, written under ``tmp``."""
+    out = []
+    if "workload" in cell:
+        kind = cell["workload"]
+        uses_cost = generators()[kind].uses_cost
+        for seed in _seeds(cell):
+            params = {**cell.get("params", {}), "seed": seed,
+                      **({"rates": rates} if uses_cost else {})}
+            path = tmp / f"{kind}-{seed}-{len(out)}.jsonl"
+            write_trace(path, generate(kind, params, cost=CostModel() if uses_cost else None))
+            out.append((f"seed {seed}", path))
+        return out
+    src = _source(cell)
+    if cell["format"] == "mooncake":
+        w = cell["windows"]
+        lines = src.read_bytes().splitlines(keepends=True)
+        first, n = w["first_line"] - 1, w["requests"]
+        for k in range(w["count"]):
+            lo, hi = first + k * n, first + (k + 1) * n
+            if hi > len(lines):
+                raise ProtocolError(f"{src}: window {k} needs lines {lo + 1}-{hi}, the file "
+                                    f"has {len(lines)}")
+            raw = tmp / f"mooncake-{lo + 1}.raw.jsonl"
+            raw.write_bytes(b"".join(lines[lo:hi]))
+            imported = import_trace("mooncake", raw, group_by=f"hash-mod:{MOONCAKE_TENANTS}",
+                                    contracts_cycle=True)
+            path = tmp / f"mooncake-{lo + 1}.jsonl"
+            write_trace(path, _with_hold(imported, {"source": cell["source"],
+                                                    "lines": [lo + 1, hi]}))
+            out.append((f"lines {lo + 1}-{hi}", path))
+        return out
+    files = weka_sessions(src, cell["sessions"])
+    for k in range(cell["bundles"]):
+        bundle = tmp / f"weka-{len(out)}"
+        bundle.mkdir()
+        picked = files[k::cell["bundles"]]
+        for f in picked:
+            shutil.copyfile(f, bundle / f.name)
+        imported = import_trace("weka", bundle, group_by="file", contracts_cycle=True)
+        path = tmp / f"weka-{len(out)}.jsonl"
+        write_trace(path, _with_hold(imported, {"source": cell["source"],
+                                                "sessions": [f.name for f in picked]}))
+        out.append(("sessions " + " ".join(f.stem.split("_")[-1] for f in picked), path))
+    return out
+
+
+# -- one replay ----------------------------------------------------------------------
+def replay(path: str, capacity: int, policy: str, params: dict, replicas: int,
+           scope: str) -> dict:
+    """One policy on one trace: the scope's mean hit fraction, whether every hard
+    invariant held on every instance, and whether any instance saturated."""
+    loaded = load(Path(path))
+    cls = engine_class("sim", "step")
+    instances = replicas_of(policy, replicas, "round-robin",
+                            lambda: make_policy(policy, params), make_policy(policy, params))
+    results, saturated = [], 0
+    for rep in instances:
+        eng = cls(header=loaded.header, hashes=loaded.hashes, capacity=capacity,
+                  policy=rep.policy, contracts=CONTRACT_NAMES,
+                  done_ids=loaded.summary.done_ids, groups=loaded.summary.groups,
+                  cost=CostModel())
+        res = eng.run(rep.select(iter(loaded.events)))
+        results.append(res)
+        own = run_metrics(res, CostModel())
+        meter = SaturationMeter().extend(res.requests)
+        saturated += meter.verdict(own["totals"]["ttft_p95_ms"])["verdict"] == SATURATED
+    merged = merge_results(policy, instances, results)
+    metrics = run_metrics(merged, CostModel())
+    part = metrics["totals"] if scope == "all" else metrics["roles"].get(scope, {})
+    ok = merged.aborted is None and all(v.holds for v in merged.invariants.values()
+                                        if v.hard)
+    return {"hit_fraction": part.get("hit_fraction"), "invariants_hold": ok,
+            "saturated_instances": saturated, "evictions": merged.evictions}
+
+
+def _replay_job(args):
+    return args[0], replay(*args[1:])
+
+
+# -- a set ---------------------------------------------------------------------------
+def _paired(a: list[float], b: list[float], resamples: int, seed: int) -> dict:
+    d = [100 * (x - y) for x, y in zip(a, b)]
+    ci = bootstrap_ci(d, resamples, random.Random(seed))
+    return {"mean_pp": round(statistics.fmean(d), 4),
+            "ci_pp": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
+            "below": sum(x < 0 for x in d), "level": sum(x == 0 for x in d),
+            "above": sum(x > 0 for x in d)}
+
+
+def judge(cell: dict, values: dict[str, list[float]], proto: dict) -> dict:
+    """The criterion of the cell's kind, with what was found and what was expected."""
+    st = proto["statistics"]
+    mean = {p: 100 * statistics.fmean(v) for p, v in values.items()}
+    paired = {p: _paired(values[RULE], values[p], st["resamples"], st["bootstrap_seed"])
+              for p in values if p != RULE}
+    if cell["kind"] == "benign":
+        c = proto["criteria"]["benign"]
+        best = max(mean["lru"], mean["s3fifo"])
+        found = mean[RULE] - best
+        met = found >= -c["margin_pp"]
+        text = (f"rule minus max(LRU, S3-FIFO) {found:+.2f} pp, expected >= "
+                f"-{c['margin_pp']} pp")
+    else:
+        c = proto["criteria"]["attack"]
+        ci = paired[c["reference"]]["ci_pp"]
+        found = ci[0]
+        met = found >= c["min_ci_low_pp"]
+        text = (f"rule minus {c['reference']}: interval low {found:+.3f} pp, expected >= "
+                f"{c['min_ci_low_pp']} pp")
+    return {"means_pct": {p: round(m, 4) for p, m in mean.items()}, "paired": paired,
+            "found_pp": round(found, 4), "met": met, "verdict": text}
+
+
+def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
+            only: list[str] | None) -> dict:
+    policies = [(p, {}) for p in proto["replay"]["policies"]]
+    policies.append((RULE, {**proto["rule"].get("params", {}), **rule_params}))
+    rule_policy = proto["rule"]["policy"]
+    cells, skipped, jobs = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for ci, cell in enumerate(proto[set_name]):
+            if only and not any(o in cell["name"] for o in only):
+                continue
+            if "source" in cell and _source(cell) is None:
+                skipped.append(f"{cell['name']}: {cell['source']} absent "
+                               f"({SHARED} not found)")
+                continue
+            d = tmp / f"cell-{ci}"
+            d.mkdir()
+            runs = build_runs(cell, proto["replay"]["rates"], d)
+            scope = (proto["criteria"]["attack"]["scope"] if cell["kind"] == "attack"
+                     else proto["criteria"]["benign"]["scope"])
+            for cap in cell["capacities"]:
+                cells.append({"cell": cell, "capacity": cap, "runs": [r for r, _ in runs]})
+                for ri, (_, path) in enumerate(runs):
+                    for label, params in policies:
+                        name = rule_policy if label == RULE else label
+                        jobs.append(((len(cells) - 1, ri, label), str(path), cap, name,
+                                     params, cell.get("replicas", 1), scope))
+        done: dict[tuple, dict] = {}
+        with ProcessPoolExecutor(max_workers=workers,
+                                 mp_context=get_context("spawn")) as pool:
+            for n, (key, row) in enumerate(pool.map(_replay_job, jobs, chunksize=1), 1):
+                done[key] = row
+                if n % 20 == 0 or n == len(jobs):
+                    print(f"[{n}/{len(jobs)}] replays", file=sys.stderr, flush=True)
+    out = []
+    for i, c in enumerate(cells):
+        cell = c["cell"]
+        labels = [p for p, _ in policies]
+        rows = {p: [done[(i, r, p)] for r in range(len(c["runs"]))] for p in labels}
+        values = {p: [x["hit_fraction"] or 0.0 for x in rows[p]] for p in labels}
+        verdict = judge(cell, values, proto)
+        holds = all(x["invariants_hold"] for p in labels for x in rows[p])
+        out.append({"name": cell["name"], "kind": cell["kind"], "capacity": c["capacity"],
+                    "runs": c["runs"], "values": {p: [round(v, 6) for v in values[p]]
+                                                  for p in labels},
+                    "invariants_hold": holds,
+                    "saturated_instances": {p: sum(x["saturated_instances"] for x in rows[p])
+                                            for p in labels},
+                    "replicas": cell.get("replicas", 1),
+                    **verdict, "met": verdict["met"] and holds})
+    return {"set": set_name, "cells": out, "skipped": skipped,
+            "rule": {"policy": rule_policy, "params": policies[-1][1]}}
+
+
+# -- output --------------------------------------------------------------------------
+def _fmt_ci(p: dict) -> str:
+    ci = p["ci_pp"]
+    return f"{p['mean_pp']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def render(res: dict, meta: dict) -> str:
+    rule = res["rule"]
+    params = json.dumps(rule["params"], sort_keys=True) if rule["params"] else "defaults"
+    head = "held-out" if res["set"] == "heldout" else "tuning"
+    lines = [
+        f"## prefixshield-b on the pre-registered {head} set",
+        "",
+        f"Protocol `examples/paper/protocol.toml` (registered {meta['registered']}, SHA-256 "
+        f"`{meta['protocol_sha256'][:16]}`), rule `{rule['policy']}` ({params}), replay "
+        f"code digest `{meta['code_digest'][:16]}`; command `{meta['command']}`. "
+        + ("Every number in this section is held out: no rule was tuned on these seeds, "
+           "windows or sessions. " if res["set"] == "heldout" else
+           "These are the tuning set's numbers, not held out. ")
+        + "Hit fractions in %, mean over runs; differences paired over runs (rule minus "
+          "policy) in pp with 95% percentile-bootstrap intervals. Attack cells: the "
+          "victim's hit fraction, met when the interval of rule minus PrefixShield has "
+          f"its lower bound >= {meta['attack_low']} pp. Benign cells: all requests' hit "
+          f"fraction, met when the rule's mean is within {meta['benign_margin']} pp of the "
+          "better of LRU and S3-FIFO.",
+        "",
+        "| cell | kind | configured blocks | runs | LRU | S3-FIFO | PrefixShield | "
+        "prefixshield-b | ps-b minus LRU | ps-b minus S3-FIFO | ps-b minus PrefixShield | "
+        "criterion | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in res["cells"]:
+        m, p = c["means_pct"], c["paired"]
+        sat = sum(c["saturated_instances"].values())
+        note = "" if c["invariants_hold"] else " (an invariant broke)"
+        note += f" ({sat} saturated instance replays)" if sat else ""
+        lines.append(
+            f"| {c['name']} | {c['kind']} | {c['capacity']}"
+            + (f" x {c['replicas']} instances" if c["replicas"] > 1 else "")
+            + f" | {len(c['runs'])} | {m['lru']:.2f} | {m['s3fifo']:.2f} | "
+            f"{m['prefixshield']:.2f} | {m[RULE]:.2f} | {_fmt_ci(p['lru'])} | "
+            f"{_fmt_ci(p['s3fifo'])} | {_fmt_ci(p['prefixshield'])} | "
+            f"{c['found_pp']:+.2f}{note} | {'yes' if c['met'] else '**no**'} |")
+    benign = [c for c in res["cells"] if c["kind"] == "benign"]
+    attack = [c for c in res["cells"] if c["kind"] == "attack"]
+    lines += ["",
+              f"Benign criterion: met on {sum(c['met'] for c in benign)} of {len(benign)} "
+              f"cells; attack criterion: met on {sum(c['met'] for c in attack)} of "
+              f"{len(attack)} cells."]
+    lost = [c for c in res["cells"] if not c["met"]]
+    if lost:
+        lines.append("Cells not met: " + "; ".join(
+            f"{c['name']} at {c['capacity']} blocks ({c['found_pp']:+.2f} pp)" for c in lost)
+            + ".")
+    for s in res["skipped"]:
+        lines.append(f"Skipped: {s}.")
+    return "\n".join(lines) + "\n"
+
+
+def update_report(report: Path, section: str) -> None:
+    """Replace the marked section of ``report`` (append it, marked, when absent)."""
+    text = report.read_text() if report.exists() else ""
+    block = f"{BEGIN}\n{section}{END}\n"
+    if BEGIN in text and END in text:
+        a, b = text.index(BEGIN), text.index(END) + len(END)
+        text = text[:a] + block.rstrip("\n") + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    write_atomic(report, (text if text.endswith("\n") else text + "\n").encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--protocol", type=Path, default=PROTOCOL)
+    ap.add_argument("--set", choices=("heldout", "tuning"), default="heldout", dest="set_name")
+    ap.add_argument("--rule-params", default=None, metavar="JSON",
+                    help="the rule's parameters over the protocol's (tuning set only)")
+    ap.add_argument("--only", action="append", default=None, metavar="TEXT",
+                    help="only cells whose name contains TEXT (repeatable)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where results.json and results.md go (default: a temporary "
+                         "directory, printed)")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="also replace the held-out section of this REPORT.md")
+    args = ap.parse_args(argv)
+    try:
+        proto = load_protocol(args.protocol)
+        rule_params = {}
+        if args.rule_params is not None:
+            if args.set_name == "heldout":
+                raise ProtocolError("--rule-params: the held-out set runs the registered "
+                                    "rule only; tune on --set tuning")
+            try:
+                rule_params = json.loads(args.rule_params)
+            except json.JSONDecodeError as exc:
+                raise ProtocolError(f"--rule-params: not JSON ({exc})") from None
+            if not isinstance(rule_params, dict):
+                raise ProtocolError(f"--rule-params: expected a JSON object, found "
+                                    f"{args.rule_params!r}")
+        res = run_set(proto, args.set_name, rule_params, args.workers, args.only)
+    except ProtocolError as exc:
+        print(f"evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    if not res["cells"]:
+        print("evaluate: error: no cell ran" + "".join(f"; skipped {s}"
+                                                        for s in res["skipped"]),
+              file=sys.stderr)
+        return 2
+    crit = proto["criteria"]
+    meta = {"registered": proto["registered"],
+            "protocol_sha256": hashlib.sha256(args.protocol.read_bytes()).hexdigest(),
+            "code_digest": code_digest(),
+            "command": "python examples/paper/evaluate.py"
+                       + ("" if args.set_name == "heldout" else " --set tuning")
+                       + (f" --rule-params '{args.rule_params}'" if args.rule_params else "")
+                       + "".join(f" --only '{o}'" for o in args.only or []),
+            "attack_low": crit["attack"]["min_ci_low_pp"],
+            "benign_margin": crit["benign"]["margin_pp"]}
+    out = args.out or Path(tempfile.mkdtemp(prefix="psgate-eval-"))
+    out.mkdir(parents=True, exist_ok=True)
+    section = render(res, meta)
+    write_atomic(out / "results.json",
+                 (json.dumps({**meta, **res}, indent=1, sort_keys=True) + "\n").encode())
+    write_atomic(out / "results.md", section.encode())
+    if args.report:
+        update_report(args.report, section)
+    print(section)
+    print(f"{out / 'results.json'}", file=sys.stderr)
+    return 0 if all(c["met"] for c in res["cells"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
