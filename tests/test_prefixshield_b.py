@@ -34,7 +34,7 @@ def test_registered_with_its_parameters_and_the_family_claims():
     assert "prefixshield-b" in policy_names()
     p = make_policy("prefixshield-b")
     assert p.params["probationary_bound"] == "adaptive" and p.params["initial_bound"] == 0.0
-    assert p.params["evidence_fill"] == 0.5
+    assert p.params["evidence_fill"] == 0.5 and p.params["output_weight"] == 0.25
     assert p.claims() == ("I1", "I2") and p.params["leaf_only"] is True
     assert make_policy("prefixshield-b", {"probationary_bound": 0.25}).adaptive is False
 
@@ -395,3 +395,118 @@ def test_random_small_traces_paranoid_and_bound_zero_is_prefixshield(tmp_path, l
     if bound == 0.0:
         _, ref, _ = replay_file(p, capacity, policy="prefixshield")
         assert log.evictions == ref.evictions
+
+
+# -- the charge of generated-token blocks ---------------------------------------------------
+
+# buckets that hardly refill over a replay, so a balance is burst minus the charges
+SLOW = {"critical": [1e-9, 6.0], "standard": [1e-9, 4.0], "best-effort": [1e-9, 3.0]}
+
+class _Notes(NoteLog):
+    """Every admission batch's note, per request, in order (the step scheduler writes one
+    per allocation batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all: dict[str, list[dict]] = {}
+
+    def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
+        super().admission(now_ns, req, hits, allocated, new_blocks, note)
+        self.all.setdefault(req.id, []).append(dict(note))
+
+
+def _step_replay(path, cap, params):
+    from psgate.engines import engine_class
+    from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+    hashes = HashTable()
+    header, summary = validate_trace(str(path), hashes)
+    log = _Notes()
+    policy = make_policy("prefixshield-b", params)
+    engine = engine_class("sim", "step")(header=header, hashes=hashes, capacity=cap,
+                                         policy=policy, contracts=C, paranoid=True,
+                                         done_ids=summary.done_ids, recorder=log,
+                                         groups=summary.groups)
+    with TraceReader(TraceSource(str(path), path), hashes) as reader:
+        result = engine.run(reader.events())
+    assert result.aborted is None
+    bad = {n: v.first_violation for n, v in result.invariants.items() if not v.holds}
+    assert not bad, bad
+    return log, policy
+
+
+def test_generated_token_blocks_are_charged_output_weight_each(tmp_path):
+    """One request, 2 prompt blocks of 4 tokens, 17 tokens generated: the prompt batch is
+    charged 2, each batch that caches full output blocks output_weight per block; the
+    ledger note says how many were output blocks and what was charged, and the bucket
+    (standard, burst 4, no refill to speak of) ends at 4 - (2 + weight x outputs)."""
+    path = write(tmp_path, [{"t": 0.0, "id": "r", "blocks": ["a1", "a2"], "out": 17}])
+    for weight in (0.25, 0.5, 1.0):
+        log, policy = _step_replay(path, 16, {"contracts": SLOW, "output_weight": weight})
+        notes = log.all["r"]
+        assert notes[0]["charged"] == 2 and "output_blocks" not in notes[0]
+        outputs = [n for n in notes[1:] if n.get("charged")]
+        num_out = sum(n["charged"] for n in outputs)
+        assert num_out >= 3                        # 17 tokens of KV fill 4 blocks of 4
+        for n in outputs:
+            if weight == 1.0:
+                assert "charge" not in n and "output_blocks" not in n
+            else:
+                assert n["output_blocks"] == n["charged"]
+                assert n["charge"] == pytest.approx(weight * n["charged"])
+        g = policy.gids["g"]
+        (i,) = policy.group_buckets[g]
+        assert policy.B[i] == pytest.approx(4 - (2 + weight * num_out), abs=1e-6)
+
+
+def test_output_weight_zero_charges_prompt_blocks_only_and_is_valid(tmp_path):
+    path = write(tmp_path, [{"t": 0.0, "id": "r", "blocks": ["a1", "a2"], "out": 17}])
+    log, policy = _step_replay(path, 16, {"contracts": SLOW, "output_weight": 0.0})
+    (i,) = policy.group_buckets[policy.gids["g"]]
+    assert policy.B[i] == pytest.approx(4 - 2, abs=1e-6)
+
+
+def test_the_checker_buckets_take_the_weight_from_the_engine_count():
+    """BucketAudit charges num_materialized - num_output + weight x num_output, whatever
+    the policy claims: three admissions of 4 blocks, 3 of them generated, weight 0.25,
+    leave a burst of 4 at 4 - 3 x 1.75."""
+    from psgate.invariants.prefixshield import BucketAudit
+    audit = BucketAudit({"standard": [1.0, 4.0]}, 1e-9, ("I1", "I2"), 0.25)
+    for _ in range(3):
+        audit.admitted("x", "g", "standard", 0.0, 4, {"charged": 4, "group": "g",
+                                                      "contract": "standard"}, 3)
+    assert audit.raw_debt("g", 0.0) == pytest.approx(3 * 1.75 - 4)
+    assert audit.results()["I1"].holds
+    full = BucketAudit({"standard": [1.0, 4.0]}, 1e-9, ("I1",))
+    full.admitted("x", "g", "standard", 0.0, 4, {"charged": 4, "group": "g",
+                                                 "contract": "standard"}, 3)
+    assert full.raw_debt("g", 0.0) == 0.0 and full._bhat("g", "standard", 0.0) == 0.0
+
+
+@pytest.mark.parametrize("v,needle", [
+    (-0.5, "'output_weight' must be a number in [0, 1], found -0.5"),
+    (1.5, "'output_weight' must be a number in [0, 1], found 1.5"),
+    ("low", "parameter 'output_weight': expected a number, found 'low'"),
+])
+def test_bad_output_weight_is_an_input_error(v, needle):
+    with pytest.raises(InputError) as exc:
+        make_policy("prefixshield-b", {"output_weight": v})
+    assert needle in str(exc.value)
+
+
+def test_prefixshield_charges_every_block_alike(tmp_path):
+    """The paper's policy keeps weight 1: its notes never carry a weighted charge."""
+    from psgate.engines import engine_class
+    from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
+    path = write(tmp_path, [{"t": 0.0, "id": "r", "blocks": ["a1", "a2"], "out": 17}])
+    hashes = HashTable()
+    header, summary = validate_trace(str(path), hashes)
+    log = _Notes()
+    engine = engine_class("sim", "step")(header=header, hashes=hashes, capacity=16,
+                                         policy=make_policy("prefixshield", {"contracts": KC}),
+                                         contracts=C, done_ids=summary.done_ids,
+                                         recorder=log, groups=summary.groups)
+    with TraceReader(TraceSource(str(path), path), hashes) as reader:
+        engine.run(reader.events())
+    notes = log.all["r"]
+    assert sum(n.get("charged", 0) for n in notes) >= 5
+    assert not any("charge" in n for n in notes)

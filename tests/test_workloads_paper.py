@@ -345,3 +345,62 @@ def test_replay_gate_passes(tmp_path, kind):
         assert run["metrics"]["totals"]["evictions"] > 0
         assert run["metrics"]["totals"]["rejected"] == 0
     assert {"I1", "I2"} <= set(result.receipt["runs"]["candidate"]["invariants"])
+
+
+# -- one-touch's flood variants: attacker cancels, several scopes -------------------------
+
+def validate_trace_lines(lines, tmp=None):
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.jsonl"
+        write_trace(path, lines)
+        header, summary = validate_trace(str(path))
+    assert summary.num_requests == len(requests(lines))
+    return summary
+
+
+def test_attack_cancels_name_attack_requests_only_and_keep_every_request():
+    """attack_cancel_fraction cancels about that share of attack requests, each within
+    [attack_cancel_min_s, attack_cancel_max_s] of its arrival; the requests themselves
+    (victim and attacker) are byte-identical to the plain flood's."""
+    plain = gen("one-touch")
+    lines = gen("one-touch", attack_cancel_fraction=0.5, attack_cancel_min_s=0.1,
+                attack_cancel_max_s=0.4)
+    assert dump_lines([x for x in lines if x.get("op") == "request"]) == \
+        dump_lines([x for x in plain if x.get("op") == "request"])
+    arrival = {r["id"]: r["t"] for r in requests(lines)}
+    cancels = [x for x in lines[1:] if x["op"] == "cancel"]
+    attackers = [r for r in requests(lines) if r["role"] == "attacker"]
+    assert all(c["id"].startswith("x") for c in cancels)
+    assert len({c["id"] for c in cancels}) == len(cancels)
+    assert 0.35 * len(attackers) < len(cancels) < 0.65 * len(attackers)
+    assert all(0.1 - 1e-6 <= c["t"] - arrival[c["id"]] <= 0.4 + 1e-6 for c in cancels)
+    assert [x["t"] for x in lines[1:]] == sorted(x["t"] for x in lines[1:])
+    assert lines[0]["generator"]["params"]["attack_cancel_fraction"] == 0.5
+    validate_trace_lines(lines)
+
+
+def test_scopes_spread_attacker_and_victim_over_adapters():
+    lines = gen("one-touch", attacker_scopes=3, victim_scopes=2)
+    scopes = {}
+    for r in requests(lines):
+        scopes.setdefault(r["role"], set()).add(r["scope"])
+    assert scopes["attacker"] == {"m+adapter-0", "m+adapter-1", "m+adapter-2"}
+    assert scopes["victim"] == {"m+adapter-0", "m+adapter-1"}
+    by_prefix = {}
+    for r in requests(lines):
+        if r["role"] == "victim":
+            by_prefix.setdefault(r["prefix"], set()).add(r["scope"])
+    assert all(len(s) == 1 for s in by_prefix.values())   # a hot prefix keeps its scope
+    assert "attacker_scopes" not in gen("one-touch")[0]["generator"]["params"]
+    validate_trace_lines(lines)
+
+
+@pytest.mark.parametrize("bad", [
+    {"attack_cancel_fraction": 1.5}, {"attack_cancel_fraction": "half"},
+    {"attack_cancel_min_s": -1.0}, {"attack_cancel_min_s": 2.0, "attack_cancel_max_s": 1.0},
+    {"attacker_scopes": 0}, {"victim_scopes": 1.5}])
+def test_bad_flood_variants_are_input_errors(bad):
+    with pytest.raises(InputError):
+        generate("one-touch", bad)

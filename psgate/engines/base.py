@@ -327,9 +327,11 @@ class ReplayEngine(BlockPool):
         if self.auditors:
             audit = policy.audit()
             ev = r.ev
+            # blocks of generated tokens among the new ones (output keys: engine-side fact)
+            num_output = sum(1 for _, k in cached_now if k >= OUTPUT_KEY_BIT)
             for auditor in self.auditors:
                 auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
-                                 audit)
+                                 audit, num_output)
 
     def evicted_batch(self, r: RequestState, victims: list[int], decisions: list | None,
                  num_asked: int) -> None:

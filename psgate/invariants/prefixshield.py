@@ -5,7 +5,11 @@ I1: every materialized full block is charged exactly once, to the group (and
     against the engine's count of newly cached blocks, and as running totals.
 I2: no promotion to Reuse while the group's raw debt exceeds eps. The checker
     replays the charges into its own token buckets and reads the debt there,
-    so a policy with broken refill arithmetic cannot vouch for itself.
+    so a policy with broken refill arithmetic cannot vouch for itself. A policy
+    that charges generated-token blocks at a weight (prefixshield-b's
+    output_weight) names it at construction; the engine says how many of each
+    batch's new blocks hold generated tokens (output keys), so the checker's
+    buckets take the weighted charge without the policy's own count.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from psgate.invariants.checker import Verdict, text_of
 
 
 class BucketAudit:
-    def __init__(self, contracts: dict, eps: float, claims: tuple[str, ...]) -> None:
+    def __init__(self, contracts: dict, eps: float, claims: tuple[str, ...],
+                 output_weight: float = 1.0) -> None:
+        self.output_weight = output_weight
         self.rho = {c: float(v[0]) for c, v in contracts.items()}
         self.beta = {c: float(v[1]) for c, v in contracts.items()}
         self.eps = eps
@@ -31,7 +37,7 @@ class BucketAudit:
         return sum(max(0.0, -self._bhat(gg, c, t)) for (gg, c) in self.buckets if gg == g)
 
     def admitted(self, where, group: str, contract: str, t: float, num_materialized: int,
-                 audit: dict | None) -> None:
+                 audit: dict | None, num_output: int = 0) -> None:
         audit = audit or {}
         if "I2" in self.verdicts:
             promoted = audit.get("promoted", 0)
@@ -56,7 +62,10 @@ class BucketAudit:
                 g2 = audit.get("group", group)
                 self.charged[g2] = self.charged.get(g2, 0) + charged
         if num_materialized:
-            b = self._bhat(group, contract, t) - num_materialized
+            w = self.output_weight
+            amount = num_materialized if num_output == 0 or w == 1.0 else (
+                (num_materialized - num_output) + w * num_output)
+            b = self._bhat(group, contract, t) - amount
             self.buckets[(group, contract)] = (b, t)
         elif (group, contract) not in self.buckets:
             self.buckets[(group, contract)] = (self.beta[contract], t)

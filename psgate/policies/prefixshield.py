@@ -93,6 +93,9 @@ class PrefixShield(EvictionPolicy):
         self.min_rho = min(self.rho.values())
         self.weight = {c: self.rho[c] / self.min_rho for c in table}
         self.eps = float(self.params["eps"])
+        # What one newly materialized block of generated tokens is charged (a prompt block:
+        # 1); the paper charges every block alike. prefixshield-b sets it.
+        self.output_weight = 1.0
         self._segments = self.params["segments"]
         self.seg_names = SEGMENTS if self._segments else ("all", "all", "all")
 
@@ -101,7 +104,8 @@ class PrefixShield(EvictionPolicy):
 
     def invariant_auditors(self) -> tuple[BucketAudit, ...]:
         claims = self.claims()
-        return ((BucketAudit(self.params["contracts"], self.params["eps"], claims),)
+        return ((BucketAudit(self.params["contracts"], self.params["eps"], claims,
+                             self.output_weight),)
                 if claims else ())
 
     def contract_table(self) -> list[str]:
@@ -158,6 +162,7 @@ class PrefixShield(EvictionPolicy):
         self.batch_heap: list = []
         self.pending: tuple | None = None
         self.new_blocks: list[tuple[int, int]] = []
+        self.num_new_output = 0                  # of new_blocks, generated-token blocks
         self.promoted = 0
         self.denied = 0
         self.promotion_debt = 0.0
@@ -213,7 +218,7 @@ class PrefixShield(EvictionPolicy):
         ws = [self.bucket_w[i] for i in self.group_buckets[g] if self.zero_t[i] > t]
         return max(ws) if ws else 1.0
 
-    def _charge(self, g: int, c: int, n: int, t: float) -> float:
+    def _charge(self, g: int, c: int, n: float, t: float) -> float:
         i = self._bucket(g, c)
         old_z = self.zero_t[i]
         cname = self.contract_names[c]
@@ -429,6 +434,7 @@ class PrefixShield(EvictionPolicy):
         self._advance(now_ns / NS_PER_S)
         self._gid(req.group)
         self.new_blocks = []
+        self.num_new_output = 0
         self.promoted = self.denied = 0
         self.promotion_debt = 0.0
         self._rank_cache = None
@@ -653,6 +659,8 @@ class PrefixShield(EvictionPolicy):
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
                   key: int = -1) -> None:
         self.new_blocks.append((block, key))
+        if pos >= req.num_prompt_blocks:         # generated tokens (or the prompt's tail)
+            self.num_new_output += 1
         if self.tree is not None:
             self.tree.cached(block, parent)
 
@@ -662,12 +670,19 @@ class PrefixShield(EvictionPolicy):
         self._end_batch()
         n = len(self.new_blocks)
         t = self.now_s
-        balance = self._charge(g, c, n, t) if n else self.bhat(self._bucket(g, c), t)
+        n_out = self.num_new_output
+        # the bucket is charged n blocks, generated-token blocks at output_weight each
+        amount = n if n_out == 0 or self.output_weight == 1.0 else (
+            (n - n_out) + self.output_weight * n_out)
+        balance = self._charge(g, c, amount, t) if n else self.bhat(self._bucket(g, c), t)
         self.last_audit = {"group": req.group, "contract": req.contract, "charged": n,
                            "promoted": self.promoted, "promotion_debt": self.promotion_debt}
         note: dict[str, Any] = {"charged": n, "balance": _r(balance),
                                 "raw_debt": _r(self.raw_debt(g, t)),
                                 "promoted": self.promoted, "promotion_denied": self.denied}
+        if amount != n:
+            note["output_blocks"] = n_out
+            note["charge"] = _r(amount)
         if self.denied:
             note["denied_reason"] = "group in debt"
         if not n:
