@@ -179,3 +179,18 @@ def test_cells_over_an_absent_shared_folder_are_skipped_and_named(tmp_path, monk
     res = evaluate.run_set(proto, "heldout", {}, 1, None)
     assert res["cells"] == [] and res["skipped"] == [
         f"h: shared:weka absent ({tmp_path / 'absent'} not found)"]
+
+
+def test_a_regenerated_report_keeps_the_heldout_section(tmp_path):
+    """reproduce.py rewrites REPORT.md from its cells; the evaluation's marked section,
+    which it does not compute, is carried over unchanged."""
+    import reproduce
+    assert (reproduce.BEGIN, reproduce.END) == (evaluate.BEGIN, evaluate.END)
+    report = tmp_path / "REPORT.md"
+    assert reproduce.kept_section(report) == ""
+    report.write_text("# old\n")
+    evaluate.update_report(report, "## held out\n\n| a |\n")
+    kept = reproduce.kept_section(report)
+    assert kept == f"{evaluate.BEGIN}\n## held out\n\n| a |\n{evaluate.END}\n"
+    report.write_text("# new\n\n" + kept)
+    assert reproduce.kept_section(report) == kept

@@ -57,10 +57,11 @@ from psgate.trace.importers import import_trace  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
 from psgate.workloads import generate, generators  # noqa: E402
 
+from experiment import with_hold  # noqa: E402  (examples/paper: the real corpora's holds)
+
 PROTOCOL = Path(__file__).resolve().parent / "protocol.toml"
 SHARED = ROOT.parent / "shared" / "traces"
 BEGIN, END = "<!-- heldout:begin -->", "<!-- heldout:end -->"
-HOLD_S, HOLD_PER_OUT_S = 0.05, 0.0002      # as the paper reproduction's real corpora
 MOONCAKE_TENANTS = 6
 RULE = "rule"
 REPORT_SEEDS = 10       # the paper reproduction's runs: derive_seed(0, i), i < 10 (tuning)
@@ -143,13 +144,9 @@ def _source(cell: dict) -> Path | None:
 
 
 def _with_hold(lines: list[dict], note: dict) -> list[dict]:
-    header = dict(lines[0], evaluation=note)
-    body = []
-    for line in lines[1:]:
-        line = dict(line)
-        line["done_t"] = round(line["t"] + HOLD_S + HOLD_PER_OUT_S * line["out"], 6)
-        body.append(line)
-    return [header] + body
+    """The paper reproduction's hold times (experiment.with_hold), noted as this
+    evaluation's."""
+    return with_hold(lines, note, key="evaluation")
 
 
 def weka_sessions(src: Path, sel: dict) -> list[Path]:
@@ -376,7 +373,8 @@ def render(res: dict, meta: dict) -> str:
             + f" | {len(c['runs'])} | {m['lru']:.2f} | {m['s3fifo']:.2f} | "
             f"{m['prefixshield']:.2f} | {m[RULE]:.2f} | {_fmt_ci(p['lru'])} | "
             f"{_fmt_ci(p['s3fifo'])} | {_fmt_ci(p['prefixshield'])} | "
-            f"{c['found_pp']:+.2f}{note} | {'yes' if c['met'] else '**no**'} |")
+            f"{c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f}{note} | "
+            f"{'yes' if c['met'] else '**no**'} |")
     benign = [c for c in res["cells"] if c["kind"] == "benign"]
     attack = [c for c in res["cells"] if c["kind"] == "attack"]
     lines += ["",
@@ -386,7 +384,8 @@ def render(res: dict, meta: dict) -> str:
     lost = [c for c in res["cells"] if not c["met"]]
     if lost:
         lines.append("Cells not met: " + "; ".join(
-            f"{c['name']} at {c['capacity']} blocks ({c['found_pp']:+.2f} pp)" for c in lost)
+            f"{c['name']} at {c['capacity']} blocks "
+            f"({c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f} pp)" for c in lost)
             + ".")
     for s in res["skipped"]:
         lines.append(f"Skipped: {s}.")
@@ -405,6 +404,23 @@ def update_report(report: Path, section: str) -> None:
     write_atomic(report, (text if text.endswith("\n") else text + "\n").encode())
 
 
+def _rerender(args) -> int:
+    try:
+        saved = json.loads(args.from_results.read_text())
+        res = {k: saved[k] for k in ("set", "cells", "skipped", "rule")}
+        meta = {k: saved[k] for k in ("registered", "protocol_sha256", "code_digest",
+                                      "command", "attack_low", "benign_margin")}
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"evaluate: error: {args.from_results}: not a results.json of evaluate.py "
+              f"({exc})", file=sys.stderr)
+        return 2
+    section = render(res, meta)
+    if args.report:
+        update_report(args.report, section)
+    print(section)
+    return 0 if all(c["met"] for c in res["cells"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--protocol", type=Path, default=PROTOCOL)
@@ -419,7 +435,12 @@ def main(argv: list[str] | None = None) -> int:
                          "directory, printed)")
     ap.add_argument("--report", type=Path, default=None,
                     help="also replace the held-out section of this REPORT.md")
+    ap.add_argument("--from-results", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="replay nothing: render a results.json of an earlier run (and "
+                         "--report) again")
     args = ap.parse_args(argv)
+    if args.from_results is not None:
+        return _rerender(args)
     try:
         proto = load_protocol(args.protocol)
         rule_params = {}

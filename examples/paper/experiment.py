@@ -182,12 +182,12 @@ def specs(quick: bool, runs: int, seed: int, out: Path, tiny: bool = False,
     return result
 
 
-def _with_hold(lines: list[dict], note: dict) -> list[dict]:
+def with_hold(lines: list[dict], note: dict, key: str = "paper_reproduction") -> list[dict]:
     """The imported lines with done_t = t + HOLD_S + HOLD_PER_OUT_S x out on every request
-    and ``note`` (how the trace was cut from its sample) in the header."""
-    header = dict(lines[0], paper_reproduction={
+    and ``note`` (how the trace was cut from its sample) in the header, under ``key``."""
+    header = dict(lines[0], **{key: {
         **note, "hold": f"done_t = t + {HOLD_S} s + {HOLD_PER_OUT_S} s x out (the sample "
-                        "records no completion times)"})
+                        "records no completion times)"}})
     body = []
     for line in lines[1:]:
         line = dict(line)
@@ -218,7 +218,7 @@ def build_corpora(out: Path, tiny: bool = False) -> dict[str, Path]:
                     raw.write_bytes(b"".join(src[k * n:(k + 1) * n]))
                     lines = import_trace("mooncake", raw, group_by=f"hash-mod:{cfg['tenants']}",
                                          contracts_cycle=True)
-                    write_trace(d / f"mooncake-w{k}.jsonl", _with_hold(lines, {
+                    write_trace(d / f"mooncake-w{k}.jsonl", with_hold(lines, {
                         "sample": real["sample"], "lines": [k * n + 1, (k + 1) * n]}))
             else:
                 files = sorted(sample.glob("trace_*.json"),
@@ -232,7 +232,7 @@ def build_corpora(out: Path, tiny: bool = False) -> dict[str, Path]:
                         shutil.copyfile(f, bundle / f.name)
                     lines = import_trace("weka", bundle, group_by="file",
                                          contracts_cycle=True)
-                    write_trace(d / f"weka-b{k}.jsonl", _with_hold(lines, {
+                    write_trace(d / f"weka-b{k}.jsonl", with_hold(lines, {
                         "sample": real["sample"], "sessions": [f.name for f in picked]}))
         dirs[name] = d
     return dirs

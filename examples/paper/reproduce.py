@@ -38,6 +38,18 @@ from experiment import build_corpora, run_cells, specs  # noqa: E402
 from report import render  # noqa: E402
 from results import collect  # noqa: E402
 
+# evaluate.py's section (the pre-registered held-out evaluation) is not computed here: a
+# rewritten REPORT.md keeps it as it was.
+BEGIN, END = "<!-- heldout:begin -->", "<!-- heldout:end -->"
+
+
+def kept_section(report: Path) -> str:
+    """The marked held-out section of an existing report, markers included, or ''."""
+    text = report.read_text() if report.exists() else ""
+    if BEGIN not in text or END not in text:
+        return ""
+    return text[text.index(BEGIN):text.index(END) + len(END)] + "\n"
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -77,7 +89,8 @@ def main() -> int:
                      "workers": args.workers, "seed": args.seed}}, default=str))
         data = collect(out, todo, results, runs, args.quick, wall, args.tiny, args.workers,
                        args.seed)
-    (out / "REPORT.md").write_text(render(data))
+    kept = kept_section(out / "REPORT.md")
+    (out / "REPORT.md").write_text(render(data) + ("\n" + kept if kept else ""))
     plots.draw(out, data)
     print(f"{out / 'REPORT.md'} ({wall:.0f} s)", file=sys.stderr)
     return 0
