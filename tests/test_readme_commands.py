@@ -54,6 +54,9 @@ SKIPPED = {
         "rewrites the committed golden policy outcomes",
     "python examples/paper/reproduce.py [--quick]":
         "minutes even with --quick; .ci/run runs it after the tests",
+    "python examples/paper/evaluate.py [--report examples/paper/REPORT.md]":
+        "a synopsis; replays the held-out set (minutes); tests/test_paper_evaluate.py runs "
+        "a small protocol end to end",
     "python3 tools/calibrate_gpu.py --out examples/cost-models --prefix h200": "needs a GPU",
     "PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz_soak.py -k fuzz -s":
         "tests/test_fuzz_soak.py runs in the suite at its default example count",

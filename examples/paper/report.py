@@ -29,9 +29,9 @@ WHY_PSB_BENIGN = (
     "prompts still outrun its contract's refill, for a while (the ShareGPT-like traces' "
     "best-effort tenant when a burst starts many of its conversations at once; a WEKA "
     "session's first, very long prompts), gives up its own blocks first, however recently "
-    "they were used, which LRU never does; on sharegpt-bursty at 1,024 blocks that tenant's "
-    "hit fraction stays 1.4-3.9 pp below LRU's (seeds 0-3) while the others' move by at "
-    "most about 1 pp. A responsible group gives up its blocks in the paper's order, "
+    "they were used, which LRU never does: that tenant's own hit fraction falls below "
+    "LRU's while the other tenants' barely move (HISTORY.md has the per-tenant numbers and "
+    "the ledger counts). A responsible group gives up its blocks in the paper's order, "
     "Probationary first, and the adaptive bound starts at that order and moves toward "
     "native order one settled disagreement at a time; both are the price of the protection "
     "in the table above (HISTORY.md has what relaxing them cost the attack traces).")

@@ -35,7 +35,8 @@ and charged like a prompt block it doubles what a chatting tenant owes: on the
 ShareGPT-like traces the best-effort tenant creates 6.8 prompt blocks/s of its own
 against a 16 blocks/s refill, its answers add 6.7 blocks/s, and once evicted blocks are
 recomputed the tenant lives in debt and gives up its freshest blocks first (its hit
-fraction fell from 28% under LRU to 12%; the paper's runs cached prompt blocks only).
+fraction fell from 28% under LRU to 12%; psgate's first replay model cached prompt
+blocks only).
 A quarter weight keeps a flood of generated tokens (hundreds of blocks/s) in debt and
 answers out of it; the I1/I2 checker applies the same weight to the engine's count of
 output blocks. The block order next: the paper evicts every Probationary
