@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -57,7 +55,7 @@ from psgate.trace.importers import import_trace  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
 from psgate.workloads import generate, generators  # noqa: E402
 
-from experiment import with_hold  # noqa: E402  (examples/paper: the real corpora's holds)
+from experiment import import_sessions, with_hold  # noqa: E402  (examples/paper)
 
 PROTOCOL = Path(__file__).resolve().parent / "protocol.toml"
 SHARED = ROOT.parent / "shared" / "traces"
@@ -198,12 +196,8 @@ def build_runs(cell: dict, rates: str, tmp: Path) -> list[tuple[str, Path]]:
         return out
     files = weka_sessions(src, cell["sessions"])
     for k in range(cell["bundles"]):
-        bundle = tmp / f"weka-{len(out)}"
-        bundle.mkdir()
         picked = files[k::cell["bundles"]]
-        for f in picked:
-            shutil.copyfile(f, bundle / f.name)
-        imported = import_trace("weka", bundle, group_by="file", contracts_cycle=True)
+        imported = import_sessions(picked, tmp / f"weka-{len(out)}")
         path = tmp / f"weka-{len(out)}.jsonl"
         write_trace(path, _with_hold(imported, {"source": cell["source"],
                                                 "sessions": [f.name for f in picked]}))

@@ -196,6 +196,15 @@ def with_hold(lines: list[dict], note: dict, key: str = "paper_reproduction") ->
     return [header] + body
 
 
+def import_sessions(files: list[Path], bundle: Path) -> list[dict]:
+    """WEKA session ``files`` as one trace: copied into the new directory ``bundle``, one
+    tenant per session file, contracts critical / standard / best-effort in turn."""
+    bundle.mkdir()
+    for f in files:
+        shutil.copyfile(f, bundle / f.name)
+    return import_trace("weka", bundle, group_by="file", contracts_cycle=True)
+
+
 def build_corpora(out: Path, tiny: bool = False) -> dict[str, Path]:
     """Import the real samples into OUT/cells/corpus-NAME/ (rewritten each time, byte-
     identical for the same samples): Mooncake as consecutive windows of requests, WEKA as
@@ -225,13 +234,8 @@ def build_corpora(out: Path, tiny: bool = False) -> dict[str, Path]:
                                key=lambda f: (f.stat().st_size, f.name))
                 files = files[:cfg.get("sessions", len(files))]
                 for k in range(cfg["bundles"]):
-                    bundle = tmp / f"bundle-{k}"
-                    bundle.mkdir()
                     picked = files[k::cfg["bundles"]]
-                    for f in picked:
-                        shutil.copyfile(f, bundle / f.name)
-                    lines = import_trace("weka", bundle, group_by="file",
-                                         contracts_cycle=True)
+                    lines = import_sessions(picked, tmp / f"bundle-{k}")
                     write_trace(d / f"weka-b{k}.jsonl", with_hold(lines, {
                         "sample": real["sample"], "sessions": [f.name for f in picked]}))
         dirs[name] = d
