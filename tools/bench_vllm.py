@@ -16,7 +16,8 @@
    requests/s from concurrent OpenAI clients with the plugin off, PSGATE_POLICY=prefixshield
    alone, policy + PSGATE_CAPTURE, and policy + capture + PSGATE_SHADOW=lru; one server per
    mode and round (the plugin patches vLLM at start-up), modes rotated round by round,
-   several passes per server; medians with interquartile ranges
+   several passes per server; medians with interquartile ranges, and the overhead paired by
+   round (each mode against off in the same round) with its 95% bootstrap interval
    (``--plugin-only`` runs just this section).
 
 Needs vLLM (scripts/install-vllm.sh).
@@ -315,11 +316,28 @@ def plugin_overhead(n: int, rounds: int, passes: int, clients: int) -> list[dict
     rows = []
     for m, v in rps.items():
         q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0], v[0], v[0]]
+        paired = _paired_overhead(v, rps["off"], passes)
         rows.append({"mode": m, "req_per_s_median": round(statistics.median(v), 2),
                      "req_per_s_iqr": [round(q[0], 2), round(q[2], 2)],
                      "req_per_s_all": [round(x, 2) for x in v],
-                     "overhead_pct": round(100 * (1 - statistics.median(v) / base), 2)})
+                     "overhead_pct": round(100 * (1 - statistics.median(v) / base), 2),
+                     **paired})
     return rows
+
+
+def _paired_overhead(v: list[float], off: list[float], passes: int) -> dict:
+    """Overhead paired by round: per round, 1 - (this mode's median over its passes) / (off's
+    median in the same round), so drift across rounds cancels; the mean over rounds with its
+    95% percentile-bootstrap interval (resampling rounds, seeded 0)."""
+    from psgate.stats.bootstrap import bootstrap_ci
+    per_round = [100 * (1 - statistics.median(v[i:i + passes]) /
+                        statistics.median(off[i:i + passes]))
+                 for i in range(0, len(v), passes)]
+    ci = bootstrap_ci(per_round, 2000, random.Random(0))
+    return {"overhead_pct_by_round": [round(x, 2) for x in per_round],
+            "overhead_pct_paired_mean": round(statistics.fmean(per_round), 2),
+            "overhead_pct_paired_ci": None if ci is None else [round(ci[0], 2),
+                                                               round(ci[1], 2)]}
 
 
 def main() -> None:
@@ -364,7 +382,8 @@ def main() -> None:
           f"{setup['rounds']} rounds per mode (median, interquartile range, overhead vs off)")
     for r in out["plugin"]:
         print(f"  {r['mode']:<22} {r['req_per_s_median']:>7} req/s  IQR {r['req_per_s_iqr']}  "
-              f"overhead {r['overhead_pct']}%  (all {r['req_per_s_all']})")
+              f"overhead {r['overhead_pct']}%, paired by round {r['overhead_pct_paired_mean']}% "
+              f"[95% CI {r['overhead_pct_paired_ci']}]  (all {r['req_per_s_all']})")
 
 
 def print_engine_sections(out: dict) -> None:
