@@ -194,3 +194,15 @@ def test_a_regenerated_report_keeps_the_heldout_section(tmp_path):
     assert kept == f"{evaluate.BEGIN}\n## held out\n\n| a |\n{evaluate.END}\n"
     report.write_text("# new\n\n" + kept)
     assert reproduce.kept_section(report) == kept
+
+
+def test_an_attack_cell_without_a_victim_is_refused_not_scored_zero(tmp_path):
+    """sharegpt has no victim role: judged as an attack cell it has nothing to judge."""
+    cells = ('[[tuning]]\nname = "t"\nkind = "benign"\nworkload = "sharegpt"\n'
+             'params = { conversations = 8 }\nseeds = [0, 2]\ncapacities = [256]\n'
+             '[[heldout]]\nname = "no victim"\nkind = "attack"\nworkload = "sharegpt"\n'
+             'params = { conversations = 8 }\nseeds = [100, 2]\ncapacities = [256]\n')
+    r = _run("--protocol", str(_protocol(tmp_path, cells)), "--workers", "1")
+    assert r.returncode == 2, r.stderr
+    assert "cell 'no victim' at 256 blocks: no measured request in its scope in run(s) " \
+           "seed 100, seed 101" in r.stderr and "Traceback" not in r.stderr

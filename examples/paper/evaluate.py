@@ -311,7 +311,13 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
         cell = c["cell"]
         labels = [p for p, _ in policies]
         rows = {p: [done[(i, r, p)] for r in range(len(c["runs"]))] for p in labels}
-        values = {p: [x["hit_fraction"] or 0.0 for x in rows[p]] for p in labels}
+        missing = [c["runs"][r] for r in range(len(c["runs"]))
+                   if rows[labels[0]][r]["hit_fraction"] is None]
+        if missing:      # a scope with no measured request: nothing to judge, say so
+            raise ProtocolError(f"cell '{cell['name']}' at {c['capacity']} blocks: no "
+                                f"measured request in its scope in run(s) "
+                                f"{', '.join(missing)}")
+        values = {p: [x["hit_fraction"] for x in rows[p]] for p in labels}
         verdict = judge(cell, values, proto)
         holds = all(x["invariants_hold"] for p in labels for x in rows[p])
         out.append({"name": cell["name"], "kind": cell["kind"], "capacity": c["capacity"],
