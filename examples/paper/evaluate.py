@@ -113,8 +113,11 @@ def _seeds(cell: dict) -> list[int]:
 
 
 def _check_disjoint(proto: dict, path: Path) -> None:
-    """No held-out run is a tuning run: generated seeds per workload (the paper
-    reproduction's derived seeds count as tuning too), real sources by line or session."""
+    """No held-out generated run is a tuning run: seeds per workload (the paper
+    reproduction's derived seeds count as tuning too). The real traces' selections (other
+    Mooncake lines, other WEKA sessions) are disjoint as the protocol states them; the
+    repository's samples are copies of parts of ../shared's files, so that is not checked
+    here."""
     tuned: dict[str, set[int]] = {}
     for cell in proto["tuning"]:
         if "workload" in cell:
