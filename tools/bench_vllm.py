@@ -42,6 +42,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # keep stdout for the r
 
 from psgate.engines import engine_class  # noqa: E402
 from psgate.policies import make_policy, policy_class, policy_names  # noqa: E402
+from psgate.stats.bootstrap import bootstrap_ci  # noqa: E402
 from psgate.trace.model import RequestEvent  # noqa: E402
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
@@ -329,7 +330,6 @@ def _paired_overhead(v: list[float], off: list[float], passes: int) -> dict:
     """Overhead paired by round: per round, 1 - (this mode's median over its passes) / (off's
     median in the same round), so drift across rounds cancels; the mean over rounds with its
     95% percentile-bootstrap interval (resampling rounds, seeded 0)."""
-    from psgate.stats.bootstrap import bootstrap_ci
     per_round = [100 * (1 - statistics.median(v[i:i + passes]) /
                         statistics.median(off[i:i + passes]))
                  for i in range(0, len(v), passes)]

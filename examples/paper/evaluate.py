@@ -209,15 +209,14 @@ def build_runs(cell: dict, rates: str, tmp: Path) -> list[tuple[str, Path]]:
 
 
 # -- one replay ----------------------------------------------------------------------
-def replay(path: str, capacity: int, policy: str, params: dict, replicas: int,
+def replay(loaded, capacity: int, policy: str, params: dict, replicas: int,
            scope: str) -> dict:
-    """One policy on one trace: the scope's mean hit fraction, whether every hard
-    invariant held on every instance, and whether any instance saturated."""
-    loaded = load(Path(path))
+    """One policy on one loaded trace: the scope's mean hit fraction, whether every hard
+    invariant held on every instance, and how many instances saturated."""
     cls = engine_class("sim", "step")
     instances = replicas_of(policy, replicas, "round-robin",
                             lambda: make_policy(policy, params), make_policy(policy, params))
-    results, saturated = [], 0
+    results, saturated, metrics = [], 0, None
     for rep in instances:
         eng = cls(header=loaded.header, hashes=loaded.hashes, capacity=capacity,
                   policy=rep.policy, contracts=CONTRACT_NAMES,
@@ -225,20 +224,25 @@ def replay(path: str, capacity: int, policy: str, params: dict, replicas: int,
                   cost=CostModel())
         res = eng.run(rep.select(iter(loaded.events)))
         results.append(res)
-        own = run_metrics(res, CostModel())
+        metrics = run_metrics(res, CostModel())
         meter = SaturationMeter().extend(res.requests)
-        saturated += meter.verdict(own["totals"]["ttft_p95_ms"])["verdict"] == SATURATED
+        saturated += meter.verdict(metrics["totals"]["ttft_p95_ms"])["verdict"] == SATURATED
     merged = merge_results(policy, instances, results)
-    metrics = run_metrics(merged, CostModel())
+    if len(results) > 1:                 # one instance: its metrics are the run's
+        metrics = run_metrics(merged, CostModel())
     part = metrics["totals"] if scope == "all" else metrics["roles"].get(scope, {})
     ok = merged.aborted is None and all(v.holds for v in merged.invariants.values()
                                         if v.hard)
     return {"hit_fraction": part.get("hit_fraction"), "invariants_hold": ok,
-            "saturated_instances": saturated, "evictions": merged.evictions}
+            "saturated_instances": saturated}
 
 
 def _replay_job(args):
-    return args[0], replay(*args[1:])
+    """Every policy on one run's trace at one capacity: the trace is loaded once."""
+    key, path, capacity, policies, replicas, scope = args
+    loaded = load(Path(path))
+    return key, {label: replay(loaded, capacity, name, params, replicas, scope)
+                 for label, name, params in policies}
 
 
 # -- a set ---------------------------------------------------------------------------
@@ -297,18 +301,20 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
                      else proto["criteria"]["benign"]["scope"])
             for cap in cell["capacities"]:
                 cells.append({"cell": cell, "capacity": cap, "runs": [r for r, _ in runs]})
+                named = [(label, rule_policy if label == RULE else label, params)
+                         for label, params in policies]
                 for ri, (_, path) in enumerate(runs):
-                    for label, params in policies:
-                        name = rule_policy if label == RULE else label
-                        jobs.append(((len(cells) - 1, ri, label), str(path), cap, name,
-                                     params, cell.get("replicas", 1), scope))
+                    jobs.append(((len(cells) - 1, ri), str(path), cap, named,
+                                 cell.get("replicas", 1), scope))
         done: dict[tuple, dict] = {}
         with ProcessPoolExecutor(max_workers=workers,
                                  mp_context=get_context("spawn")) as pool:
-            for n, (key, row) in enumerate(pool.map(_replay_job, jobs, chunksize=1), 1):
-                done[key] = row
-                if n % 20 == 0 or n == len(jobs):
-                    print(f"[{n}/{len(jobs)}] replays", file=sys.stderr, flush=True)
+            for n, ((i, ri), rows) in enumerate(pool.map(_replay_job, jobs, chunksize=1), 1):
+                for label, row in rows.items():
+                    done[(i, ri, label)] = row
+                if n % 5 == 0 or n == len(jobs):
+                    print(f"[{n}/{len(jobs)}] runs ({len(policies)} policies each)",
+                          file=sys.stderr, flush=True)
     out = []
     for i, c in enumerate(cells):
         cell = c["cell"]
