@@ -431,6 +431,11 @@ def _step_replay(path, cap, params):
     assert result.aborted is None
     bad = {n: v.first_violation for n, v in result.invariants.items() if not v.holds}
     assert not bad, bad
+    # the checker's own buckets (charges from the engine's count of output blocks) agree
+    (audit,) = engine.auditors
+    for (g, c), (b, t0) in audit.buckets.items():
+        i = policy.bidx[(policy.gids[g], policy.cidx[c])]
+        assert b == pytest.approx(policy.B[i], abs=1e-9) and t0 == policy.t0[i]
     return log, policy
 
 
