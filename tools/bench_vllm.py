@@ -1,6 +1,6 @@
 """vLLM-side measurements, each a ratio taken side by side in one run.
 
-    .venv-vllm/bin/python tools/bench_vllm.py [--quick] [--json]
+    .venv-vllm/bin/python tools/bench_vllm.py [--quick] [--json] [--plugin-only | --attribute]
 
 1. Replay throughput: blocks/s of ``sim`` and ``vllm-pool`` on the same trace and policy
    (no ledger), interleaved rounds, best of each.
@@ -19,8 +19,22 @@
    several passes per server; medians with interquartile ranges, and the overhead paired by
    round (each mode against off in the same round) with its 95% bootstrap interval
    (``--plugin-only`` runs just this section).
+5. Where the engine core's time goes under `vllm serve` (``--attribute``, alone): with each
+   plugin mode on one server saturated by concurrent clients, py-spy samples every process
+   of the server from outside (``--nonblocking``: never paused; ``--idle``: waits too) in
+   several windows. The engine core's busy loop is the critical path of every step: its
+   wall time while it has work (waits for the model's output included, waits for new
+   requests not) is the denominator. A sample of it is psgate's when the innermost
+   non-stdlib frame is psgate's code (json, csv, hashlib called from psgate count as
+   psgate; vLLM called from a psgate wrapper counts as vLLM). Overhead = psgate / (loop -
+   psgate): what the loop would gain without the plugin, mean over windows with a 95%
+   bootstrap interval. The busy samples of psgate's own threads (the capture writer) are
+   added on top as if they ran on the loop's core: an upper bound. Where the API server,
+   the engine core, the worker and the clients share a few cores this resolves what
+   requests/s cannot (section 4's passes vary by 15% on 2 cores).
 
-Needs vLLM (scripts/install-vllm.sh).
+Needs vLLM (scripts/install-vllm.sh); section 5 also py-spy (``pip install py-spy`` into
+the same environment) and permission to read the server's memory (ptrace).
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # keep stdout for the results
 
+from psgate.bench.attribution import StackClassifier, overhead_pct  # noqa: E402
 from psgate.engines import engine_class  # noqa: E402
 from psgate.policies import make_policy, policy_class, policy_names  # noqa: E402
 from psgate.stats.bootstrap import bootstrap_ci  # noqa: E402
@@ -340,6 +355,110 @@ def _paired_overhead(v: list[float], off: list[float], passes: int) -> dict:
                                                                round(ci[1], 2)]}
 
 
+# -- 5. where the engine core's time goes ----------------------------------------------------
+ATTRIBUTE_MODES = ("policy", "policy+capture", "policy+capture+shadow")
+def _mean_ci(values: list[float]) -> dict:
+    ci = bootstrap_ci(values, 2000, random.Random(0))
+    return {"mean": round(statistics.fmean(values), 3),
+            "ci95": None if ci is None else [round(ci[0], 3), round(ci[1], 3)],
+            "windows": [round(v, 3) for v in values]}
+
+
+def plugin_attribution(n: int, windows: int, window_s: int, rate: int, clients: int,
+                       pyspy: str) -> list[dict]:
+    """Per mode: one server saturated by `clients` closed-loop clients for the whole run,
+    sampled by py-spy in `windows` windows of `window_s` seconds after a warm-up pass."""
+    import signal
+    import socket
+    import subprocess
+    import sysconfig
+    import tempfile
+    import threading
+    classifier = StackClassifier(str(ROOT / "psgate"), sysconfig.get_paths()["stdlib"])
+    work = real_workload(n)
+    rows = []
+    for m in ATTRIBUTE_MODES:
+        with tempfile.TemporaryDirectory() as d, open(Path(d) / "server.log", "w") as log:
+            env = {key: v for key, v in os.environ.items() if not key.startswith("PSGATE_")}
+            env.update({key: v.format(dir=d) for key, v in PLUGIN_MODES[m].items()})
+            env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=str(ROOT),
+                       VLLM_LOGGING_LEVEL="INFO")
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            proc = _serve(env, port, log)
+            stop = threading.Event()
+            failed: list[BaseException] = []
+
+            def load() -> None:
+                k = 0
+                try:
+                    while not stop.is_set():
+                        _closed_loop(port, work, clients, f"{m}.a{k}")
+                        k += 1
+                except BaseException as exc:    # noqa: BLE001 - reported below
+                    failed.append(exc)
+
+            loader = threading.Thread(target=load)
+            per_window = []
+            try:
+                _wait_ready(proc, port)
+                _closed_loop(port, work, clients, f"{m}.warm")
+                loader.start()
+                time.sleep(2.0)                  # the clients' first requests are queued
+                for w in range(windows):
+                    out = Path(d) / f"w{w}.txt"
+                    run = subprocess.run(
+                        [pyspy, "record", "--pid", str(proc.pid), "--subprocesses",
+                         "--threads", "--full-filenames", "--nonblocking", "--idle", "--rate", str(rate),
+                         "--duration", str(window_s), "--format", "raw", "-o", str(out)],
+                        capture_output=True, text=True)
+                    if run.returncode or not out.exists():
+                        msg = next((ln for ln in run.stderr.splitlines()
+                                    if ln.startswith("Error")), run.stderr.strip()[-300:])
+                        raise SystemExit(f"bench_vllm: py-spy failed on the server "
+                                         f"(pid {proc.pid}): {msg}")
+                    if failed:
+                        raise failed[0]
+                    per_window.append(classifier.classify(out.read_text()))
+                    print(f"  {m} window {w}: loop {per_window[-1]['loop']} samples, psgate "
+                          f"{per_window[-1]['loop_psgate']}", file=sys.stderr)
+            finally:
+                stop.set()
+                if loader.is_alive():
+                    loader.join()
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=120)
+                except Exception:        # noqa: BLE001 - never leave a server behind
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        loop = [c["loop"] for c in per_window]
+        if min(loop) == 0:
+            raise SystemExit(f"bench_vllm: no sample of the engine core's {StackClassifier.LOOP}"
+                             f" in a window of mode {m}: is the server saturated?")
+        functions: dict[str, int] = {}
+        for c in per_window:
+            for key, v in c["functions"].items():
+                functions[key] = functions.get(key, 0) + v
+        rows.append({
+            "mode": m,
+            "loop_samples": sum(loop),
+            "loop_idle_samples": sum(c["loop_idle"] for c in per_window),
+            "loop_psgate_samples": sum(c["loop_psgate"] for c in per_window),
+            "psgate_thread_samples": sum(c["psgate_threads"] for c in per_window),
+            "psgate_elsewhere_samples": sum(c["psgate_elsewhere"] for c in per_window),
+            "overhead_loop_pct": _mean_ci([overhead_pct(c["loop_psgate"], c["loop"])
+                                           for c in per_window]),
+            "overhead_with_threads_pct": _mean_ci(
+                [overhead_pct(c["loop_psgate"] + c["psgate_threads"], c["loop"]
+                               + c["psgate_threads"]) for c in per_window]),
+            "top_psgate_functions": dict(sorted(functions.items(),
+                                                key=lambda kv: (-kv[1], kv[0]))[:8]),
+        })
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -353,10 +472,24 @@ def main() -> None:
                     help="concurrent clients in the plugin section (default 8)")
     ap.add_argument("--plugin-only", action="store_true",
                     help="only section 4, the plugin under `vllm serve`")
+    ap.add_argument("--attribute", action="store_true",
+                    help="only section 5: the engine core's time under `vllm serve`, sampled "
+                         "by py-spy")
+    ap.add_argument("--windows", type=int, default=6,
+                    help="sampling windows per mode in section 5 (default 6)")
+    ap.add_argument("--window-s", type=int, default=10,
+                    help="seconds per sampling window (default 10)")
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second "
+                                                          "(default 250)")
+    ap.add_argument("--py-spy", dest="pyspy", help="the py-spy executable (default: beside "
+                                                   "this Python, else on PATH)")
     args = ap.parse_args()
     n = args.requests or (32 if args.quick else 96)
     rounds = args.rounds or (1 if args.quick else 3)
     import vllm
+    if args.attribute:
+        attribute_main(args, n, vllm.__version__)
+        return
     live_policies = [p for p in policy_names()
                      if not policy_class(p).needs_future and policy_class(p).work_conserving]
     out = {"vllm": vllm.__version__}
@@ -384,6 +517,35 @@ def main() -> None:
         print(f"  {r['mode']:<22} {r['req_per_s_median']:>7} req/s  IQR {r['req_per_s_iqr']}  "
               f"overhead {r['overhead_pct']}%, paired by round {r['overhead_pct_paired_mean']}% "
               f"[95% CI {r['overhead_pct_paired_ci']}]  (all {r['req_per_s_all']})")
+
+
+def attribute_main(args, n: int, version: str) -> None:
+    import shutil
+    pyspy = args.pyspy or shutil.which("py-spy", path=str(Path(sys.executable).parent)) \
+        or shutil.which("py-spy")
+    if not pyspy:
+        raise SystemExit("bench_vllm: --attribute needs py-spy: "
+                         f"{sys.executable} -m pip install py-spy")
+    rows = plugin_attribution(n, args.windows, args.window_s, args.rate, args.clients, pyspy)
+    out = {"vllm": version, "attribution": rows,
+           "attribution_setup": {"requests_per_pass": n, "clients": args.clients,
+                                 "windows": args.windows, "window_s": args.window_s,
+                                 "rate": args.rate}}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    setup = out["attribution_setup"]
+    print(f"vLLM {version}: engine core under `vllm serve`, {setup['clients']} concurrent "
+          f"clients, {setup['windows']} windows x {setup['window_s']} s at {setup['rate']} "
+          f"samples/s per mode; overhead = psgate / (busy loop - psgate), mean over windows "
+          f"[95% CI]")
+    for r in rows:
+        loop, thr = r["overhead_loop_pct"], r["overhead_with_threads_pct"]
+        print(f"  {r['mode']:<22} loop {r['loop_samples']:>6} samples, psgate "
+              f"{r['loop_psgate_samples']:>5}: {loop['mean']}% {loop['ci95']};  with psgate's "
+              f"threads ({r['psgate_thread_samples']}): {thr['mean']}% {thr['ci95']}")
+        for key, v in list(r["top_psgate_functions"].items())[:4]:
+            print(f"      {v:>5}  {key}")
 
 
 def print_engine_sections(out: dict) -> None:
