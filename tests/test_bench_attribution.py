@@ -65,7 +65,9 @@ def test_innermost_non_stdlib_frame_decides(classifier):
     assert c["psgate_elsewhere"] == 2
     assert c["functions"] == {"engines/vllm_live.py:FreeKVCacheBlockQueue.popleft_n": 6,
                               "vllm_plugin.py:EvictionLedger.eviction": 3,
-                              "vllm_plugin.py:install": 1}
+                              "vllm_plugin.py:install": 1,
+                              "(threads) capture.py:CaptureWriter._drain": 5,
+                              "(elsewhere) vllm_plugin.py:register": 2}
 
 
 def test_site_packages_under_stdlib_is_not_stdlib(classifier):

@@ -26,8 +26,8 @@ class StackClassifier:
 
     The loop's time is its wall time while it has work: a wait for the model's output
     (the worker's forward pass, or the GPU) is part of a step, a wait for new requests in
-    ``_process_input_queue`` is not (the engine is then idle, not saturated). A psgate
-    thread's waits (its poll interval) are not work either."""
+    ``_process_input_queue`` is not (the engine is then idle, not saturated). Waits
+    outside the loop (a psgate thread's poll interval) are not work either."""
 
     LOOP = "run_busy_loop"
     INPUT_WAIT = "_process_input_queue"
@@ -76,11 +76,16 @@ class StackClassifier:
                     key = f"{path[len(self.psgate_dir):]}:{func}"
                     functions[key] = functions.get(key, 0) + n
                     counts["loop_psgate"] += n
-            elif owners and owners[0] == "psgate":     # a thread psgate started
-                if not waiting:
-                    counts["psgate_threads"] += n
-            elif "psgate" in owners:
-                counts["psgate_elsewhere"] += n
+            elif not waiting and "psgate" in owners:
+                # a thread psgate started (the capture writer), or psgate's code on another
+                # thread or process (vLLM's input thread building a Request): work beside
+                # the loop, charged by where psgate's outermost frame is
+                key = "psgate_threads" if owners[0] == "psgate" else "psgate_elsewhere"
+                counts[key] += n
+                if leaf == "psgate":
+                    func, path, _ = next(f for f in reversed(frames) if f[2] == "psgate")
+                    name = f"({key[7:]}) {path[len(self.psgate_dir):]}:{func}"
+                    functions[name] = functions.get(name, 0) + n
         counts["functions"] = dict(sorted(functions.items(), key=lambda kv: (-kv[1], kv[0])))
         return counts
 
