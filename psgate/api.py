@@ -11,13 +11,14 @@ over the same bytes with the same capacity, clock and events.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psgate.atomic import StagedOutput, prepare_out_dir
+from psgate.atomic import StagedOutput, atomic_file, check_destination, prepare_out_dir
 from psgate.contracts import CONTRACT_NAMES
 from psgate.engines import ENGINES, engine_class
 from psgate.engines.cost import CostModel
@@ -320,3 +321,30 @@ class _Replicated:
                     "invariants_hold": all(v.holds for v in result.invariants.values()),
                     "saturation": meter.verdict(totals["ttft_p95_ms"], 1)})
         return run_record(self.result, metrics, saturation, replicas)
+
+
+def convert_ledger(src, dst) -> int:
+    """Write the CSV a compact ledger codes (``src``: the .compact.csv.gz file) to
+    ``dst`` atomically, gzip when its name ends in .gz (no name, no time in the header);
+    returns the number of lines after the header."""
+    from psgate.receipt.compact import compact_lines
+    src = Path(src)
+    if not src.is_file():
+        raise InputError("no such compact ledger", path=str(src))
+    dst = check_destination(dst)
+    n = -1
+    with atomic_file(dst) as out:
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) \
+            if dst.name.endswith(".gz") else None
+        sink = gz or out
+        batch: list[str] = []
+        for line in compact_lines(src):
+            batch.append(line)
+            n += 1
+            if len(batch) >= 4096:
+                sink.write("".join(batch).encode())
+                batch.clear()
+        sink.write("".join(batch).encode())
+        if gz is not None:
+            gz.close()
+    return n

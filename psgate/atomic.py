@@ -38,7 +38,7 @@ from psgate.errors import InputError
 LOCK_NAME = ".psgate.lock"
 STAGING_PREFIX = ".psgate-staging-"
 # What a replay replaces in its output directory, and what an experiment replaces.
-OUTPUT_FILES = ("receipt.json", "ledger.csv", "ledger.csv.gz", "requests.csv")
+OUTPUT_FILES = ("receipt.json", "ledger.csv", "ledger.csv.gz", "ledger.compact.csv.gz", "requests.csv")
 EXPERIMENT_OUTPUTS = OUTPUT_FILES + ("runs.csv", "runs", "traces")
 _REPLACED = ".replaced"      # inside the staging directory: the previous outputs, until done
 

@@ -174,7 +174,7 @@ def replay(
     paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)")] = False,
     ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block")] = False,
     ledger_rows: Annotated[str, typer.Option(help="all (default) or evictions: only eviction rows, for long traces")] = "all",
-    ledger_compression: Annotated[str, typer.Option(help="none (default) or gzip: write ledger.csv.gz")] = "none",
+    ledger_compression: Annotated[str, typer.Option(help="none (default); gzip: write ledger.csv.gz; compact: ledger.compact.csv.gz, each row coded against the rows before it (psgate ledger convert gives the CSV)")] = "none",
     baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE")] = None,
     candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
@@ -438,6 +438,22 @@ def policies(json: Annotated[bool, typer.Option("--json", help="machine-readable
         t.add_row(r["name"], r["summary"],
                   ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-")
     err.print(t)                       # stdout carries JSON only
+
+
+ledger_app = typer.Typer(no_args_is_help=True, help="Work with a replay's ledger.")
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("convert")
+def ledger_convert(
+    source: Annotated[Path, typer.Argument(help="a ledger.compact.csv.gz, or the directory psgate replay wrote it to")],
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="the CSV to write (default: ledger.csv beside it; .gz: gzip)")] = None,
+) -> None:
+    """The CSV ledger a compact ledger codes, byte for byte as --ledger-compression none writes it."""
+    src = source / "ledger.compact.csv.gz" if source.is_dir() else source
+    dst = out if out is not None else src.with_name("ledger.csv")
+    n = api.convert_ledger(src, dst)
+    err.print(f"{dst}: {n} ledger lines from {src}", markup=False)
 
 
 trace_app = typer.Typer(no_args_is_help=True, help="Generate, import and redact traces.")

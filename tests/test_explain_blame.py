@@ -20,7 +20,10 @@ def flood(tmp_path_factory):
     trace = d / "flood.jsonl"
     assert psgate("trace", "gen", "tenant-flood", "-o", trace).returncode == 0
     for name, extra in (("full", []), ("evictions", ["--ledger-rows", "evictions"]),
-                        ("gzip", ["--ledger-compression", "gzip"])):
+                        ("gzip", ["--ledger-compression", "gzip"]),
+                        ("compact", ["--ledger-compression", "compact"]),
+                        ("compact-evictions", ["--ledger-compression", "compact",
+                                               "--ledger-rows", "evictions"])):
         proc = psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
                       "prefixshield", "--capacity", "576", "--out", d / name, "--quiet",
                       *extra)
@@ -145,15 +148,23 @@ def test_block_hash_shows_the_content_history_in_both_runs(flood):
     assert plain.returncode == 0 and plain.stdout == proc.stderr and plain.stderr == ""
 
 
-def test_evictions_only_and_gzip_ledgers_give_the_same_answers(flood):
+LEDGER_FORMS = ("evictions", "gzip", "compact", "compact-evictions")
+
+
+def test_evictions_only_gzip_and_compact_ledgers_give_the_same_answers(flood):
     full, _ = blame(flood / "full")
-    for name in ("evictions", "gzip"):
+    for name in LEDGER_FORMS:
         other, _ = blame(flood / name)
         assert other == full, name
     h = full["runs"]["baseline"]["blocks"][10]["hash"]
     outs = {psgate("explain", flood / name, "--block", h, "--json").stdout
-            for name in ("full", "evictions", "gzip")}
+            for name in ("full",) + LEDGER_FORMS}
     assert len(outs) == 1 and json.loads(outs.pop())["runs"]["baseline"]["groups"]
+    seq = next(k for k, r in ledger(flood / "full" / "ledger.csv", "candidate").items()
+               if r["kind"] == "evict")
+    decided = {psgate("explain", flood / name, "--decision", str(seq)).stdout
+               for name in ("full", "gzip", "compact")}
+    assert len(decided) == 1 and decided.pop().startswith(f"decision {seq} ")
 
 
 def test_pool_slot_and_bad_selectors(flood):

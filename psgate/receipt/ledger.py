@@ -139,18 +139,51 @@ class _FloatCache(dict):
 
 
 LEDGER_ROWS = ("all", "evictions")
-COMPRESSIONS = ("none", "gzip")
+COMPRESSIONS = ("none", "gzip", "compact")
+LEDGER_NAMES = {"none": "ledger.csv", "gzip": "ledger.csv.gz",
+                "compact": "ledger.compact.csv.gz"}
 
 
 def ledger_name(compression: str) -> str:
-    return "ledger.csv.gz" if compression == "gzip" else "ledger.csv"
+    return LEDGER_NAMES[compression]
 
 
 def open_text(path: Path):
-    """A ledger or any CSV output for reading, gzip or plain by its name."""
+    """A ledger or any CSV output for reading, gzip or plain by its name; a compact
+    ledger (psgate.receipt.compact) reads as the CSV it codes."""
+    if path.name.endswith(".compact.csv.gz"):
+        from psgate.receipt.compact import open_compact
+        return _Lines(open_compact(path))
     if path.name.endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
     return open(path, newline="", encoding="utf-8")
+
+
+class _Lines:
+    """Lines from an iterator, with the file interface csv readers and ``with`` use."""
+
+    def __init__(self, lines) -> None:
+        self._it = lines
+
+    def __iter__(self):
+        return self._it
+
+    def __next__(self):
+        return next(self._it)
+
+    def read(self) -> str:
+        return "".join(self._it)
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class LedgerWriter:
@@ -158,7 +191,9 @@ class LedgerWriter:
 
     ``rows="evictions"`` keeps only eviction rows (admissions still advance ``seq``, so
     a decision has the same number in every mode); ``compression="gzip"`` writes a gzip
-    stream with no name and no timestamp, so its bytes too depend only on the inputs.
+    stream with no name and no timestamp, so its bytes too depend only on the inputs;
+    ``compression="compact"`` codes each row against the ones before it first
+    (psgate.receipt.compact), a lossless form of the same CSV.
 
     Rows are formatted here field by field (:func:`csv_field`, the bytes csv.writer
     would write) and written in batches of ``FLUSH_ROWS`` lines."""
@@ -167,10 +202,15 @@ class LedgerWriter:
 
     def __init__(self, path: Path, hits: bool = False, rows: str = "all",
                  compression: str = "none") -> None:
+        self._compact = None
         if compression == "gzip":
             self._raw = open(path, "wb")
             self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
             self._fh = io.TextIOWrapper(self._gz, encoding="utf-8", newline="")
+        elif compression == "compact":
+            from psgate.receipt.compact import CompactLedgerFile
+            self._raw = self._gz = self._fh = None
+            self._compact = CompactLedgerFile(path)
         else:
             self._raw = self._gz = None
             self._fh = open(path, "w", newline="", encoding="utf-8")
@@ -205,12 +245,18 @@ class LedgerWriter:
                            f"{csv_field(req.contract)}")
         return f"{self._head}{self.seq},{self._t_s},{kind},{self._req_s}"
 
+    def _flush(self) -> None:
+        if self._compact is not None:
+            self._compact.write_rows(self._buf)
+        else:
+            self._fh.write("".join(self._buf))
+        self._buf.clear()
+
     def _write(self, line: str) -> None:
         buf = self._buf
         buf.append(line)
         if len(buf) >= self.FLUSH_ROWS:
-            self._fh.write("".join(buf))
-            buf.clear()
+            self._flush()
 
     def _evict_fields(self, d, block, hash_name, owner) -> str:
         """An eviction row from its block field on, newline included."""
@@ -248,8 +294,7 @@ class LedgerWriter:
         buf = self._buf
         buf.extend(rows)
         if len(buf) >= self.FLUSH_ROWS:
-            self._fh.write("".join(buf))
-            buf.clear()
+            self._flush()
 
     def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
         if self.evictions_only:
@@ -266,8 +311,10 @@ class LedgerWriter:
 
     def close(self) -> None:
         if self._buf:
-            self._fh.write("".join(self._buf))
-            self._buf.clear()
+            self._flush()
+        if self._compact is not None:
+            self._compact.close()
+            return
         self._fh.close()      # closes the gzip stream, which closes nothing beneath it
         if self._raw is not None:
             self._raw.close()

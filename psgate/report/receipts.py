@@ -144,6 +144,10 @@ def text_lines(path: Path) -> Iterator[str]:
     """The lines of a CSV output (gzip or plain by its name), each decoded on its own so
     that bytes that are not UTF-8, or a gzip stream cut short or corrupt, are reported
     with the line they are on. A missing file raises FileNotFoundError as open does."""
+    if path.name.endswith(".compact.csv.gz"):
+        from psgate.receipt.compact import compact_lines
+        yield from compact_lines(path)
+        return
     n = 0
     raw = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
     with raw:

@@ -1,0 +1,308 @@
+"""ledger.compact.csv.gz: the ledger's CSV with each row coded against the rows before it.
+
+Ledger rows repeat themselves. A batch's rows share run, policy, time, request, group and
+contract; ``seq`` counts up by one; victims' block ids, positions and free orders move by
+small steps; a policy's ``rank`` object has the same keys on every row and most of its
+values are the row before's. gzip sees none of that across a 300-byte row, so the compact
+form removes it first and gzips what is left:
+
+    row     -> kind, then one code per other column, then the JSON columns' codes
+    code    -> ""            the field equals its prediction
+               "~" + delta   both are integers: the difference
+               "^" + delta   both are times (seconds, 9 decimals): the difference in ns
+               "=" + text    anything else, verbatim
+    predict -> columns run..contract: the previous row; seq: the previous row's + 1;
+               the rest: the previous row of the same kind
+    JSON    -> "" (same keys as the prediction) or "=" + the keys as a JSON array, then a
+               code per value (its JSON text); "!" + text when re-serializing would not
+               give the text back (never for psgate's canonical JSON, checked per row)
+
+Every field's exact text is kept, so :func:`decode` gives the CSV byte for byte and a
+receipt's ledger digest covers the compact file as written. The compact stream itself is
+CSV (csv.writer, "\\r\\n" rows, so a lone carriage return is quoted) under a gzip header with
+no name and no time: its bytes, too, depend only on the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import re
+from collections.abc import Iterable, Iterator
+
+import orjson
+
+from psgate.errors import InputError
+
+MAGIC = "psgate-compact-ledger"
+VERSION = "1"
+_INT = re.compile(r"(0|-?[1-9][0-9]*)\Z")
+_SECONDS = re.compile(r"(0|[1-9][0-9]*)\.[0-9]{9}\Z")      # fmt_t: seconds, 9 decimals
+_KIND_COL = 4
+_SEQ_COL = 2
+_SHARED = 8                 # columns 0..7 predicted from the previous row of any kind
+
+
+def split_row(line: str) -> list[str]:
+    """The fields of one CSV row (newline excluded) exactly as written, quotes included:
+    a field that starts with a quote runs to its closing quote (doubled quotes inside),
+    any other runs to the next comma (csv_field never leaves a comma or a quote
+    unquoted)."""
+    out = []
+    i, n = 0, len(line)
+    while True:
+        if i < n and line[i] == '"':
+            j = i + 1
+            while True:
+                j = line.index('"', j)
+                if j + 1 < n and line[j + 1] == '"':
+                    j += 2
+                    continue
+                break
+            out.append(line[i:j + 1])
+            i = j + 1
+            if i == n:
+                return out
+            if line[i] != ",":
+                raise ValueError(f"text after a closing quote at {i}")
+            i += 1
+        else:
+            j = line.find(",", i)
+            if j < 0:
+                out.append(line[i:])
+                return out
+            out.append(line[i:j])
+            i = j + 1
+
+
+def _ns(t: str) -> int:
+    return int(t.replace(".", ""))
+
+
+def _code(cur: str, pred: str) -> str:
+    if cur == pred:
+        return ""
+    if _INT.match(cur) and _INT.match(pred):
+        return f"~{int(cur) - int(pred)}"
+    if _SECONDS.match(cur) and _SECONDS.match(pred):
+        return f"^{_ns(cur) - _ns(pred)}"
+    return "=" + cur
+
+
+def _uncode(code: str, pred: str) -> str:
+    if not code:
+        return pred
+    if code[0] == "~":
+        return str(int(pred) + int(code[1:]))
+    if code[0] == "^":
+        ns = _ns(pred) + int(code[1:])
+        if ns < 0 or not _SECONDS.match(pred):
+            raise ValueError(f"a time step from {pred!r} that is not a time")
+        return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+    if code[0] == "=":
+        return code[1:]
+    raise ValueError(f"a field code starts with {code[0]!r}")
+
+
+def _json_fields(text: str) -> tuple[list[str], list[str]] | None:
+    """(keys, each value's JSON text) of a quoted canonical JSON object field, or None
+    when the field is not one that re-serializes to the same text."""
+    if not (text.startswith('"{') and text.endswith('}"')):
+        return None
+    try:
+        obj = orjson.loads(text[1:-1].replace('""', '"'))
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    keys = list(obj)
+    values = [orjson.dumps(obj[k]).decode() for k in keys]
+    if _json_text(keys, values) != text:
+        return None
+    return keys, values
+
+
+def _json_text(keys: list[str], values: list[str]) -> str:
+    body = ",".join(f"{orjson.dumps(k).decode()}:{v}" for k, v in zip(keys, values))
+    return '"{' + body.replace('"', '""') + '}"'
+
+
+class CompactEncoder:
+    """Rows of the CSV ledger in, compact rows out (one per row, same order)."""
+
+    def __init__(self, header: str) -> None:
+        self.columns = split_row(header)
+        self.json_cols = [i for i, c in enumerate(self.columns) if c in ("segments", "rank")]
+        self.plain_cols = [i for i in range(len(self.columns))
+                           if i != _KIND_COL and i not in self.json_cols]
+        self._last: list[str] = [""] * len(self.columns)
+        self._by_kind: dict[str, tuple[list[str], dict[int, list[str]], dict[int, list[str]]]] = {}
+
+    def _predictions(self, kind: str):
+        return self._by_kind.get(kind) or ([""] * len(self.columns), {}, {})
+
+    def encode(self, line: str) -> list[str]:
+        fields = split_row(line)
+        if len(fields) != len(self.columns):
+            raise ValueError(f"{len(fields)} fields, the header has {len(self.columns)}")
+        kind = fields[_KIND_COL]
+        prev, prev_keys, prev_values = self._predictions(kind)
+        out = [kind]
+        last = self._last
+        for i in self.plain_cols:
+            if i < _SHARED:
+                pred = last[i]
+                if i == _SEQ_COL and _INT.match(pred):
+                    pred = str(int(pred) + 1)
+            else:
+                pred = prev[i]
+            out.append(_code(fields[i], pred))
+        keys_now, values_now = dict(prev_keys), dict(prev_values)
+        for i in self.json_cols:
+            text = fields[i]
+            parsed = _json_fields(text) if text else ([], [])
+            if parsed is None:
+                out.append("!" + text)
+                continue
+            keys, values = parsed
+            pk = prev_keys.get(i)
+            out.append("" if keys == pk else "=" + orjson.dumps(keys).decode())
+            pv = prev_values.get(i) if keys == pk else None
+            for j, v in enumerate(values):
+                out.append(_code(v, pv[j]) if pv is not None else "=" + v)
+            keys_now[i], values_now[i] = keys, values
+        self._last = fields
+        self._by_kind[kind] = (fields, keys_now, values_now)
+        return out
+
+
+class CompactDecoder:
+    """Compact rows in, the CSV ledger's rows out, byte for byte."""
+
+    def __init__(self, header: str) -> None:
+        enc = CompactEncoder(header)       # the same column roles
+        self.columns, self.json_cols, self.plain_cols = enc.columns, enc.json_cols, enc.plain_cols
+        self._last: list[str] = [""] * len(self.columns)
+        self._by_kind: dict = {}
+
+    def decode(self, codes: list[str]) -> str:
+        kind = codes[0]
+        prev, prev_keys, prev_values = self._by_kind.get(kind) or (
+            [""] * len(self.columns), {}, {})
+        fields = [""] * len(self.columns)
+        fields[_KIND_COL] = kind
+        k = 1
+        last = self._last
+        for i in self.plain_cols:
+            if i < _SHARED:
+                pred = last[i]
+                if i == _SEQ_COL and _INT.match(pred):
+                    pred = str(int(pred) + 1)
+            else:
+                pred = prev[i]
+            fields[i] = _uncode(codes[k], pred)
+            k += 1
+        keys_now, values_now = dict(prev_keys), dict(prev_values)
+        for i in self.json_cols:
+            mark = codes[k]
+            k += 1
+            if mark.startswith("!"):
+                fields[i] = mark[1:]
+                continue
+            same = mark == ""
+            keys = prev_keys.get(i) if same else orjson.loads(mark[1:])
+            if keys is None:
+                raise ValueError("a JSON column's keys are predicted before any were given")
+            pv = prev_values.get(i) if same else None
+            values = []
+            for j in range(len(keys)):
+                values.append(_uncode(codes[k], pv[j] if pv is not None else ""))
+                k += 1
+            fields[i] = _json_text(keys, values) if keys else ""
+            keys_now[i], values_now[i] = keys, values
+        if k != len(codes):
+            raise ValueError(f"{len(codes) - k} codes left over")
+        self._last = fields
+        self._by_kind[kind] = (fields, keys_now, values_now)
+        return ",".join(fields) + "\n"
+
+
+class CompactLedgerFile:
+    """A text sink for the ledger writer: takes whole CSV rows, writes the compact gzip
+    stream. The first row it is given is the header."""
+
+    def __init__(self, path) -> None:
+        self._raw = open(path, "wb")
+        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
+        self._fh = io.TextIOWrapper(self._gz, encoding="utf-8", newline="")
+        self._w = csv.writer(self._fh, lineterminator="\r\n")
+        self._enc: CompactEncoder | None = None
+
+    def write_rows(self, rows: Iterable[str]) -> None:
+        enc, w = self._enc, self._w
+        for row in rows:
+            line = row[:-1]              # every row ends with its "\n"
+            if enc is None:
+                w.writerow([MAGIC, VERSION])
+                w.writerow([line])
+                enc = self._enc = CompactEncoder(line)
+                continue
+            w.writerow(enc.encode(line))
+
+    def close(self) -> None:
+        self._fh.close()
+        self._raw.close()
+
+
+def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
+    """The CSV ledger's lines (header first, each with its "\\n") from a compact stream's
+    text. A stream that is not a compact ledger, or is cut or altered so that a row does
+    not decode, is an InputError naming the row."""
+    rows = csv.reader(stream)
+    try:
+        magic = next(rows)
+        if magic != [MAGIC, VERSION]:
+            raise InputError(f"expected a {MAGIC} version {VERSION} header, found "
+                             f"{','.join(magic)[:60]!r}", path=name, line=1)
+        header = next(rows)[0]
+    except StopIteration:
+        raise InputError("the compact ledger has no header", path=name) from None
+    yield header + "\n"
+    dec = CompactDecoder(header)
+    for n, codes in enumerate(rows, start=3):
+        try:
+            yield dec.decode(codes)
+        except (ValueError, IndexError, TypeError, orjson.JSONDecodeError) as exc:
+            raise InputError(f"row does not decode: {exc}", path=name, line=n) from None
+
+
+def open_compact(path) -> Iterator[str]:
+    """The CSV ledger's lines from a ledger.compact.csv.gz file."""
+    with io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="") as fh:
+        yield from decode(fh, str(path))
+
+
+
+def compact_lines(path) -> Iterator[str]:
+    """The lines of the CSV a ledger.compact.csv.gz file codes, each with its "\n" (a row
+    with a line break in a quoted field is more than one); a file that is cut, not gzip,
+    not UTF-8 or does not decode is an InputError naming it (and the compact row, where
+    one is to blame)."""
+    import zlib
+    try:
+        for row in open_compact(path):
+            start = 0
+            while True:
+                j = row.find("\n", start)
+                if j < 0 or j == len(row) - 1:
+                    yield row[start:]
+                    break
+                yield row[start:j + 1]
+                start = j + 1
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 ({exc.reason}; expected the UTF-8 compact ledger psgate "
+                         f"writes)", path=str(path)) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile, csv.Error) as exc:
+        raise InputError(f"not a complete compact ledger ({exc}; expected the gzip psgate "
+                         f"writes)", path=str(path)) from None
