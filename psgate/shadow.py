@@ -20,9 +20,10 @@ evicted and those the shadow policy evicted for the same request; every
 tenant, hit tokens live vs shadow and the would-be difference.
 
 Times are seconds since ``t0`` (the capture's zero when the plugin runs both). The
-eviction lines are kept in memory and written every ``flush_s`` seconds, whole lines
-in one write, so the scheduler thread does no file I/O per allocation; a process
-killed outright loses at most that many seconds of them.
+eviction lines are queued in memory and written every ``flush_s`` seconds, whole lines
+in one write, by a thread of their own ("psgate-shadow"), so the scheduler thread never
+waits on the disk (a write stalled by other I/O once held a step for a second); a
+process killed outright loses at most that many seconds of them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from psgate.engines.vllm_live import LivePolicy, identify
@@ -57,8 +60,7 @@ class ShadowRunner:
         self.clock = clock
         self.t0 = clock() if t0 is None else t0
         self.flush_s = flush_s
-        self._pending: list[str] = []        # eviction lines not yet written
-        self._last_flush = self._last_summary = self.clock() - self.t0
+        self._last_summary = self.clock() - self.t0
         self.bs = mgr.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         num_blocks = len(mgr.block_pool.blocks)
         self.smgr, self._hasher = make_kv_cache_manager(num_blocks, self.bs)
@@ -76,7 +78,7 @@ class ShadowRunner:
         self._cur_group: str | None = None
         self._batch_live: list[str] = []
         self._batch_shadow: list[str] = []
-        self._evictions = open(self.dir / "shadow-evictions.jsonl", "a")
+        self._evictions = _LineWriter(self.dir / "shadow-evictions.jsonl", flush_s)
         self._summaries = open(self.dir / "shadow.jsonl", "a", buffering=1)
         self._wrap(mgr, mgr.block_pool)
         self._closed = False
@@ -128,12 +130,9 @@ class ShadowRunner:
                     self._grow(rid)
             now = self.clock() - self.t0
             if self._batch_live or self._batch_shadow:
-                self._pending.append(json.dumps(
+                self._evictions.append(json.dumps(
                     {"t": round(now, 6), "request_group": group,
                      "live": self._batch_live, "shadow": self._batch_shadow}) + "\n")
-            if now - self._last_flush >= self.flush_s:
-                self._last_flush = now
-                self._flush()
             if now - self._last_summary >= self.interval_s:
                 self._last_summary = now
                 self._summary_line(now)
@@ -218,12 +217,6 @@ class ShadowRunner:
                 sreq.num_computed_tokens += n
 
     # -- reports --------------------------------------------------------------------------------
-    def _flush(self) -> None:
-        if self._pending:
-            self._evictions.write("".join(self._pending))
-            self._evictions.flush()
-            self._pending.clear()
-
     def _summary_line(self, now: float, **extra) -> None:
         self._summaries.write(json.dumps({"t": round(now, 3), "groups": self.stats, **extra},
                                          sort_keys=True) + "\n")
@@ -248,12 +241,45 @@ class ShadowRunner:
         if self._closed:
             return self.report()
         self._closed = True
-        self._flush()
+        self._evictions.close()
         self._summary_line(self.clock() - self.t0, final=True)
         rep = self.report()
         tmp = self.dir / "shadow-report.json.part"
         tmp.write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, self.dir / "shadow-report.json")
-        self._evictions.close()
         self._summaries.close()
         return rep
+
+
+class _LineWriter:
+    """Lines appended on the scheduler thread (a deque append: one atomic C call, no
+    wake-up), written and flushed every ``flush_s`` seconds by a daemon thread, and the
+    rest at close."""
+
+    def __init__(self, path: Path, flush_s: float) -> None:
+        self._fh = open(path, "a")
+        self._q: deque[str] = deque()
+        self.append = self._q.append
+        self._flush_s = flush_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="psgate-shadow", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        q = self._q
+        lines = [q.popleft() for _ in range(len(q))]
+        if lines:
+            self._fh.write("".join(lines))
+            self._fh.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_s):
+            self._drain()
+
+    def close(self) -> None:
+        if self._fh.closed:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._drain()
+        self._fh.close()

@@ -30,6 +30,7 @@ import gzip
 import io
 import re
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 
 import orjson
 
@@ -49,8 +50,13 @@ def split_row(line: str) -> list[str]:
     a field that starts with a quote runs to its closing quote (doubled quotes inside),
     any other runs to the next comma (csv_field never leaves a comma or a quote
     unquoted)."""
-    out = []
-    i, n = 0, len(line)
+    q = line.find('"')
+    if q < 0:
+        return line.split(",")
+    if q and line[q - 1] != ",":
+        raise ValueError(f"a quote inside an unquoted field at {q}")
+    out = line[:q - 1].split(",") if q else []
+    i, n = q, len(line)
     while True:
         if i < n and line[i] == '"':
             j = i + 1
@@ -106,21 +112,19 @@ def _uncode(code: str, pred: str) -> str:
 
 
 def _json_fields(text: str) -> tuple[list[str], list[str]] | None:
-    """(keys, each value's JSON text) of a quoted canonical JSON object field, or None
-    when the field is not one that re-serializes to the same text."""
+    """(keys, each value's JSON text) of a quoted compact JSON object field, or None when
+    the field is not one that :func:`_json_text` gives back exactly."""
     if not (text.startswith('"{') and text.endswith('}"')):
         return None
+    inner = text[1:-1].replace('""', '"')
     try:
-        obj = orjson.loads(text[1:-1].replace('""', '"'))
+        obj = orjson.loads(inner)
     except orjson.JSONDecodeError:
         return None
-    if type(obj) is not dict:
+    if (type(obj) is not dict or not obj or orjson.dumps(obj) != inner.encode()
+            or '"' + inner.replace('"', '""') + '"' != text):
         return None
-    keys = list(obj)
-    values = [orjson.dumps(obj[k]).decode() for k in keys]
-    if _json_text(keys, values) != text:
-        return None
-    return keys, values
+    return list(obj), [orjson.dumps(v).decode() for v in obj.values()]
 
 
 def _json_text(keys: list[str], values: list[str]) -> str:
@@ -136,44 +140,55 @@ class CompactEncoder:
         self.json_cols = [i for i, c in enumerate(self.columns) if c in ("segments", "rank")]
         self.plain_cols = [i for i in range(len(self.columns))
                            if i != _KIND_COL and i not in self.json_cols]
-        self._last: list[str] = [""] * len(self.columns)
-        self._by_kind: dict[str, tuple[list[str], dict[int, list[str]], dict[int, list[str]]]] = {}
-
-    def _predictions(self, kind: str):
-        return self._by_kind.get(kind) or ([""] * len(self.columns), {}, {})
+        shared = [i for i in self.plain_cols if i < _SHARED]
+        own = [i for i in self.plain_cols if i >= _SHARED]
+        self._shared = itemgetter(*shared)
+        self._own = itemgetter(*own)
+        self._seq_at = shared.index(_SEQ_COL)
+        self._last = ("",) * len(shared)
+        self._blank = (("",) * len(own), {i: ("", [], [], True) for i in self.json_cols})
+        # per kind: its last row's own fields, and per JSON column (text, keys, values,
+        # whether it was coded by key)
+        self._by_kind: dict[str, tuple[tuple, dict]] = {}
 
     def encode(self, line: str) -> list[str]:
         fields = split_row(line)
         if len(fields) != len(self.columns):
             raise ValueError(f"{len(fields)} fields, the header has {len(self.columns)}")
         kind = fields[_KIND_COL]
-        prev, prev_keys, prev_values = self._predictions(kind)
+        prev_own, prev_json = self._by_kind.get(kind) or self._blank
+        cur = self._shared(fields)
+        pred = list(self._last)
+        seq = pred[self._seq_at]
+        if _INT.match(seq):
+            pred[self._seq_at] = str(int(seq) + 1)
         out = [kind]
-        last = self._last
-        for i in self.plain_cols:
-            if i < _SHARED:
-                pred = last[i]
-                if i == _SEQ_COL and _INT.match(pred):
-                    pred = str(int(pred) + 1)
-            else:
-                pred = prev[i]
-            out.append(_code(fields[i], pred))
-        keys_now, values_now = dict(prev_keys), dict(prev_values)
+        out += ["" if c == p else _code(c, p) for c, p in zip(cur, pred)]
+        own = self._own(fields)
+        out += ["" if c == p else _code(c, p) for c, p in zip(own, prev_own)]
+        json_now = dict(prev_json)
         for i in self.json_cols:
             text = fields[i]
+            ptext, pkeys, pvalues, pok = prev_json[i]
+            if text == ptext and pok:
+                out.append("")
+                out += [""] * len(pkeys)
+                continue
             parsed = _json_fields(text) if text else ([], [])
             if parsed is None:
                 out.append("!" + text)
+                json_now[i] = (text, pkeys, pvalues, False)
                 continue
             keys, values = parsed
-            pk = prev_keys.get(i)
-            out.append("" if keys == pk else "=" + orjson.dumps(keys).decode())
-            pv = prev_values.get(i) if keys == pk else None
-            for j, v in enumerate(values):
-                out.append(_code(v, pv[j]) if pv is not None else "=" + v)
-            keys_now[i], values_now[i] = keys, values
-        self._last = fields
-        self._by_kind[kind] = (fields, keys_now, values_now)
+            if keys == pkeys:
+                out.append("")
+                out += ["" if c == p else _code(c, p) for c, p in zip(values, pvalues)]
+            else:
+                out.append("=" + orjson.dumps(keys).decode())
+                out += ["=" + v for v in values]
+            json_now[i] = (text, keys, values, True)
+        self._last = cur
+        self._by_kind[kind] = (own, json_now)
         return out
 
 
@@ -189,7 +204,8 @@ class CompactDecoder:
     def decode(self, codes: list[str]) -> str:
         kind = codes[0]
         prev, prev_keys, prev_values = self._by_kind.get(kind) or (
-            [""] * len(self.columns), {}, {})
+            [""] * len(self.columns), {i: [] for i in self.json_cols},
+            {i: [] for i in self.json_cols})
         fields = [""] * len(self.columns)
         fields[_KIND_COL] = kind
         k = 1
