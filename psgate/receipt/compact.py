@@ -11,6 +11,8 @@ form removes it first and gzips what is left:
                "~" + delta   both are integers: the difference
                "^" + delta   both are times (seconds, 9 decimals): the difference in ns
                "=" + text    anything else, verbatim
+               "#" + number  the hash column: a trace hash seen before, by its number
+                             (HashIds)
     predict -> columns run..contract: the previous row; seq: the previous row's + 1;
                the rest: the previous row of the same kind
     JSON    -> "" (same keys as the prediction) or "=" + the keys as a JSON array, then a
@@ -132,6 +134,35 @@ def _json_text(keys: list[str], values: list[str]) -> str:
     return '"{' + body.replace('"', '""') + '}"'
 
 
+class HashIds:
+    """Trace hashes numbered in the order first seen, for a victim whose content was
+    evicted before (the same prompt block evicted again, or in the other run): it is coded
+    by that number instead of 32 hex digits. Both sides number the same hashes in the same
+    order; at ``LIMIT`` distinct hashes both start over, so memory stays bounded."""
+
+    LIMIT = 1 << 18
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def see(self, h: str) -> int | None:
+        """The number ``h`` had, or None when it is new (it is numbered now)."""
+        hid = self._ids.get(h)
+        if hid is None:
+            if len(self._names) >= self.LIMIT:
+                self._ids.clear()
+                self._names.clear()
+            self._ids[h] = len(self._names)
+            self._names.append(h)
+        return hid
+
+    def name(self, hid: int) -> str:
+        if not 0 <= hid < len(self._names):
+            raise ValueError(f"no trace hash numbered {hid}")
+        return self._names[hid]
+
+
 class CompactEncoder:
     """Rows of the CSV ledger in, compact rows out (one per row, same order)."""
 
@@ -145,6 +176,9 @@ class CompactEncoder:
         self._shared = itemgetter(*shared)
         self._own = itemgetter(*own)
         self._seq_at = shared.index(_SEQ_COL)
+        self._hash_col = self.columns.index("hash")
+        self._hash_at = 1 + len(shared) + own.index(self._hash_col)
+        self._hashes = HashIds()
         self._last = ("",) * len(shared)
         self._blank = (("",) * len(own), {i: ("", [], [], True) for i in self.json_cols})
         # per kind: its last row's own fields, and per JSON column (text, keys, values,
@@ -166,6 +200,11 @@ class CompactEncoder:
         out += ["" if c == p else _code(c, p) for c, p in zip(cur, pred)]
         own = self._own(fields)
         out += ["" if c == p else _code(c, p) for c, p in zip(own, prev_own)]
+        h = fields[self._hash_col]
+        if h:
+            hid = self._hashes.see(h)
+            if hid is not None and out[self._hash_at]:
+                out[self._hash_at] = f"#{hid}"
         json_now = dict(prev_json)
         for i in self.json_cols:
             text = fields[i]
@@ -198,6 +237,8 @@ class CompactDecoder:
     def __init__(self, header: str) -> None:
         enc = CompactEncoder(header)       # the same column roles
         self.columns, self.json_cols, self.plain_cols = enc.columns, enc.json_cols, enc.plain_cols
+        self._hash_col = enc._hash_col
+        self._hashes = HashIds()
         self._last: list[str] = [""] * len(self.columns)
         self._by_kind: dict = {}
 
@@ -210,6 +251,7 @@ class CompactDecoder:
         fields[_KIND_COL] = kind
         k = 1
         last = self._last
+        hash_col = self._hash_col
         for i in self.plain_cols:
             if i < _SHARED:
                 pred = last[i]
@@ -217,8 +259,15 @@ class CompactDecoder:
                     pred = str(int(pred) + 1)
             else:
                 pred = prev[i]
-            fields[i] = _uncode(codes[k], pred)
+            code = codes[k]
+            if i == hash_col and code.startswith("#"):
+                fields[i] = self._hashes.name(int(code[1:]))
+            else:
+                fields[i] = _uncode(code, pred)
             k += 1
+        h = fields[hash_col]
+        if h:
+            self._hashes.see(h)
         keys_now, values_now = dict(prev_keys), dict(prev_values)
         for i in self.json_cols:
             mark = codes[k]
