@@ -41,6 +41,7 @@ the same environment) and permission to read the server's memory (ptrace).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -293,40 +294,48 @@ def _closed_loop(port: int, work, clients: int, tag: str) -> float:
     return len(work) / (time.perf_counter() - t)
 
 
+@contextlib.contextmanager
+def _mode_server(mode: str):
+    """(process, port, scratch directory) of a `vllm serve` ready for requests, the plugin
+    configured as PLUGIN_MODES[mode]; stopped with SIGTERM (SIGKILL if it hangs) after."""
+    import signal
+    import socket
+    import tempfile
+    with tempfile.TemporaryDirectory() as d, open(Path(d) / "server.log", "w") as log:
+        env = {key: v for key, v in os.environ.items() if not key.startswith("PSGATE_")}
+        env.update({key: v.format(dir=d) for key, v in PLUGIN_MODES[mode].items()})
+        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=str(ROOT),
+                   VLLM_LOGGING_LEVEL="INFO")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = _serve(env, port, log)
+        try:
+            _wait_ready(proc, port)
+            yield proc, port, Path(d)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except Exception:        # noqa: BLE001 - never leave a server behind
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def plugin_overhead(n: int, rounds: int, passes: int, clients: int) -> list[dict]:
     """Saturated requests/s of `vllm serve` (multiprocessing on, as in production) with the
     plugin off, the policy alone, policy + capture and policy + capture + shadow; one server
     per mode and round, modes rotated round by round, `passes` measurements per server after
     a warm-up pass."""
-    import signal
-    import socket
-    import tempfile
     rps: dict[str, list[float]] = {m: [] for m in PLUGIN_MODES}
     names = list(PLUGIN_MODES)
     work = real_workload(n)
     for k in range(rounds):
         for m in names[k % len(names):] + names[:k % len(names)]:
-            with tempfile.TemporaryDirectory() as d, open(Path(d) / "server.log", "w") as log:
-                env = {key: v for key, v in os.environ.items() if not key.startswith("PSGATE_")}
-                env.update({key: v.format(dir=d) for key, v in PLUGIN_MODES[m].items()})
-                env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=str(ROOT),
-                           VLLM_LOGGING_LEVEL="INFO")
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", 0))
-                    port = sock.getsockname()[1]
-                proc = _serve(env, port, log)
-                try:
-                    _wait_ready(proc, port)
-                    _closed_loop(port, work, clients, f"r{k}.warm")
-                    for j in range(passes):
-                        rps[m].append(_closed_loop(port, work, clients, f"r{k}.p{j}"))
-                finally:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=120)
-                    except Exception:        # noqa: BLE001 - never leave a server behind
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
+            with _mode_server(m) as (_, port, _):
+                _closed_loop(port, work, clients, f"r{k}.warm")
+                for j in range(passes):
+                    rps[m].append(_closed_loop(port, work, clients, f"r{k}.p{j}"))
             print(f"  round {k} {m}: {[round(x, 2) for x in rps[m][-passes:]]}",
                   file=sys.stderr)
     base = statistics.median(rps["off"])
@@ -369,25 +378,14 @@ def plugin_attribution(n: int, windows: int, window_s: int, rate: int, clients: 
                        pyspy: str) -> list[dict]:
     """Per mode: one server saturated by `clients` closed-loop clients for the whole run,
     sampled by py-spy in `windows` windows of `window_s` seconds after a warm-up pass."""
-    import signal
-    import socket
     import subprocess
     import sysconfig
-    import tempfile
     import threading
     classifier = StackClassifier(str(ROOT / "psgate"), sysconfig.get_paths()["stdlib"])
     work = real_workload(n)
     rows = []
     for m in ATTRIBUTE_MODES:
-        with tempfile.TemporaryDirectory() as d, open(Path(d) / "server.log", "w") as log:
-            env = {key: v for key, v in os.environ.items() if not key.startswith("PSGATE_")}
-            env.update({key: v.format(dir=d) for key, v in PLUGIN_MODES[m].items()})
-            env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=str(ROOT),
-                       VLLM_LOGGING_LEVEL="INFO")
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            proc = _serve(env, port, log)
+        with _mode_server(m) as (proc, port, d):
             stop = threading.Event()
             failed: list[BaseException] = []
 
@@ -403,7 +401,6 @@ def plugin_attribution(n: int, windows: int, window_s: int, rate: int, clients: 
             loader = threading.Thread(target=load)
             per_window = []
             try:
-                _wait_ready(proc, port)
                 _closed_loop(port, work, clients, f"{m}.warm")
                 loader.start()
                 time.sleep(2.0)                  # the clients' first requests are queued
@@ -411,8 +408,9 @@ def plugin_attribution(n: int, windows: int, window_s: int, rate: int, clients: 
                     out = Path(d) / f"w{w}.txt"
                     run = subprocess.run(
                         [pyspy, "record", "--pid", str(proc.pid), "--subprocesses",
-                         "--threads", "--full-filenames", "--nonblocking", "--idle", "--rate", str(rate),
-                         "--duration", str(window_s), "--format", "raw", "-o", str(out)],
+                         "--threads", "--full-filenames", "--nonblocking", "--idle",
+                         "--rate", str(rate), "--duration", str(window_s), "--format", "raw",
+                         "-o", str(out)],
                         capture_output=True, text=True)
                     if run.returncode or not out.exists():
                         msg = next((ln for ln in run.stderr.splitlines()
@@ -428,12 +426,6 @@ def plugin_attribution(n: int, windows: int, window_s: int, rate: int, clients: 
                 stop.set()
                 if loader.is_alive():
                     loader.join()
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=120)
-                except Exception:        # noqa: BLE001 - never leave a server behind
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
         loop = [c["loop"] for c in per_window]
         if min(loop) == 0:
             raise SystemExit(f"bench_vllm: no sample of the engine core's {StackClassifier.LOOP}"
