@@ -71,7 +71,7 @@ class ReplayConfig:
     paranoid: bool = False
     ledger_hits: bool = False
     ledger_rows: str = "all"            # or "evictions"
-    ledger_compression: str = "none"    # or "gzip"
+    ledger_compression: str = "none"    # or "gzip", "compact"
     cost: CostModel = field(default_factory=CostModel)
     # How requests are scheduled: "service" (the first replay model: admission at arrival,
     # one FIFO prefill server) or "step" (vLLM's scheduler on a modeled step clock, with the
@@ -239,7 +239,11 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                                    progress=tick, groups=summary.groups,
                                    max_in_flight=cfg.limits.max_in_flight, **extra)
                 with TraceReader(src, hashes, cfg.limits, validated=summary) as reader:
-                    result = engine.run(rep.select(reader.events(), tick))
+                    events = rep.select(reader.events(), tick)
+                    result = engine.run(events)
+                    if result.aborted is not None:
+                        for _ in events:    # an aborted run stops reading: the digest below
+                            pass            # is of the whole trace all the same
                     if reader.summary().sha256 != summary.sha256:
                         raise InputError("the trace changed while it was being replayed",
                                          path=src.display)
@@ -323,15 +327,26 @@ class _Replicated:
         return run_record(self.result, metrics, saturation, replicas)
 
 
-def convert_ledger(src, dst) -> int:
+def convert_ledger(src, dst, force: bool = False) -> int:
     """Write the CSV a compact ledger codes (``src``: the .compact.csv.gz file) to
     ``dst`` atomically, gzip when its name ends in .gz (no name, no time in the header);
-    returns the number of lines after the header."""
+    returns the number of lines after the header. An existing ``dst`` is replaced only
+    with ``force`` and only when it is a regular file other than ``src``."""
     from psgate.receipt.compact import compact_lines
     src = Path(src)
     if not src.is_file():
         raise InputError("no such compact ledger", path=str(src))
     dst = check_destination(dst)
+    if dst.is_symlink() or (dst.exists() and not dst.is_file()):
+        raise InputError("exists and is not a regular file; name a new file to write",
+                         path=str(dst))
+    if dst.exists():
+        if dst.samefile(src):
+            raise InputError("is the compact ledger being converted; name another file",
+                             path=str(dst))
+        if not force:
+            raise InputError("already exists; pass --force to replace it, or name another "
+                             "--out", path=str(dst))
     n = -1
     with atomic_file(dst) as out:
         gz = gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) \

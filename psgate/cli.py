@@ -448,11 +448,12 @@ app.add_typer(ledger_app, name="ledger")
 def ledger_convert(
     source: Annotated[Path, typer.Argument(help="a ledger.compact.csv.gz, or the directory psgate replay wrote it to")],
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="the CSV to write (default: ledger.csv beside it; .gz: gzip)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing output file")] = False,
 ) -> None:
     """The CSV ledger a compact ledger codes, byte for byte as --ledger-compression none writes it."""
     src = source / "ledger.compact.csv.gz" if source.is_dir() else source
     dst = out if out is not None else src.with_name("ledger.csv")
-    n = api.convert_ledger(src, dst)
+    n = api.convert_ledger(src, dst, force)
     err.print(f"{dst}: {n} ledger lines from {src}", markup=False)
 
 

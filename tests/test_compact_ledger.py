@@ -130,6 +130,19 @@ def test_compact_cli_convert_verify_and_determinism(tmp_path):
     assert gzip.decompress((tmp_path / "l.csv.gz").read_bytes()) == plain
     assert_one_line_error(psgate("ledger", "convert", tmp_path / "none.compact.csv.gz"), 2,
                           "no such compact ledger")
+    # the default output now exists: replaced only with --force; never the source itself,
+    # and never a file that is not a regular one
+    assert_one_line_error(psgate("ledger", "convert", c1), 2, "already exists", "--force")
+    assert psgate("ledger", "convert", c1, "--force").returncode == 0
+    src = c1 / "ledger.compact.csv.gz"
+    before = src.read_bytes()
+    assert_one_line_error(psgate("ledger", "convert", src, "-o", src, "--force"), 2,
+                          "is the compact ledger being converted")
+    link = tmp_path / "link.csv"
+    link.symlink_to(tmp_path / "elsewhere.csv")
+    assert_one_line_error(psgate("ledger", "convert", src, "-o", link, "--force"), 2,
+                          "not a regular file")
+    assert src.read_bytes() == before and not (tmp_path / "elsewhere.csv").exists()
 
 
 def test_damaged_compact_ledgers_are_named_errors(tmp_path):
@@ -141,6 +154,14 @@ def test_damaged_compact_ledgers_are_named_errors(tmp_path):
         "code": text.replace("evict,", "evict,?", 1),
         "extra": text.rstrip("\r\n") + ",,\r\n",
     }
+    lines = text.split("\r\n")
+    cases.update({
+        "blank-header": "\r\n".join(lines[:1] + [""] + lines[2:]),
+        "short-header": "\r\n".join(lines[:1] + ["run,kind"] + lines[2:]),
+        "odd-header": "\r\n".join(lines[:1] + ['"run,po""licy"'] + lines[2:]),
+        "underscore-delta": text.replace(",~-1,", ",~-1_0,", 1),
+    })
+    assert ",~-1," in text
     for name, body in cases.items():
         p = tmp_path / f"{name}.compact.csv.gz"
         p.write_bytes(gzip.compress(body.encode()))
@@ -182,3 +203,15 @@ def test_bytes_per_eviction_beat_gzip_csv(tmp_path):
                       "--ledger-rows", "evictions", "--ledger-compression", c).returncode == 0
         sizes[c] = sum(f.stat().st_size for f in out.glob("ledger*"))
     assert sizes["compact"] < 0.7 * sizes["gzip"], sizes
+
+
+def test_huge_ids_and_fields_round_trip(tmp_path):
+    """Ids past Python's int-to-str limit are text, not numbers; fields past csv's default
+    field size read back."""
+    huge = [row(run="baseline", policy="lru", seq=1, t="0.000000000", kind="evict",
+                request="1" * 4301, block=1, hash="ab" * 16),
+            row(run="baseline", policy="lru", seq=2, t="0.000000000", kind="evict",
+                request="2" * 4301, block=2, hash="cd" * 16),
+            row(run="baseline", policy="lru", seq=3, t="0.000000000", kind="evict",
+                request="r" + "x" * 200_000, block=3, hash="ef" * 16)]
+    assert roundtrip(huge, tmp_path) == HEADER + "".join(huge)

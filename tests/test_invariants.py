@@ -204,3 +204,17 @@ def test_orphans_measured_on_replay(tmp_path):
         assert log.evictions == ["g:a2"] and result.orphans["orphans_created"] == 0
     finally:
         unregister("test-mru")
+
+
+def test_an_aborted_run_still_gives_a_receipt_whose_gate_fails(tmp_path):
+    """An aborted run stops reading the trace; the replay reads the rest so that its check
+    that the trace did not change covers the whole file (before, it raised RuntimeError
+    and wrote nothing)."""
+    from psgate import api
+    cfg = api.ReplayConfig(trace=str(_pressure_trace(tmp_path)), baseline="lru",
+                           candidate="test-pinned-victim", capacity=6, out=tmp_path / "out",
+                           scheduler="service")
+    receipt = api.replay(cfg).receipt
+    assert "not an eviction candidate" in receipt["runs"]["candidate"]["aborted"]
+    assert receipt["gate"]["result"] == "fail"
+    assert (tmp_path / "out" / "receipt.json").exists()

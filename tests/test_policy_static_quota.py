@@ -62,3 +62,22 @@ def test_configured_shares(tmp_path):
                                params={"shares": {"g": 7, "h": 2}})
     o = outcomes(result)
     assert o["A"].state == "completed" and result.occupancy_max["g"] == 6
+
+
+
+def test_decode_past_the_share_with_nothing_of_its_own_to_give(tmp_path):
+    """Under the step scheduler a running request's output blocks can take its group past
+    its share (admission checks the prompt); with none of the group's own blocks
+    evictable the extra blocks come from free ones. Before, reclaim_first asked for a
+    victim that did not exist and the run aborted on block -1 (fanout at its defaults)."""
+    import json
+
+    from test_cli import psgate
+    trace, out = tmp_path / "fanout.jsonl", tmp_path / "out"
+    assert psgate("trace", "gen", "fanout", "-o", trace).returncode == 0
+    proc = psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
+                  "static-quota", "--out", out, "--quiet", "--paranoid")
+    assert proc.returncode in (0, 1), proc.stderr
+    run = json.loads((out / "receipt.json").read_text())["runs"]["candidate"]
+    assert run["aborted"] is None
+    assert all(v["holds"] for v in run["invariants"].values())

@@ -76,7 +76,11 @@ class StaticQuota(EvictionPolicy):
     def reclaim_first(self, req: PolicyRequest, num_new_blocks: int) -> int:
         g = self._g(req.group)
         self.remaining = num_new_blocks      # all of them join held_g after the evictions
-        return max(0, self.held[g] + num_new_blocks - self.shares[g])
+        # At most what the group has to give back: a running request's decode can take
+        # the group past its share (admission checked its prompt only), and with none of
+        # its own blocks evictable the rest comes from free blocks, not from a victim
+        # that does not exist.
+        return min(self.mine.sizes[g], max(0, self.held[g] + num_new_blocks - self.shares[g]))
 
     def on_allocated(self, req: PolicyRequest, blocks: list[int]) -> None:
         g = self._g(req.group)

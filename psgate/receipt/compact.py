@@ -40,9 +40,14 @@ from psgate.errors import InputError
 
 MAGIC = "psgate-compact-ledger"
 VERSION = "1"
-_INT = re.compile(r"(0|-?[1-9][0-9]*)\Z")
-_SECONDS = re.compile(r"(0|[1-9][0-9]*)\.[0-9]{9}\Z")      # fmt_t: seconds, 9 decimals
+_FIELD_LIMIT = 1 << 30
+# Delta coding only for numbers a machine word holds (a 4,301-digit id would meet
+# Python's int-to-str limit): bigger ones, and ids with leading zeros, are kept as text.
+_INT = re.compile(r"(0|-?[1-9][0-9]{0,17})\Z")
+_SECONDS = re.compile(r"(0|[1-9][0-9]{0,9})\.[0-9]{9}\Z")      # fmt_t: seconds, 9 decimals
+_DELTA = re.compile(r"-?[0-9]{1,20}\Z")
 _KIND_COL = 4
+REQUIRED = ("run", "policy", "seq", "t", "kind", "request", "group", "contract", "hash")
 _SEQ_COL = 2
 _SHARED = 8                 # columns 0..7 predicted from the previous row of any kind
 
@@ -101,12 +106,18 @@ def _code(cur: str, pred: str) -> str:
 def _uncode(code: str, pred: str) -> str:
     if not code:
         return pred
+    if code[0] in "~^" and not _DELTA.match(code, 1):
+        raise ValueError(f"a difference that is not a whole number: {code[1:40]!r}")
     if code[0] == "~":
+        if not _INT.match(pred):
+            raise ValueError(f"a step from {pred[:40]!r}, which is not a number")
         return str(int(pred) + int(code[1:]))
     if code[0] == "^":
+        if not _SECONDS.match(pred):
+            raise ValueError(f"a time step from {pred[:40]!r}, which is not a time")
         ns = _ns(pred) + int(code[1:])
-        if ns < 0 or not _SECONDS.match(pred):
-            raise ValueError(f"a time step from {pred!r} that is not a time")
+        if ns < 0:
+            raise ValueError("a time step to before zero")
         return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
     if code[0] == "=":
         return code[1:]
@@ -168,6 +179,9 @@ class CompactEncoder:
 
     def __init__(self, header: str) -> None:
         self.columns = split_row(header)
+        missing = [c for c in REQUIRED if c not in self.columns]
+        if missing or self.columns.index("kind") != _KIND_COL or self.columns[_SEQ_COL] != "seq":
+            raise ValueError(f"not the ledger's columns (missing {missing or 'kind/seq'})")
         self.json_cols = [i for i, c in enumerate(self.columns) if c in ("segments", "rank")]
         self.plain_cols = [i for i in range(len(self.columns))
                            if i != _KIND_COL and i not in self.json_cols]
@@ -324,17 +338,25 @@ def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
     """The CSV ledger's lines (header first, each with its "\\n") from a compact stream's
     text. A stream that is not a compact ledger, or is cut or altered so that a row does
     not decode, is an InputError naming the row."""
+    if csv.field_size_limit() < _FIELD_LIMIT:      # a 200 kB request id is a field too
+        csv.field_size_limit(_FIELD_LIMIT)
     rows = csv.reader(stream)
     try:
         magic = next(rows)
         if magic != [MAGIC, VERSION]:
             raise InputError(f"expected a {MAGIC} version {VERSION} header, found "
                              f"{','.join(magic)[:60]!r}", path=name, line=1)
-        header = next(rows)[0]
+        header = next(rows)
     except StopIteration:
         raise InputError("the compact ledger has no header", path=name) from None
-    yield header + "\n"
-    dec = CompactDecoder(header)
+    try:
+        if len(header) != 1:
+            raise ValueError(f"{len(header)} fields")
+        dec = CompactDecoder(header[0])
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"expected the ledger's CSV header, found {header!r:.60} ({exc})",
+                         path=name, line=2) from None
+    yield header[0] + "\n"
     for n, codes in enumerate(rows, start=3):
         try:
             yield dec.decode(codes)
