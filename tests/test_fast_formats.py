@@ -80,9 +80,22 @@ def test_jcs_equals_rfc8785_on_random_values(seed):
 
 
 def _csv_ref(v) -> str:
+    # "\r\n" as terminator, so that csv.writer quotes a lone carriage return too
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow([v, ""])
-    return buf.getvalue()[:-2]
+    csv.writer(buf, lineterminator="\r\n").writerow([v, ""])
+    return buf.getvalue()[:-3]
+
+
+class _RowsLF:
+    """csv.writer's fields (quoting CR as well as LF, as with "\r\n"), rows ended by "\n"."""
+
+    def __init__(self, fh) -> None:
+        self._fh = fh
+
+    def writerow(self, row) -> None:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\r\n").writerow(row)
+        self._fh.write(buf.getvalue()[:-2] + "\n")
 
 
 def test_csv_field_equals_csv_writer():
@@ -101,7 +114,7 @@ class _RefWriter:
     """The ledger as csv.writer writes it, one call per row."""
 
     def __init__(self, fh, hits):
-        self._w = csv.writer(fh, lineterminator="\n")
+        self._w = _RowsLF(fh)
         self._w.writerow(LEDGER_COLUMNS)
         self.hits, self.run, self.policy, self.seq = hits, "", "", 0
 
@@ -187,3 +200,26 @@ def test_ledger_rows_equal_csv_writer(tmp_path):
                     x.hit(*args)
     w.close()
     assert out.read_bytes().decode("utf-8") == buf.getvalue()
+
+
+def test_a_lone_carriage_return_is_quoted_and_the_ledger_reads_back(tmp_path):
+    """A request or group id with a lone CR is quoted (csv.writer with a "\\n" terminator
+    leaves it bare, and a csv reader then ends the row there): explain reads the row."""
+    from helpers import write
+    from test_cli import psgate
+    assert csv_field("a\rb") == '"a\rb"' and csv_field("\r") == '"\r"'
+    trace = write(tmp_path, [
+        {"t": 0, "id": "r\r1", "group": "g\rx", "blocks": ["a", "b", "c"], "done_t": 1},
+        {"t": 2, "id": "r2", "group": "h", "blocks": ["d", "e", "f"], "done_t": 3},
+    ])
+    out = tmp_path / "out"
+    assert psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate", "lru",
+                  "--capacity", "5", "--scheduler", "service", "--out", out,
+                  "--quiet").returncode == 0
+    with open(out / "ledger.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["request"] for r in rows} == {"r\r1", "r2"}
+    evict = next(r for r in rows if r["kind"] == "evict" and r["run"] == "candidate")
+    assert evict["owner"] == "g\rx"
+    proc = psgate("explain", out, "--decision", evict["seq"])
+    assert proc.returncode == 0 and "Victim: block" in proc.stdout, proc.stderr

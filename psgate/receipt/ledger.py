@@ -9,7 +9,6 @@ anything but the inputs.
 
 from __future__ import annotations
 
-import csv
 import gzip
 import hashlib
 import io
@@ -58,16 +57,12 @@ def canonical(obj) -> str:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _csv_exact(s: str) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow([s])
-    return buf.getvalue()[:-1]
-
-
 def csv_field(v) -> str:
-    """One field exactly as ``csv.writer(fh, lineterminator="\\n")`` writes it (the
-    default dialect: QUOTE_MINIMAL, doubled quotes): quoted when it holds a comma, a
-    quote or a line break, None as nothing, floats by repr."""
+    """One CSV field as ``csv.writer`` writes it (the default dialect: QUOTE_MINIMAL,
+    doubled quotes), quoted when it holds a comma, a quote, a line feed or a carriage
+    return (RFC 4180), None as nothing, floats by repr. (csv.writer with a "\\n" line
+    terminator leaves a lone carriage return unquoted, and every csv reader then takes it
+    for the end of the row; with "\\r\\n" it quotes it, as here.)"""
     t = type(v)
     if t is not str:
         if t is int:
@@ -76,8 +71,6 @@ def csv_field(v) -> str:
             return ""
         v = repr(v) if t is float else str(v)
     if '"' in v or "," in v or "\n" in v or "\r" in v:
-        if "\r" in v:
-            return _csv_exact(v)
         return '"' + v.replace('"', '""') + '"'
     return v
 
@@ -414,9 +407,7 @@ class RequestSpool(OutcomeSink):
 
 def _field_at(row: bytes, start: int) -> str:
     """The field of a row that starts at byte ``start``, as csv_field wrote it: quoted (its
-    quotes doubled) when it begins with a quote, else plain up to the next comma. (A csv
-    reader would not do: csv.writer leaves a lone carriage return unquoted, and a reader
-    takes it for the end of the row.)"""
+    quotes doubled) when it begins with a quote, else plain up to the next comma."""
     s = row[start:].decode()
     if not s.startswith('"'):
         return s[:s.index(",")]
