@@ -128,20 +128,27 @@ def test_finished_ids_are_forgotten_and_late_events_still_counted(tmp_path):
 
 # -- requests.csv: streamed bytes are the in-memory bytes -------------------------------
 def _reference_requests_csv(runs) -> bytes:
-    """requests.csv as csv.writer wrote it from outcomes held in memory."""
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["run", "policy", "id", "group", "contract", "role", "measure", "state", "t",
-                "prompt_tokens", "cached_tokens", "new_blocks", "recompute_tokens", "waited",
-                "wait_ms", "queue_ms", "prefill_ms", "ttft_ms", "done_t"])
+    """requests.csv as csv.writer writes it from outcomes held in memory, row by row with
+    its "\r\n" terminator (so that a lone carriage return is quoted too) turned into
+    "\n"."""
+    lines = []
+
+    def writerow(row) -> None:
+        buf = io.StringIO(newline="")
+        csv.writer(buf, lineterminator="\r\n").writerow(row)
+        lines.append(buf.getvalue()[:-2] + "\n")
+
+    writerow(["run", "policy", "id", "group", "contract", "role", "measure", "state", "t",
+              "prompt_tokens", "cached_tokens", "new_blocks", "recompute_tokens", "waited",
+              "wait_ms", "queue_ms", "prefill_ms", "ttft_ms", "done_t"])
     for label, policy, outcomes in runs:
         for o in sorted(outcomes, key=lambda o: (o.t_ns, o.id)):
-            w.writerow([label, policy, o.id, o.group, o.contract, o.role or "",
-                        int(o.measure), o.state, fmt_t(o.t_ns), o.prompt_tokens,
-                        o.cached_tokens, o.new_blocks, o.recompute_tokens, int(o.waited),
-                        fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
-                        fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns)])
-    return buf.getvalue().encode()
+            writerow([label, policy, o.id, o.group, o.contract, o.role or "",
+                      int(o.measure), o.state, fmt_t(o.t_ns), o.prompt_tokens,
+                      o.cached_tokens, o.new_blocks, o.recompute_tokens, int(o.waited),
+                      fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
+                      fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns)])
+    return "".join(lines).encode()
 
 
 _TEXT = st.text(alphabet=st.sampled_from(list('ab,"\n\r xé\u2603')), min_size=1, max_size=6)
