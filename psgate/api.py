@@ -11,7 +11,6 @@ over the same bytes with the same capacity, clock and events.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from psgate.receipt.assemble import assemble_receipt, run_record
 from psgate.receipt.gate import (GateSpec, Tolerances, effective_tolerances, evaluate,
                                  load_gate_file, needs_paired)
 from psgate.receipt.ledger import (COMPRESSIONS, LEDGER_ROWS, LedgerWriter, RequestSpool,
-                                   ledger_name, write_requests)
+                                   gzip_writer, ledger_name, write_requests)
 from psgate.receipt.receipt import dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.bootstrap import paired_summary
@@ -327,11 +326,12 @@ class _Replicated:
         return run_record(self.result, metrics, saturation, replicas)
 
 
-def convert_ledger(src, dst, force: bool = False) -> int:
+def convert_ledger(src, dst) -> int:
     """Write the CSV a compact ledger codes (``src``: the .compact.csv.gz file) to
     ``dst`` atomically, gzip when its name ends in .gz (no name, no time in the header);
-    returns the number of lines after the header. An existing ``dst`` is replaced only
-    with ``force`` and only when it is a regular file other than ``src``."""
+    returns the number of lines after the header. ``dst`` may replace a regular file other
+    than ``src``, never anything else (a rename onto a symlink, FIFO or device would
+    replace it, not write into it)."""
     from psgate.receipt.compact import compact_lines
     src = Path(src)
     if not src.is_file():
@@ -340,17 +340,12 @@ def convert_ledger(src, dst, force: bool = False) -> int:
     if dst.is_symlink() or (dst.exists() and not dst.is_file()):
         raise InputError("exists and is not a regular file; name a new file to write",
                          path=str(dst))
-    if dst.exists():
-        if dst.samefile(src):
-            raise InputError("is the compact ledger being converted; name another file",
-                             path=str(dst))
-        if not force:
-            raise InputError("already exists; pass --force to replace it, or name another "
-                             "--out", path=str(dst))
+    if dst.exists() and dst.samefile(src):
+        raise InputError("is the compact ledger being converted; name another file",
+                         path=str(dst))
     n = -1
     with atomic_file(dst) as out:
-        gz = gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) \
-            if dst.name.endswith(".gz") else None
+        gz = gzip_writer(out) if dst.name.endswith(".gz") else None
         sink = gz or out
         batch: list[str] = []
         for line in compact_lines(src):

@@ -453,7 +453,8 @@ def ledger_convert(
     """The CSV ledger a compact ledger codes, byte for byte as --ledger-compression none writes it."""
     src = source / "ledger.compact.csv.gz" if source.is_dir() else source
     dst = out if out is not None else src.with_name("ledger.csv")
-    n = api.convert_ledger(src, dst, force)
+    _refuse_existing(dst, force, "--out")
+    n = api.convert_ledger(src, dst)
     err.print(f"{dst}: {n} ledger lines from {src}", markup=False)
 
 

@@ -4,6 +4,7 @@ policy's replay; a damaged compact file is one error naming its row."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from psgate.policies import policy_names
 from psgate.receipt.compact import CompactLedgerFile, decode, open_compact, split_row
-from psgate.receipt.ledger import LEDGER_COLUMNS, canonical, csv_field
+from psgate.receipt.ledger import LEDGER_COLUMNS, canonical, csv_field, open_text
 from psgate.errors import InputError
 
 from test_cli import GOLDEN_ARGS, assert_one_line_error, psgate
@@ -104,6 +105,9 @@ def test_every_policy_compact_ledger_is_the_csv(tmp_path, policy):
     assert psgate(*args, "--out", compact, "--ledger-compression", "compact").returncode in (0, 1)
     got = "".join(open_compact(compact / "ledger.compact.csv.gz")).encode()
     assert got == (plain / "ledger.csv").read_bytes()
+    with open_text(compact / "ledger.compact.csv.gz") as fh, \
+            open_text(plain / "ledger.csv") as want:
+        assert list(csv.DictReader(fh)) == list(csv.DictReader(want))
     r = json.loads((compact / "receipt.json").read_text())
     assert r["config"]["ledger"]["file"] == "ledger.compact.csv.gz"
 

@@ -45,6 +45,11 @@ class StackClassifier:
             return "stdlib"
         return "other"
 
+    def _innermost(self, frames) -> str:
+        """``path:function`` of the innermost psgate frame, the path from psgate's root."""
+        func, path, _ = next(f for f in reversed(frames) if f[2] == "psgate")
+        return f"{path[len(self.psgate_dir):]}:{func}"
+
     def classify(self, raw: str) -> dict:
         counts = {"loop": 0, "loop_idle": 0, "loop_psgate": 0, "psgate_threads": 0,
                   "psgate_elsewhere": 0, "samples": 0}
@@ -72,10 +77,9 @@ class StackClassifier:
                     continue
                 counts["loop"] += n
                 if leaf == "psgate":
-                    func, path, _ = next(f for f in reversed(frames) if f[2] == "psgate")
-                    key = f"{path[len(self.psgate_dir):]}:{func}"
-                    functions[key] = functions.get(key, 0) + n
                     counts["loop_psgate"] += n
+                    key = self._innermost(frames)
+                    functions[key] = functions.get(key, 0) + n
             elif not waiting and "psgate" in owners:
                 # a thread psgate started (the capture writer), or psgate's code on another
                 # thread or process (vLLM's input thread building a Request): work beside
@@ -83,8 +87,7 @@ class StackClassifier:
                 key = "psgate_threads" if owners[0] == "psgate" else "psgate_elsewhere"
                 counts[key] += n
                 if leaf == "psgate":
-                    func, path, _ = next(f for f in reversed(frames) if f[2] == "psgate")
-                    name = f"({key[7:]}) {path[len(self.psgate_dir):]}:{func}"
+                    name = f"({key[7:]}) {self._innermost(frames)}"
                     functions[name] = functions.get(name, 0) + n
         counts["functions"] = dict(sorted(functions.items(), key=lambda kv: (-kv[1], kv[0])))
         return counts

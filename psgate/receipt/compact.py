@@ -37,6 +37,7 @@ from operator import itemgetter
 import orjson
 
 from psgate.errors import InputError
+from psgate.receipt.ledger import fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
 VERSION = "1"
@@ -118,7 +119,7 @@ def _uncode(code: str, pred: str) -> str:
         ns = _ns(pred) + int(code[1:])
         if ns < 0:
             raise ValueError("a time step to before zero")
-        return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+        return fmt_t(ns)
     if code[0] == "=":
         return code[1:]
     raise ValueError(f"a field code starts with {code[0]!r}")
@@ -199,6 +200,17 @@ class CompactEncoder:
         # whether it was coded by key)
         self._by_kind: dict[str, tuple[tuple, dict]] = {}
 
+    def predict(self, last: tuple, prev_own: tuple) -> list[str]:
+        """Each plain column's prediction, in plain_cols order: ``last`` is the previous
+        row's shared columns (its seq plus one), ``prev_own`` the rest of the previous row
+        of the same kind."""
+        pred = list(last)
+        seq = pred[self._seq_at]
+        if _INT.match(seq):
+            pred[self._seq_at] = str(int(seq) + 1)
+        pred += prev_own
+        return pred
+
     def encode(self, line: str) -> list[str]:
         fields = split_row(line)
         if len(fields) != len(self.columns):
@@ -206,14 +218,10 @@ class CompactEncoder:
         kind = fields[_KIND_COL]
         prev_own, prev_json = self._by_kind.get(kind) or self._blank
         cur = self._shared(fields)
-        pred = list(self._last)
-        seq = pred[self._seq_at]
-        if _INT.match(seq):
-            pred[self._seq_at] = str(int(seq) + 1)
-        out = [kind]
-        out += ["" if c == p else _code(c, p) for c, p in zip(cur, pred)]
         own = self._own(fields)
-        out += ["" if c == p else _code(c, p) for c, p in zip(own, prev_own)]
+        out = [kind]
+        out += ["" if c == p else _code(c, p)
+                for c, p in zip(cur + own, self.predict(self._last, prev_own))]
         h = fields[self._hash_col]
         if h:
             hid = self._hashes.see(h)
@@ -249,36 +257,30 @@ class CompactDecoder:
     """Compact rows in, the CSV ledger's rows out, byte for byte."""
 
     def __init__(self, header: str) -> None:
-        enc = CompactEncoder(header)       # the same column roles
+        enc = self._enc = CompactEncoder(header)       # the same columns and predictions
         self.columns, self.json_cols, self.plain_cols = enc.columns, enc.json_cols, enc.plain_cols
         self._hash_col = enc._hash_col
         self._hashes = HashIds()
-        self._last: list[str] = [""] * len(self.columns)
+        self._last = enc._last
+        self._blank = (enc._blank[0], {i: [] for i in self.json_cols},
+                       {i: [] for i in self.json_cols})
         self._by_kind: dict = {}
 
     def decode(self, codes: list[str]) -> str:
         kind = codes[0]
-        prev, prev_keys, prev_values = self._by_kind.get(kind) or (
-            [""] * len(self.columns), {i: [] for i in self.json_cols},
-            {i: [] for i in self.json_cols})
+        prev_own, prev_keys, prev_values = self._by_kind.get(kind) or self._blank
+        enc = self._enc
         fields = [""] * len(self.columns)
         fields[_KIND_COL] = kind
-        k = 1
-        last = self._last
         hash_col = self._hash_col
-        for i in self.plain_cols:
-            if i < _SHARED:
-                pred = last[i]
-                if i == _SEQ_COL and _INT.match(pred):
-                    pred = str(int(pred) + 1)
-            else:
-                pred = prev[i]
+        for k, (i, pred) in enumerate(zip(self.plain_cols, enc.predict(self._last, prev_own)),
+                                      start=1):
             code = codes[k]
             if i == hash_col and code.startswith("#"):
                 fields[i] = self._hashes.name(int(code[1:]))
             else:
                 fields[i] = _uncode(code, pred)
-            k += 1
+        k = 1 + len(self.plain_cols)
         h = fields[hash_col]
         if h:
             self._hashes.see(h)
@@ -302,8 +304,8 @@ class CompactDecoder:
             keys_now[i], values_now[i] = keys, values
         if k != len(codes):
             raise ValueError(f"{len(codes) - k} codes left over")
-        self._last = fields
-        self._by_kind[kind] = (fields, keys_now, values_now)
+        self._last = enc._shared(fields)
+        self._by_kind[kind] = (enc._own(fields), keys_now, values_now)
         return ",".join(fields) + "\n"
 
 
@@ -313,8 +315,7 @@ class CompactLedgerFile:
 
     def __init__(self, path) -> None:
         self._raw = open(path, "wb")
-        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
-        self._fh = io.TextIOWrapper(self._gz, encoding="utf-8", newline="")
+        self._fh = io.TextIOWrapper(gzip_writer(self._raw), encoding="utf-8", newline="")
         self._w = csv.writer(self._fh, lineterminator="\r\n")
         self._enc: CompactEncoder | None = None
 
@@ -370,7 +371,6 @@ def open_compact(path) -> Iterator[str]:
         yield from decode(fh, str(path))
 
 
-
 def compact_lines(path) -> Iterator[str]:
     """The lines of the CSV a ledger.compact.csv.gz file codes, each with its "\n" (a row
     with a line break in a quoted field is more than one); a file that is cut, not gzip,
@@ -378,15 +378,9 @@ def compact_lines(path) -> Iterator[str]:
     one is to blame)."""
     import zlib
     try:
-        for row in open_compact(path):
-            start = 0
-            while True:
-                j = row.find("\n", start)
-                if j < 0 or j == len(row) - 1:
-                    yield row[start:]
-                    break
-                yield row[start:j + 1]
-                start = j + 1
+        for row in open_compact(path):         # every row ends with "\n"
+            for line in row[:-1].split("\n"):
+                yield line + "\n"
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 ({exc.reason}; expected the UTF-8 compact ledger psgate "
                          f"writes)", path=str(path)) from None

@@ -9,6 +9,7 @@ anything but the inputs.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -141,42 +142,21 @@ def ledger_name(compression: str) -> str:
     return LEDGER_NAMES[compression]
 
 
+def gzip_writer(raw) -> gzip.GzipFile:
+    """A gzip stream onto the binary file ``raw`` with no name and no time in its header,
+    so its bytes depend only on what is written (closing it leaves ``raw`` open)."""
+    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)
+
+
 def open_text(path: Path):
     """A ledger or any CSV output for reading, gzip or plain by its name; a compact
     ledger (psgate.receipt.compact) reads as the CSV it codes."""
     if path.name.endswith(".compact.csv.gz"):
         from psgate.receipt.compact import open_compact
-        return _Lines(open_compact(path))
+        return contextlib.closing(open_compact(path))      # iterable lines, closed by with
     if path.name.endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
     return open(path, newline="", encoding="utf-8")
-
-
-class _Lines:
-    """Lines from an iterator, with the file interface csv readers and ``with`` use."""
-
-    def __init__(self, lines) -> None:
-        self._it = lines
-
-    def __iter__(self):
-        return self._it
-
-    def __next__(self):
-        return next(self._it)
-
-    def read(self) -> str:
-        return "".join(self._it)
-
-    def close(self) -> None:
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class LedgerWriter:
@@ -198,7 +178,7 @@ class LedgerWriter:
         self._compact = None
         if compression == "gzip":
             self._raw = open(path, "wb")
-            self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
+            self._gz = gzip_writer(self._raw)
             self._fh = io.TextIOWrapper(self._gz, encoding="utf-8", newline="")
         elif compression == "compact":
             from psgate.receipt.compact import CompactLedgerFile
