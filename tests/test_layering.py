@@ -2,7 +2,8 @@
 
 A room is a package under psgate/ or a top-level module. Each may import only the rooms
 its row names (imports inside functions count: a lazy import is still a dependency).
-Bottom up: errors, contracts, resources, atomic and invariants need nothing above them;
+Bottom up: errors, contracts, resources, atomic and core (which of the replay's loops are
+compiled) need nothing, invariants only core;
 trace reads and writes traces; policies see contracts and their own invariant checkers,
 never an engine; engines run policies through the interface and the registry, never a
 concrete policy or a family's checker (the policy hands those over), and never the receipt,
@@ -28,12 +29,13 @@ ALLOWED: dict[str, set[str] | None] = {
     "contracts": set(),
     "resources": set(),
     "atomic": set(),
-    "invariants": set(),
+    "core": set(),
+    "invariants": {"core"},
     "trace": {"resources", "atomic", "contracts"},
-    "policies": {"contracts", "invariants"},
-    "engines": {"resources", "trace", "invariants", "policies"},
+    "policies": {"contracts", "core", "invariants"},
+    "engines": {"core", "resources", "trace", "invariants", "policies"},
     "stats": {"engines"},
-    "receipt": {"resources", "trace", "engines", "stats"},
+    "receipt": {"core", "resources", "trace", "engines", "stats"},
     "workloads": {"contracts", "trace", "engines"},
     "calibrate": {"engines", "workloads"},
     "capture": {"trace"},

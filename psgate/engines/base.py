@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from psgate import core
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import BlockPool
 from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
@@ -147,6 +148,8 @@ class ReplayEngine(BlockPool):
         self.records_hits = bool(getattr(self.recorder, "hits", False))
         self.auditors = policy.invariant_auditors()
         self.paranoid = paranoid
+        # The compiled loops (psgate.core), or None: the Python ones below.
+        self.kernels = core.get()
 
         self.now = 0
         self.start_ns: int | None = None
@@ -353,8 +356,14 @@ class ReplayEngine(BlockPool):
         now, preq = self.now, r.preq
         row = self.evict_matrix[r.gid]
         num_by_owner: dict[int, int] = {}
+        start = 0
         try:
-            for i, v in enumerate(victims):
+            if self.kernels is not None and rec is None and type(victims) is list:
+                start = self.kernels.pool_evicted(self, victims, num_valid,
+                                                  hash_names if batch_rec else None,
+                                                  owners if batch_rec else None, names,
+                                                  gnames, num_by_owner)
+            for i, v in enumerate(victims[start:] if start else victims, start):
                 k = key[v] if 0 < v < nb else NO_KEY
                 if i >= num_valid or k == NO_KEY or ref[v] != 0:
                     if batch_rec is not None:       # the rows of the victims before it
@@ -420,6 +429,13 @@ class ReplayEngine(BlockPool):
         """r's blocks go back in vLLM's ``free`` order (block_pool.py:774-803): walked last
         first, uncached ones to the front of the free queue, cached ones to the policy."""
         ref, key, owner = self.ref, self.key, self.owner
+        if self.kernels is not None and self.on_released_fn is None:
+            uncached, freed, num_by_owner = self.kernels.pool_free(self, r.blocks)
+            self.free.extend(reversed(uncached))
+            for og, num in num_by_owner.items():
+                self.occ_add(og, -num)
+            self.policy.on_free(freed, self.now)
+            return
         uncached: list[int] = []
         freed: list[int] = []
         for b in reversed(r.blocks):

@@ -335,7 +335,13 @@ class StepSimEngine(ReplayEngine):
         evb = r.ev.blocks
         ns = r.ns
         slot_ns, slot_blk = self.slot_ns, self.slot_blk
-        for pos in range(min(num, len(evb))):
+        start = 0
+        if self.kernels is not None:
+            hits = self.kernels.pool_lookup(self, evb, ns, num)[0]
+            if len(hits) < min(num, len(evb)):
+                return hits
+            start = len(hits)
+        for pos in range(start, min(num, len(evb))):
             h = evb[pos]
             if slot_ns[h] == ns:                  # _first_copy, inline
                 b = slot_blk[h]
@@ -432,7 +438,13 @@ class StepSimEngine(ReplayEngine):
             ns = r.ns
             slot_ns, slot_blk, slot_lost = self.slot_ns, self.slot_blk, self.slot_lost
             index_add = self.index_add
-            for pos in range(r.num_cached_blocks, num_full):
+            start = r.num_cached_blocks
+            if self.kernels is not None and on_cached is None and start < num_prompt:
+                stop = min(num_full, num_prompt)
+                recompute = self.kernels.pool_cache(self, blocks, evb, start, stop, ns, bs,
+                                                    cached_now)
+                start = stop
+            for pos in range(start, num_full):
                 b = blocks[pos]
                 if pos < num_prompt:
                     h = evb[pos]

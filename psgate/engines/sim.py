@@ -153,7 +153,13 @@ class SimEngine(ReplayEngine):
             self.grow_slots()
         slot_ns, slot_blk, other = self.slot_ns, self.slot_blk, self.other
         evictable_hits = 0
-        for i in range(max_hits):
+        kernels = self.kernels
+        if kernels is not None:
+            hits, evictable_hits = kernels.pool_lookup(self, evb, ns, max_hits)
+            max_lookup = 0
+        else:
+            max_lookup = max_hits
+        for i in range(max_lookup):
             h = evb[i]
             if slot_ns[h] == ns:                  # copies_of(ns, h)[0], inline
                 b = slot_blk[h]
@@ -191,7 +197,12 @@ class SimEngine(ReplayEngine):
         slot_lost = self.slot_lost
         index_add = self.index_add
         on_cached = self.on_cached_fn
-        for pos in range(num_hits, num_full):
+        start = num_hits
+        if kernels is not None and on_cached is None:
+            recompute = kernels.pool_cache(self, blocks, evb, num_hits, num_full, ns, bs,
+                                           cached_now)
+            start = num_full
+        for pos in range(start, num_full):
             b = blocks[pos]
             h = evb[pos]
             k = base | h

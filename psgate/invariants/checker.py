@@ -15,6 +15,8 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
+from psgate import core
+
 NO_KEY = -1
 _COPIES = (1 << 32) - 1
 _CHILD = 1 << 32
@@ -86,6 +88,7 @@ class InvariantChecker:
         self.max_orphans = 0
         self.orphans_created = 0
         self.verdicts = {name: Verdict(name, True) for name in HARD}
+        self._core = core.get() if parent_table is not None else None
 
     # -- residency bookkeeping ------------------------------------------------
     def _grow(self) -> None:
@@ -199,6 +202,10 @@ class InvariantChecker:
             for b, k in cached:
                 key[b] = k
                 add_copy(k)
+        elif self._core is not None:
+            if len(table) > len(self.res_ns):
+                self._grow()
+            self._core.checker_cached(self, cached)
         else:                            # _add_copy, inline, over the slots
             if len(table) > len(self.res_ns):
                 self._grow()
@@ -261,6 +268,12 @@ class InvariantChecker:
         rns, cnt = self.res_ns, self.res_cnt
         mask = (1 << shift) - 1
         num_ok = 0
+        if self._core is not None:
+            num_ok, start = self._core.checker_evicted(self, blocks, 0)
+            v.checks += num_ok
+            if start == len(blocks):
+                return num_ok
+            blocks = blocks[start:]
         for b in blocks:
             if not 0 < b < n:
                 v.record(False, lambda b=b: f"{text_of(where)}: evicted block {b}, which is not "
@@ -315,6 +328,9 @@ class InvariantChecker:
         return num_ok
 
     def released(self, where: str, blocks: list[int]) -> None:
+        if self._core is not None:
+            self._core.checker_released(self, blocks)
+            return
         ref, key = self.ref, self.key
         for b in blocks:
             ref[b] -= 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from array import array
 
+from psgate import core
 from psgate.policies import register
 from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 from psgate.policies.queues import BlockQueues
@@ -30,9 +31,14 @@ class LRUPolicy(EvictionPolicy):
         super().bind(pool)
         self._q = BlockQueues(pool.num_blocks, 1)
         self._freed_ns = array("q", [0]) * pool.num_blocks
+        # The compiled walk makes lru's own decisions; a subclass's _decision runs here.
+        self._core = core.get() if type(self)._decision is LRUPolicy._decision else None
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
         if not blocks:
+            return
+        if self._core is not None:
+            self._core.lru_freed(self._q, self._freed_ns, blocks, now_ns)
             return
         q = self._q                      # q.append(0, b) for each, inline
         nxt, prv, where = q.next, q.prev, q.where
@@ -65,6 +71,9 @@ class LRUPolicy(EvictionPolicy):
     def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
                     decisions: list[Decision] | None) -> list[int]:
         """The first num_blocks of the queue, unlinked in one pass."""
+        if self._core is not None:
+            return self._core.lru_take(self._q, self._freed_ns, num_blocks, decisions,
+                                       Decision)
         q = self._q
         nxt, prv, where = q.next, q.prev, q.where
         s = q.num_blocks

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from psgate import __version__
+from psgate import __version__, core
 from psgate.engines import engine_info
 from psgate.receipt.ledger import file_sha256, ledger_name
 from psgate.receipt.receipt import RECEIPT_FORMAT
@@ -125,6 +125,7 @@ def environment(src: TraceSource, out: Path, started: float, gate: str | None,
         "platform": platform.platform(),
         "machine": platform.machine(),
         "packages": pkgs,
+        "replay_code": core.describe(),      # compiled core or the Python engine
         "trace_abspath": str(src.path.resolve()),
         "trace_sha256": trace_sha256,
         "gate_abspath": str(Path(gate).resolve()) if gate else None,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import orjson
 
+from psgate import core
 from psgate.engines.results import OutcomeSink, RequestOutcome
 
 LEDGER_COLUMNS = (
@@ -200,6 +201,7 @@ class LedgerWriter:
         self._t_s = ""
         self._q = _FieldCache()
         self._ff = _FloatCache()
+        self._core = core.get()
 
     def start_run(self, run: str, policy: str) -> None:
         self.run, self.policy = run, policy
@@ -257,12 +259,16 @@ class LedgerWriter:
         self.seq -= 1
         lead = f"{self._t_s},evict,{self._req_s},"
         head = self._head
-        fields = self._evict_fields
         seq = self.seq
         rows = []
-        for d, block, hash_name, owner in zip(decisions, blocks, hash_names, owners):
-            seq += 1
-            rows.append(f"{head}{seq},{lead}{fields(d, block, hash_name, owner)}")
+        if self._core is not None:
+            seq = self._core.eviction_rows(rows, decisions, blocks, hash_names, owners, head,
+                                           seq, lead, self._q, self._ff, csv_field, csv_json)
+        else:
+            fields = self._evict_fields
+            for d, block, hash_name, owner in zip(decisions, blocks, hash_names, owners):
+                seq += 1
+                rows.append(f"{head}{seq},{lead}{fields(d, block, hash_name, owner)}")
         self.seq = seq
         buf = self._buf
         buf.extend(rows)

@@ -1,0 +1,42 @@
+"""The compiled core, or None: which replay code runs.
+
+``psgate/_core.pyx`` (Cython, built by ``pip install``) holds compiled forms of the
+replay's inner loops: the invariant checker's, the block pool's, the built-in policies'
+queue walks and the ledger's eviction rows. Each loop's Python form stays where it was,
+as the readable reference, and runs wherever the core is absent or switched off; a
+differential test (tests/test_core_differential.py) holds both to byte-identical
+receipts and ledgers. A compiled loop takes the common case only and hands anything
+unusual (a violation, a key outside the flat tables) back to the Python form at the
+point where it stopped, so the two can only differ in speed.
+
+``PSGATE_CORE=0`` switches the core off; a missing core is said once, in one line on
+stderr, the first time a replay asks for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+_state: dict = {}
+
+
+def get():
+    """The ``psgate._core`` module, or None (switched off, or not built here)."""
+    if os.environ.get("PSGATE_CORE", "1") == "0":
+        return None
+    if "mod" not in _state:
+        try:
+            _core = importlib.import_module("psgate._core")
+        except ImportError as exc:
+            _core = None
+            sys.stderr.write(f"psgate: note: the compiled core is not built here ({exc}); "
+                             f"replaying with the Python engine (same results, slower)\n")
+        _state["mod"] = _core
+    return _state["mod"]
+
+
+def describe() -> str:
+    """'compiled' or 'python', for the bench's and the receipt's environment notes."""
+    return "python" if get() is None else "compiled"

@@ -1,0 +1,284 @@
+"""The compiled core against the Python engine: byte-identical receipts and ledgers.
+
+Every registered policy, both schedulers, on generated workloads, the bundled example,
+hypothesis-random traces and (where ../shared is beside the clone) a real trace, each
+replayed twice in this process: with the compiled loops (psgate.core) and with
+``PSGATE_CORE=0``. Everything a replay writes must be the same bytes, but the
+receipt's environment section, which names the code that ran. The loops' own edge cases
+(a row field that needs quotes, a float the fast JSON path must not take) are held to
+their Python forms row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import random_traces, write_lines
+from psgate import api, core
+from psgate.contracts import CONTRACT_NAMES
+from psgate.policies import policy_names
+from psgate.policies.base import Decision
+from psgate.receipt.ledger import LedgerWriter, csv_field, csv_json
+from psgate.workloads import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "example.jsonl"
+
+
+def _compiled():
+    os.environ.pop("PSGATE_CORE", None)
+    mod = core.get()
+    if mod is None:
+        # CI builds the core with the README's install; anywhere else a missing compiler
+        # or Cython is a reason to skip, given here.
+        if os.environ.get("CI"):
+            pytest.fail("psgate._core is not built: pip install -e . must build it here")
+        pytest.skip("psgate._core is not built here (no C compiler or Cython at install)")
+    return mod
+
+
+@pytest.fixture(autouse=True)
+def _core_state(monkeypatch):
+    monkeypatch.delenv("PSGATE_CORE", raising=False)
+    yield
+
+
+def builtin_policies() -> list[str]:
+    return [p for p in policy_names() if not p.startswith("test-")]
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    files = {}
+    for p in sorted(out.iterdir()):
+        data = p.read_bytes()
+        if p.name == "receipt.json":
+            r = json.loads(data)
+            env = r.pop("environment")
+            r["replay_code"] = env["replay_code"]
+            data = json.dumps(r, sort_keys=True).encode()
+        files[p.name] = data
+    return files
+
+
+def _replay_both(monkeypatch, tmp_path: Path, trace: Path, capacity: int, baseline: str,
+                 candidate: str, **kw) -> dict[str, bytes]:
+    """Both replays' outputs, checked equal; returns the compiled one's."""
+    got = {}
+    for code in ("compiled", "python"):
+        if code == "python":
+            monkeypatch.setenv("PSGATE_CORE", "0")
+        else:
+            monkeypatch.delenv("PSGATE_CORE", raising=False)
+        out = tmp_path / f"out-{code}"
+        cfg = api.ReplayConfig(trace=str(trace), baseline=baseline, candidate=candidate,
+                               capacity=capacity, out=out, force=True,
+                               contracts=CONTRACT_NAMES, **kw)
+        try:
+            api.replay(cfg)
+        except Exception as exc:        # the same error from both is the same result
+            got[code] = {"error": repr(exc).encode()}
+            continue
+        got[code] = _outputs(out)
+    compiled, python = got["compiled"], got["python"]
+    if "receipt.json" in compiled:
+        assert json.loads(compiled["receipt.json"])["replay_code"] == "compiled"
+        assert json.loads(python["receipt.json"])["replay_code"] == "python"
+        for files in (compiled, python):
+            r = json.loads(files["receipt.json"])
+            del r["replay_code"]
+            files["receipt.json"] = json.dumps(r, sort_keys=True).encode()
+    assert sorted(compiled) == sorted(python)
+    for name in compiled:
+        assert compiled[name] == python[name], f"{trace.name}: {name} differs"
+    return compiled
+
+
+def _workload(tmp_path: Path, kind: str, **params) -> Path:
+    lines = generate(kind, params)
+    p = tmp_path / f"{kind}.jsonl"
+    p.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    return p
+
+
+# (kind, its parameters, configured blocks): tight enough that every policy evicts
+WORKLOADS = [
+    ("one-touch", {"attack_requests": 60}, 384),
+    ("fanout", {"duration_s": 20.0}, 512),
+    ("sharegpt", {"conversations": 40}, 256),
+    ("cancellation", {"duration_s": 20.0}, 256),
+    ("random", {"requests": 80}, 12),
+]
+
+
+@pytest.mark.parametrize("policy", builtin_policies())
+@pytest.mark.parametrize("scheduler", ["step", "service"])
+def test_every_policy_gives_the_same_bytes_compiled_and_in_python(monkeypatch, tmp_path,
+                                                                 policy, scheduler):
+    _compiled()
+    for kind, params, cap in WORKLOADS:
+        trace = _workload(tmp_path, kind, **params)
+        files = _replay_both(monkeypatch, tmp_path, trace, cap, "lru", policy,
+                             scheduler=scheduler)
+        if "receipt.json" in files:
+            assert files["ledger.csv"].count(b",evict,") > 0, (kind, "no eviction to compare")
+
+
+@pytest.mark.parametrize("capacity", [80, 192, 8192])
+def test_the_bundled_example_with_hits_and_every_ledger_form(monkeypatch, tmp_path, capacity):
+    _compiled()
+    for compression in ("none", "compact"):
+        files = _replay_both(monkeypatch, tmp_path, EXAMPLE, capacity, "lru", "prefixshield",
+                             ledger_hits=True, ledger_compression=compression)
+        assert "receipt.json" in files
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(lines=random_traces([["a1", "a2", "a3", "a4"], ["b1", "b2"], ["c1", "c2", "c3"]],
+                           groups=("g", "h", "g2"), max_requests=30, cancel_one_in=8,
+                           max_out=9),
+       capacity=st.integers(2, 16), policy=st.sampled_from(["lru", "prefixshield",
+                                                          "prefixshield-b", "s3fifo"]),
+       scheduler=st.sampled_from(["step", "service"]))
+def test_random_traces_give_the_same_bytes(monkeypatch, tmp_path, lines, capacity, policy,
+                                          scheduler):
+    _compiled()
+    trace = write_lines(tmp_path, lines)
+    _replay_both(monkeypatch, tmp_path, trace, capacity, "lru", policy, scheduler=scheduler)
+
+
+@pytest.mark.shared
+def test_a_real_trace_gives_the_same_bytes(monkeypatch, tmp_path):
+    from helpers import shared_traces
+    from psgate.trace.importers import import_trace
+    _compiled()
+    src = shared_traces() / "mooncake" / "mooncake_conversation_trace.jsonl"
+    if not src.exists():
+        pytest.skip(f"{src} is not here")
+    trace = tmp_path / "mooncake.jsonl"
+    lines = import_trace("mooncake", src, limit=400)
+    trace.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    for policy in ("lru", "prefixshield", "prefixshield-b", "s3fifo"):
+        _replay_both(monkeypatch, tmp_path, trace, 2048, "lru", policy)
+
+
+# -- the loops one by one --------------------------------------------------------------
+
+_text = st.text(alphabet=st.sampled_from('ab,"\n\r xé'), max_size=6)
+_num = st.one_of(st.none(), st.integers(-3, 3), st.floats(allow_nan=True),
+                 st.sampled_from([0.0, -0.0, 1e-7, 1e16, 123.4567891234, 2.5e-5]))
+_json_value = st.one_of(st.integers(-2**70, 2**70), st.booleans(), st.none(),
+                        st.floats(allow_nan=False), st.sampled_from([1e-7, 1e300, 5e-324]))
+_rank = st.one_of(st.none(), st.dictionaries(st.one_of(st.sampled_from(
+    ["freed_t", "debt", "a_b", "Z9", "k\u00e9", "q\"", "b\\s"]), st.just("x")), _json_value,
+    max_size=4))
+
+
+@st.composite
+def decisions(draw):
+    return Decision(
+        victim=draw(st.integers(1, 50)), num_candidates=draw(st.one_of(st.integers(0, 9),
+                                                                       _text)),
+        position=draw(st.integers(0, 5)), queue=draw(st.one_of(_text, st.just("lru"))),
+        responsible=draw(st.one_of(st.none(), _text)), responsible_p_before=draw(_num),
+        responsible_p_after=draw(_num), runner_up=draw(st.one_of(st.none(), _text)),
+        runner_up_p=draw(_num), segments=draw(st.one_of(st.none(), st.dictionaries(
+            st.sampled_from(["hot", "cold", "x\"y"]), st.integers(0, 9), max_size=3))),
+        rank=draw(_rank) or {})
+
+
+def _rows(writer: LedgerWriter, ds, blocks, names, owners) -> str:
+    writer._buf.clear()
+    writer.start_run("baseline", "lru")
+
+    class Req:
+        id, group, contract = "r,1", "g", "standard"
+
+    writer.eviction_batch(5_000_000, Req(), ds, blocks, names, owners)
+    return "".join(writer._buf)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ds=st.lists(decisions(), max_size=6), data=st.data())
+def test_eviction_rows_are_the_python_rows(monkeypatch, tmp_path, ds, data):
+    _compiled()
+    n = len(ds)
+    blocks = data.draw(st.lists(st.one_of(st.integers(1, 99), _text), min_size=n,
+                                max_size=n))
+    names = data.draw(st.lists(_text, min_size=n, max_size=n))
+    owners = data.draw(st.lists(st.one_of(_text, st.none()), min_size=n, max_size=n))
+    got = {}
+    for code in ("compiled", "python"):
+        if code == "python":
+            monkeypatch.setenv("PSGATE_CORE", "0")
+        w = LedgerWriter(tmp_path / f"{code}.csv")
+        try:
+            got[code] = _rows(w, ds, blocks, names, owners)
+        except Exception as exc:       # orjson refusing a value: the same refusal
+            got[code] = type(exc).__name__
+        w.close()
+    assert got["compiled"] == got["python"]
+
+
+def test_the_fast_json_path_matches_csv_json_at_its_edges(tmp_path):
+    mod = _compiled()
+    w = LedgerWriter(tmp_path / "l.csv")
+    edges = [0.0, -0.0, 1e-4, 9.999e-5, 1e15, 9999999999999998.0, 1e16, 0.1 + 0.2,
+             123456789.1234567891, -2.5, math.inf, -math.inf, 2**63, -2**63, 2**64,
+             2**64 - 1, -2**63 - 1, True, False, 7, 1.0000000005, 1.0000000004999]
+    for v in edges:
+        for key in ("freed_t", "\u00e9", 'a"b'):
+            d = Decision(victim=1, num_candidates=1, position=0, queue="lru",
+                         rank={key: v, "b": 1})
+            try:
+                want = csv_json(d.rank)
+            except TypeError:
+                continue
+            rows: list[str] = []
+            mod.eviction_rows(rows, [d], [1], ["h"], ["g"], ",", 0, "", w._q, w._ff,
+                              csv_field, csv_json)
+            assert rows[0].endswith(f",,,,{want}\n"), (key, v)
+    w.close()
+
+
+# -- building and falling back ---------------------------------------------------------
+
+def test_the_core_reads_keys_as_the_trace_lays_them_out():
+    mod = _compiled()
+    from psgate.invariants.checker import NO_KEY
+    from psgate.trace.keys import KEY_SHIFT, OUTPUT_KEY_BIT
+    assert (mod.KEY_SHIFT, mod.OUTPUT_KEY_BIT, mod.NO_KEY_VALUE) == (KEY_SHIFT,
+                                                                     OUTPUT_KEY_BIT, NO_KEY)
+
+
+def test_a_missing_core_is_said_once_and_the_python_engine_replays(monkeypatch, tmp_path,
+                                                                  capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "psgate._core", None)     # import fails as if unbuilt
+    monkeypatch.setattr(core, "_state", {})
+    assert core.get() is None and core.get() is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiled core is not built" in err
+    assert "Python engine" in err
+    out = tmp_path / "out"
+    api.replay(api.ReplayConfig(trace=str(EXAMPLE), baseline="lru", candidate="prefixshield",
+                                capacity=192, out=out, force=True, contracts=CONTRACT_NAMES))
+    assert json.loads((out / "receipt.json").read_text())["environment"]["replay_code"] == \
+        "python"
+    assert capsys.readouterr().err == ""
+
+
+def test_switched_off_the_core_says_nothing(monkeypatch, capsys):
+    monkeypatch.setenv("PSGATE_CORE", "0")
+    monkeypatch.setattr(core, "_state", {})
+    assert core.get() is None and core.describe() == "python"
+    assert capsys.readouterr().err == ""
