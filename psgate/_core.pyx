@@ -171,22 +171,22 @@ cdef str _field(object v, object csv_field):
     return csv_field(v)
 
 
-cdef inline bint _plain_key(str k):
-    """A key orjson writes as it is (ASCII, nothing to escape), so the sorted order and
-    the bytes are the same however they are produced."""
+cdef inline bint _plain_value(str v):
+    """A string orjson writes as it is, with no quote to double for the CSV."""
     cdef Py_UCS4 c
-    if not k.isascii():
+    if not v.isascii():
         return False
-    for c in k:
+    for c in v:
         if c < 32 or c == 34 or c == 92:
             return False
     return True
 
 
 cdef object _json_fast(object obj):
-    """csv_json(obj) for a dict of plain keys to ints and finite floats written without
-    an exponent (what orjson writes then is Python's repr, floats rounded to 9 places);
-    None for anything else, which the caller hands to csv_json."""
+    """csv_json(obj) for a dict of plain keys to ints, finite floats written without an
+    exponent, booleans, None and plain ASCII strings (what orjson writes for those is
+    Python's repr of the number rounded to 9 places, or the obvious literal); None for
+    anything else, which the caller hands to csv_json."""
     cdef list parts
     cdef object v
     cdef str s
@@ -195,7 +195,7 @@ cdef object _json_fast(object obj):
     if not obj:
         return ""
     for k in <dict>obj:
-        if type(k) is not str or not _plain_key(<str>k):
+        if type(k) is not str or not _plain_value(<str>k):
             return None
     parts = []
     for k in sorted(<dict>obj):
@@ -208,10 +208,32 @@ cdef object _json_fast(object obj):
             if not -0x8000000000000000 <= v <= 0xFFFFFFFFFFFFFFFF:
                 return None
             s = str(v)
+        elif type(v) is str:
+            if not _plain_value(<str>v):
+                return None
+            s = f'""{v}""'
+        elif v is True:
+            s = "true"
+        elif v is False:
+            s = "false"
+        elif v is None:
+            s = "null"
         else:
             return None
         parts.append(f'""{k}"":{s}')
     return '"{' + ",".join(parts) + '}"'
+
+
+cdef str _number(object p, object ff):
+    """ff[p] (fmt_f of a debt or probability), formatted here when the cache lacks it."""
+    cdef object s = (<dict>ff).get(p)
+    cdef str t
+    if s is not None:
+        return s
+    if type(p) is float:
+        t = f"{p:.6f}".rstrip("0").rstrip(".")
+        return "0" if t == "-0" or t == "" else t
+    return ff[p]
 
 
 def eviction_rows(list rows, list decisions, list blocks, list hash_names, list owners,
@@ -243,11 +265,11 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
         p1 = d.responsible_p_before
         p2 = d.responsible_p_after
         p3 = d.runner_up_p
-        f_p1 = '' if p1 is None else ff[p1]
-        f_p2 = '' if p2 is None else ff[p2]
+        f_p1 = '' if p1 is None else _number(p1, ff)
+        f_p2 = '' if p2 is None else _number(p2, ff)
         x = d.runner_up
         f_run = _field(x or '', csv_field)
-        f_p3 = '' if p3 is None else ff[p3]
+        f_p3 = '' if p3 is None else _number(p3, ff)
         seg = d.segments
         f_seg = _json_fast(seg) if seg else ""
         if f_seg is None:
@@ -456,3 +478,34 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
 KEY_SHIFT = 32
 OUTPUT_KEY_BIT = 1 << 62
 NO_KEY_VALUE = NO_KEY
+
+
+def pool_touch(pool, list hits, queues, on_touch):
+    """ReplayEngine.touch for a policy without an on_hit hook: each hit gains a
+    reference, and one that was a candidate leaves the policy's queue (unlinked here
+    from ``queues`` when on_touch does only that, else through on_touch)."""
+    cdef int[:] ref = pool.ref
+    cdef int[:] nxt
+    cdef int[:] prv
+    cdef int[:] where
+    cdef list sizes
+    cdef int b, p, n, q
+    cdef bint inline = queues is not None
+    if inline:
+        nxt = queues.next
+        prv = queues.prev
+        where = queues.where
+        sizes = queues.sizes
+    for b in hits:
+        if ref[b] == 0:
+            if inline and where[b] >= 0:
+                q = where[b]
+                p = prv[b]
+                n = nxt[b]
+                nxt[p] = n
+                prv[n] = p
+                where[b] = -1
+                sizes[q] -= 1
+            else:
+                on_touch(b)
+        ref[b] += 1

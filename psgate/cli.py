@@ -757,14 +757,22 @@ def bench(
     json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
     repeats: Annotated[Optional[int], typer.Option(help="runs per measurement (default 3)")] = None,
     vllm_python: Annotated[Optional[str], typer.Option(help="measure vLLM with this interpreter (a vLLM virtualenv with psgate installed)")] = None,
+    mooncake: Annotated[Optional[Path], typer.Option(help="a Mooncake trace (JSONL): replay its first requests compiled and in Python (target core_vs_python_mooncake)")] = None,
+    mooncake_requests: Annotated[int, typer.Option(help="how many of its requests")] = 6000,
 ) -> None:
     """Measure replay throughput, victim selection and memory per block against the targets."""
     from psgate import bench as bench_lib
 
     if repeats is not None and repeats < 1:
         raise InputError(f"expected at least 1, found {repeats}", path="--repeats")
+    if mooncake is not None and not mooncake.is_file():
+        raise InputError("no such file", path=str(mooncake))
+    if mooncake_requests < 1:
+        raise InputError(f"expected at least 1, found {mooncake_requests}",
+                         path="--mooncake-requests")
     result = bench_lib.run(bench_lib.BenchConfig(quick=quick, repeats=repeats,
-                                                 vllm_python=vllm_python),
+                                                 vllm_python=vllm_python, mooncake=mooncake,
+                                                 mooncake_requests=mooncake_requests),
                            progress=lambda msg: err.print(msg, markup=False, highlight=False))
     if json:
         _emit(result)

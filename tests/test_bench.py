@@ -11,7 +11,8 @@ import pytest
 
 from psgate.bench import render
 
-TARGETS = ["e2e_vs_vllm", "hot_vs_vllm", "step_vs_service_hot", "ps_lru_hot", "ps_lru_e2e", "select_4096",
+TARGETS = ["e2e_vs_vllm", "hot_vs_vllm", "core_vs_python", "core_vs_python_mooncake",
+           "step_vs_service_hot", "ps_lru_hot", "ps_lru_e2e", "select_4096",
            "select_growth", "mem_lru", "mem_ps", "cold_hot", "cold_e2e", "mem_requests"]
 
 
@@ -51,6 +52,10 @@ def test_targets(bench_run):
             assert t["result"] == ("PASS" if ok else "MISS")
     by_id = {t["id"]: t for t in targets}
     assert by_id["select_growth"]["result"] == "SKIP"      # full run only
+    assert by_id["core_vs_python_mooncake"]["result"] == "SKIP"     # needs --mooncake
+    assert result["replay_code"] in ("compiled", "python")
+    # the compiled core measured against the Python engine whenever it is built
+    assert (by_id["core_vs_python"]["result"] == "SKIP") == (result["replay_code"] == "python")
     if result["vllm"]["version"] is None:
         assert result["vllm"]["note"]
         assert by_id["e2e_vs_vllm"]["note"] == result["vllm"]["note"]

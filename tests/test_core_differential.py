@@ -1,7 +1,7 @@
 """The compiled core against the Python engine: byte-identical receipts and ledgers.
 
 Every registered policy, both schedulers, on generated workloads, the bundled example,
-hypothesis-random traces and (where ../shared is beside the clone) a real trace, each
+hypothesis-random traces and the repository's Mooncake sample (a real trace), each
 replayed twice in this process: with the compiled loops (psgate.core) and with
 ``PSGATE_CORE=0``. Everything a replay writes must be the same bytes, but the
 receipt's environment section, which names the code that ran. The loops' own edge cases
@@ -155,19 +155,17 @@ def test_random_traces_give_the_same_bytes(monkeypatch, tmp_path, lines, capacit
     _replay_both(monkeypatch, tmp_path, trace, capacity, "lru", policy, scheduler=scheduler)
 
 
-@pytest.mark.shared
 def test_a_real_trace_gives_the_same_bytes(monkeypatch, tmp_path):
-    from helpers import shared_traces
+    """The Mooncake sample in the repository (its first 400 conversation requests)."""
     from psgate.trace.importers import import_trace
     _compiled()
-    src = shared_traces() / "mooncake" / "mooncake_conversation_trace.jsonl"
-    if not src.exists():
-        pytest.skip(f"{src} is not here")
+    src = ROOT / "examples" / "traces" / "mooncake_conversation_6000.jsonl"
     trace = tmp_path / "mooncake.jsonl"
     lines = import_trace("mooncake", src, limit=400)
     trace.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
     for policy in ("lru", "prefixshield", "prefixshield-b", "s3fifo"):
-        _replay_both(monkeypatch, tmp_path, trace, 2048, "lru", policy)
+        files = _replay_both(monkeypatch, tmp_path, trace, 2048, "lru", policy)
+        assert files["ledger.csv"].count(b",evict,") > 0
 
 
 # -- the loops one by one --------------------------------------------------------------
@@ -176,7 +174,9 @@ _text = st.text(alphabet=st.sampled_from('ab,"\n\r xé'), max_size=6)
 _num = st.one_of(st.none(), st.integers(-3, 3), st.floats(allow_nan=True),
                  st.sampled_from([0.0, -0.0, 1e-7, 1e16, 123.4567891234, 2.5e-5]))
 _json_value = st.one_of(st.integers(-2**70, 2**70), st.booleans(), st.none(),
-                        st.floats(allow_nan=False), st.sampled_from([1e-7, 1e300, 5e-324]))
+                        st.floats(allow_nan=False), st.sampled_from([1e-7, 1e300, 5e-324]),
+                        _text, st.sampled_from(["probationary", "best-effort", "t\u00e9",
+                                                "a\\b", "tab\tx", "\x7f"]))
 _rank = st.one_of(st.none(), st.dictionaries(st.one_of(st.sampled_from(
     ["freed_t", "debt", "a_b", "Z9", "k\u00e9", "q\"", "b\\s"]), st.just("x")), _json_value,
     max_size=4))

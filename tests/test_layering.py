@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str] | None] = {
                    "workloads"},
     "sweep": {"api", "atomic", "engines", "experiment", "policies", "receipt", "trace",
               "workloads"},
-    "bench": {"api", "atomic", "contracts", "engines", "policies", "receipt", "resources",
+    "bench": {"api", "atomic", "contracts", "core", "engines", "policies", "receipt", "resources",
               "stats", "trace", "workloads"},
     "report": {"api", "engines", "experiment", "policies", "receipt", "resources", "stats",
                "trace"},

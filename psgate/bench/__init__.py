@@ -18,18 +18,22 @@ them, from the medians. Targets:
   two runs, ledger and receipt writing; blocks/s counts the blocks of both runs) over
   replaying the same trace through vLLM's KVCacheManager (building each vLLM
   ``Request``, with its block hashing, then get_computed_blocks / allocate_slots /
-  free; token ids are prepared beforehand and not timed): >= 2.
+  free; token ids are prepared beforehand and not timed): >= 5.
 - ``hot_vs_vllm``: the ``sim`` hot loop alone (events parsed beforehand, no ledger)
-  over vLLM's allocate/free loop alone (``Request`` objects built beforehand): >= 1.
+  over vLLM's allocate/free loop alone (``Request`` objects built beforehand): >= 3.
   Both vLLM targets are skipped, saying so, when vLLM does not import (``--vllm-python``
   measures vLLM in another interpreter, e.g. a vLLM virtualenv with psgate installed).
+- ``core_vs_python``: the same ``psgate replay`` on the Python engine (``PSGATE_CORE=0``)
+  over the compiled core: >= 10 (skipped where the core is not built).
+  ``core_vs_python_mooncake``: the same on the first requests of a Mooncake trace
+  (``--mooncake``), at 16,384 blocks, lru vs prefixshield: >= 10.
 - ``step_vs_service_hot``: the ``sim`` hot loop with the step scheduler (vLLM's scheduler,
   step by step) over the service model's, LRU on the reuse trace: >= 0.8.
 - ``ps_lru_hot`` / ``ps_lru_e2e``: prefixshield's blocks/s over lru's on the same reuse
   trace, hot loop and end to end: >= 0.6.
 - ``select_4096``: PrefixShield's victim selection and eviction time per victim, timed
   inside a full replay in which every group is in creation debt on two contracts, at
-  4,096 blocks / 32 groups, over 5 us: <= 1. ``select_growth``: the same at 1,048,576
+  4,096 blocks / 32 groups, over 2 us: <= 1. ``select_growth``: the same at 1,048,576
   blocks / 1,024 groups over the 4,096 value: <= 2 (full run only).
 - ``mem_lru`` / ``mem_ps``: RSS growth of a fresh process from before the engine exists
   to after the cache is full (1,048,576 resident blocks; 65,536 with ``--quick``), per

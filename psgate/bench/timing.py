@@ -4,6 +4,7 @@ per victim inside a full replay."""
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import time
 from pathlib import Path
@@ -28,19 +29,31 @@ def hot_loop(loaded: Loaded, policy: str, capacity: int,
                 "invariants_hold": all(v.holds for v in result.invariants.values())}
 
 
-def end_to_end(trace: Path, policy: str, capacity: int, out: Path) -> float:
+def end_to_end(trace: Path, policy: str, capacity: int, out: Path, *, python: bool = False,
+               candidate: str | None = None, scheduler: str = "service",
+               **options) -> float:
     """Seconds for psgate.api.replay (what ``psgate replay`` runs) with ``policy`` as
     baseline and candidate: validation, two runs, full ledger, requests.csv, receipt. Under
     the service model, whose admissions and releases are those of the vLLM KVCacheManager
-    replay it is compared with (each request allocated at t and freed at done_t)."""
+    replay it is compared with (each request allocated at t and freed at done_t).
+    ``python``: on the Python engine (PSGATE_CORE=0), whether or not the core is built."""
     from psgate import api
-    cfg = api.ReplayConfig(trace=str(trace), baseline=policy, candidate=policy,
+    cfg = api.ReplayConfig(trace=str(trace), baseline=policy, candidate=candidate or policy,
                            capacity=capacity, out=out, force=True, cost=INSTANT,
-                           scheduler="service", contracts=CONTRACT_NAMES)
-    gc.collect()
-    t0 = CLOCK()
-    api.replay(cfg)
-    dt = CLOCK() - t0
+                           scheduler=scheduler, contracts=CONTRACT_NAMES, **options)
+    before = os.environ.get("PSGATE_CORE")
+    if python:
+        os.environ["PSGATE_CORE"] = "0"
+    try:
+        gc.collect()
+        t0 = CLOCK()
+        api.replay(cfg)
+        dt = CLOCK() - t0
+    finally:
+        if before is None:
+            os.environ.pop("PSGATE_CORE", None)
+        else:
+            os.environ["PSGATE_CORE"] = before
     shutil.rmtree(out, ignore_errors=True)
     return dt
 

@@ -130,3 +130,16 @@ def make_engine(loaded: Loaded, policy, capacity: int, scheduler: str = "service
         header=loaded.header, hashes=loaded.hashes, capacity=capacity, policy=policy,
         contracts=CONTRACT_NAMES, done_ids=loaded.summary.done_ids,
         groups=loaded.summary.groups, cost=INSTANT, **kw)
+
+
+def write_mooncake_trace(path: Path, source: Path, requests: int) -> dict:
+    """The first ``requests`` requests of a Mooncake trace file, imported as psgate's
+    importer does (``psgate trace import --format mooncake --limit N``)."""
+    from psgate.trace.importers import import_trace
+    lines = import_trace("mooncake", source, limit=requests)
+    with open(path, "wb") as fh:
+        for line in lines:
+            fh.write(orjson.dumps(line) + b"\n")
+    num = sum(1 for x in lines if x.get("op") == "request")
+    return {"requests": num, "source": str(source), "blocks": sum(
+        len(x.get("blocks", ())) for x in lines if x.get("op") == "request")}

@@ -150,6 +150,7 @@ class ReplayEngine(BlockPool):
         self.paranoid = paranoid
         # The compiled loops (psgate.core), or None: the Python ones below.
         self.kernels = core.get()
+        self.touch_queues = policy.touch_queues()
 
         self.now = 0
         self.start_ns: int | None = None
@@ -262,6 +263,9 @@ class ReplayEngine(BlockPool):
         policy, ref = self.policy, self.ref
         preq = r.preq
         on_hit = self.on_hit_fn
+        if self.kernels is not None and on_hit is None:
+            self.kernels.pool_touch(self, hits, self.touch_queues, policy.on_touch)
+            return
         for pos, b in enumerate(hits):
             if ref[b] == 0:
                 policy.on_touch(b)

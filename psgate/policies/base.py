@@ -164,6 +164,12 @@ class EvictionPolicy(ABC):
     def on_touch(self, block: int) -> None:
         """A candidate was hit and is no longer a candidate."""
 
+    def touch_queues(self):
+        """The :class:`~psgate.policies.queues.BlockQueues` from which on_touch only
+        unlinks the block, or None: with it, the compiled core unlinks a request's hits
+        itself instead of calling on_touch once per hit."""
+        return None
+
     @abstractmethod
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
         """The candidate to evict next for req; called only while candidates exist."""

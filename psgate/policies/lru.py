@@ -58,6 +58,9 @@ class LRUPolicy(EvictionPolicy):
     def on_touch(self, block: int) -> None:
         self._q.remove(block)
 
+    def touch_queues(self):
+        return self._q if type(self).on_touch is LRUPolicy.on_touch else None
+
     def _decision(self, b: int, num_candidates: int) -> Decision:
         return Decision(victim=b, num_candidates=num_candidates, position=0, queue="lru",
                         rank={"freed_t": self._freed_ns[b] / NS_PER_S})
