@@ -509,3 +509,61 @@ def pool_touch(pool, list hits, queues, on_touch):
             else:
                 on_touch(b)
         ref[b] += 1
+
+
+# -- the step scheduler (psgate/engines/sched.py) --------------------------------------
+
+def step_decodes(list running, Py_ssize_t i, long long budget, long long bs,
+                 list scheduled, list num_new, list work):
+    """StepSimEngine._step's decode fast path, from running[i]: each request with exactly
+    one token to compute whose slot is already allocated and cached is scheduled for it
+    (budget permitting). Stops at the first other request; returns (its index, budget).
+    ``work`` holds [num_p, num_c, num_d, num_k], updated in place."""
+    cdef Py_ssize_t num = len(running)
+    cdef long long before, num_p = work[0], num_c = work[1], num_d = work[2], num_k = work[3]
+    cdef object r
+    while i < num and budget > 0:
+        r = running[i]
+        before = r.num_computed
+        if r.num_tokens - before != 1:
+            break
+        if not (before // bs < len(r.blocks) and (before + 1) // bs <= r.num_cached_blocks):
+            break
+        scheduled.append(r)
+        num_new.append(1)
+        budget -= 1
+        i += 1
+        if r.num_output:
+            num_d += 1
+            num_k += before
+        else:
+            num_p += 1
+            num_c += before
+    work[0] = num_p
+    work[1] = num_c
+    work[2] = num_d
+    work[3] = num_k
+    return i, budget
+
+
+def step_computed(list scheduled, list num_new, Py_ssize_t i):
+    """StepSimEngine._step's update_from_output, from scheduled[i]: tokens computed, and a
+    token sampled where they caught up, for requests that neither sample their first
+    token nor finish now. Stops at the first that does; returns its index (or the end)."""
+    cdef Py_ssize_t num = len(scheduled)
+    cdef long long computed, out
+    cdef object r
+    while i < num:
+        r = scheduled[i]
+        computed = r.num_computed + <long long>num_new[i]
+        if computed >= r.num_tokens:
+            out = r.num_output + 1
+            if (out == 1 and r.first_token_ns < 0) or out >= r.max_out:
+                return i
+            r.num_computed = computed
+            r.num_output = out
+            r.num_tokens = r.num_tokens + 1
+        else:
+            r.num_computed = computed
+        i += 1
+    return num

@@ -189,7 +189,15 @@ class StepSimEngine(ReplayEngine):
             thr = 0
         preempted = False
         i = 0
+        kernels = self.kernels
         while i < len(running) and budget > 0:
+            if kernels is not None:
+                work = [num_p, num_c, num_d, num_k]
+                i, budget = kernels.step_decodes(running, i, budget, bs, scheduled, num_new,
+                                                 work)
+                num_p, num_c, num_d, num_k = work
+                if not (i < len(running) and budget > 0):
+                    break
             r = running[i]
             before = r.num_computed
             n = r.num_tokens - before
@@ -273,27 +281,39 @@ class StepSimEngine(ReplayEngine):
         self.counts["steps"] += 1
         self.now += self.step_cost.step_ns(StepWork(num_p, num_c, num_d, num_k))
         now = self.now
-        for r, n in zip(scheduled, num_new):
-            computed = r.num_computed + n
-            r.num_computed = computed
-            if computed < r.num_tokens:
-                continue
-            r.num_output += 1
-            r.num_tokens += 1
-            if r.num_output == 1 and r.first_token_ns < 0:
-                r.first_token_ns = now
-                o = r.outcome
-                o.ttft_ms = (now - r.ev.t_ns) / NS_PER_MS
-                o.prefill_ms = (now - r.first_sched_ns) / NS_PER_MS
-            if r.num_output >= r.max_out:
-                running.remove(r)
-                self._return_blocks(r)
-                o = r.outcome
-                o.state = COMPLETED
-                o.release_ns = now
-                del self.reqs[r.ev.id]
-                self.finalize(r)
+        start = 0
+        while kernels is not None and start < len(scheduled):
+            # the common updates compiled; a first token or a finish here, then on
+            start = kernels.step_computed(scheduled, num_new, start)
+            if start < len(scheduled):
+                self._computed(scheduled[start], num_new[start], now)
+                start += 1
+        for r, n in zip(scheduled[start:], num_new[start:]):
+            self._computed(r, n, now)
         return True
+
+    def _computed(self, r: StepRequest, n: int, now: int) -> None:
+        """update_from_output for one scheduled request: n more tokens computed, and a
+        token sampled if they caught up (its first, or its last: then it finishes)."""
+        computed = r.num_computed + n
+        r.num_computed = computed
+        if computed < r.num_tokens:
+            return
+        r.num_output += 1
+        r.num_tokens += 1
+        if r.num_output == 1 and r.first_token_ns < 0:
+            r.first_token_ns = now
+            o = r.outcome
+            o.ttft_ms = (now - r.ev.t_ns) / NS_PER_MS
+            o.prefill_ms = (now - r.first_sched_ns) / NS_PER_MS
+        if r.num_output >= r.max_out:
+            self.running.remove(r)
+            self._return_blocks(r)
+            o = r.outcome
+            o.state = COMPLETED
+            o.release_ns = now
+            del self.reqs[r.ev.id]
+            self.finalize(r)
 
     def _started(self, r: StepRequest, hits: list[int]) -> None:
         """The first scheduling: what vLLM reports as the request's cached tokens."""
