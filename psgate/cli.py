@@ -759,6 +759,7 @@ def bench(
     vllm_python: Annotated[Optional[str], typer.Option(help="measure vLLM with this interpreter (a vLLM virtualenv with psgate installed)")] = None,
     mooncake: Annotated[Optional[Path], typer.Option(help="a Mooncake trace (JSONL): replay its first requests compiled and in Python (target core_vs_python_mooncake)")] = None,
     mooncake_requests: Annotated[int, typer.Option(help="how many of its requests")] = 6000,
+    mooncake_block_size: Annotated[int, typer.Option(help="tokens per block, re-blocked from Mooncake's 512")] = 16,
 ) -> None:
     """Measure replay throughput, victim selection and memory per block against the targets."""
     from psgate import bench as bench_lib
@@ -772,7 +773,8 @@ def bench(
                          path="--mooncake-requests")
     result = bench_lib.run(bench_lib.BenchConfig(quick=quick, repeats=repeats,
                                                  vllm_python=vllm_python, mooncake=mooncake,
-                                                 mooncake_requests=mooncake_requests),
+                                                 mooncake_requests=mooncake_requests,
+                                                 mooncake_block_size=mooncake_block_size),
                            progress=lambda msg: err.print(msg, markup=False, highlight=False))
     if json:
         _emit(result)

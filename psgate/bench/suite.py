@@ -56,6 +56,7 @@ class BenchConfig:
     mooncake: Path | None = None         # a Mooncake trace: its first requests replayed
     mooncake_requests: int = 6000        # compiled and in Python (core_vs_python_mooncake)
     mooncake_capacity: int = 16384
+    mooncake_block_size: int = 16        # re-blocked from Mooncake's 512 tokens, as vLLM's 16
 
     def resolved_scale(self) -> Scale:
         return self.scale or (QUICK if self.quick else FULL)
@@ -210,7 +211,8 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
         # a real trace, compiled and in Python, rounds interleaved as above
         if cfg.mooncake is not None and core.get() is not None:
             path = work / "mooncake.jsonl"
-            traces["mooncake"] = write_mooncake_trace(path, cfg.mooncake, cfg.mooncake_requests)
+            traces["mooncake"] = write_mooncake_trace(path, cfg.mooncake, cfg.mooncake_requests,
+                                                      cfg.mooncake_block_size)
             got: dict[str, list[float]] = {"compiled": [], "python": []}
             for _ in range(repeats):
                 for code in got:
@@ -222,6 +224,7 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
             for code, values in got.items():
                 m[f"mooncake_{code}"] = {
                     "what": f"Mooncake, first {cfg.mooncake_requests} requests, "
+                            f"{cfg.mooncake_block_size}-token blocks, "
                             f"{cfg.mooncake_capacity} blocks, lru vs prefixshield end to end "
                             f"(step scheduler, gzip ledger of evictions), {code}",
                     "unit": "s", **_stats(values)}

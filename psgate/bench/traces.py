@@ -132,11 +132,12 @@ def make_engine(loaded: Loaded, policy, capacity: int, scheduler: str = "service
         groups=loaded.summary.groups, cost=INSTANT, **kw)
 
 
-def write_mooncake_trace(path: Path, source: Path, requests: int) -> dict:
+def write_mooncake_trace(path: Path, source: Path, requests: int, block_size: int) -> dict:
     """The first ``requests`` requests of a Mooncake trace file, imported as psgate's
-    importer does (``psgate trace import --format mooncake --limit N``)."""
+    importer does (``psgate trace import --format mooncake --block-size B --option
+    limit=N``)."""
     from psgate.trace.importers import import_trace
-    lines = import_trace("mooncake", source, limit=requests)
+    lines = import_trace("mooncake", source, limit=requests, block_size=block_size)
     with open(path, "wb") as fh:
         for line in lines:
             fh.write(orjson.dumps(line) + b"\n")
