@@ -567,3 +567,399 @@ def step_computed(list scheduled, list num_new, Py_ssize_t i):
             r.num_computed = computed
         i += 1
     return num
+
+
+# -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
+
+from heapq import heappush as _heappush, heappop as _heappop, heapreplace as _heapreplace
+
+SEQ_SHIFT = 22                  # SeqQueues.SHIFT: entries are seq << 22 | block
+cdef long long SEQ_MASK = (<long long>1 << 22) - 1
+
+
+cdef class PrefixShieldView:
+    """prefixshield's per-block and per-victim paths over the policy's own state: its
+    arrays are read and written in place and its heaps are the same lists, pushed and
+    popped by heapq, so the Python methods and these interleave freely. What is rare
+    (ranking the groups when the cache is cold, ties, the global fallback, a heap
+    compaction, a group relisted) calls the policy's own Python method. Built by
+    PrefixShield.bind for the classes whose hooks it mirrors; a subclass that overrides
+    them (prefixshield-b) runs the Python ones."""
+    cdef object pol, gq, tree
+    cdef int[:] where
+    cdef long long[:] seq
+    cdef list heaps, live, num_eligible, gver
+    cdef int[:] owner
+    cdef signed char[:] cls
+    cdef long long[:] freed_seq
+    cdef unsigned char[:] cand
+    cdef int[:] t_parent
+    cdef int[:] t_parent_gen
+    cdef int[:] t_gen
+    cdef int[:] t_children
+    cdef bint segments, has_tree, has_glob
+    cdef object glob_obj
+    cdef int[:] gwhere
+    cdef long long[:] gseq
+    cdef list gheaps, glive
+    cdef double eps, min_rho
+    cdef Py_ssize_t n
+    cdef list S, k
+    cdef dict kheaps, batch_mod, debt_cache
+    cdef list batch_heap
+    # the policy's num_cand while a kernel runs (read on entry, written back on exit and
+    # before any call into the policy's Python that could read or change it)
+    cdef Py_ssize_t num_cand
+
+    def __init__(self, pol):
+        self.pol = pol
+        self.S = pol.S
+        self.k = pol.k
+        self.kheaps = pol.kheaps
+        self.batch_mod = pol.batch_mod
+        self.batch_heap = pol.batch_heap
+        self.debt_cache = pol._debt_cache
+        self.min_rho = pol.min_rho
+        gq = pol.gq
+        self.gq = gq
+        self.where = gq.where
+        self.seq = gq.seq
+        self.heaps = gq.heaps
+        self.live = gq.live
+        self.num_eligible = pol.num_eligible
+        self.gver = pol.gver
+        self.owner = pol.owner
+        self.cls = pol.cls
+        self.freed_seq = pol.freed_seq
+        self.cand = pol.cand
+        self.n = len(pol.cand)
+        self.segments = pol._segments
+        self.eps = pol.eps
+        self.tree = pol.tree
+        self.has_tree = self.tree is not None
+        if self.has_tree:
+            self.t_parent = self.tree.parent
+            self.t_parent_gen = self.tree.parent_gen
+            self.t_gen = self.tree.gen
+            self.t_children = self.tree.children
+        self.glob_obj = False           # never the policy's: the first use syncs
+        self.has_glob = False
+
+    cdef bint _sync_glob(self):
+        """Whether the all-groups queues exist now (they are dropped and rebuilt)."""
+        gl = self.pol.glob
+        if gl is not self.glob_obj:
+            self.glob_obj = gl
+            self.has_glob = gl is not None
+            if self.has_glob:
+                self.gwhere = gl.where
+                self.gseq = gl.seq
+                self.gheaps = gl.heaps
+                self.glive = gl.live
+        return self.has_glob
+
+    cdef int _push(self, int b) except -1:
+        """PrefixShield._eligible_push."""
+        cdef int g = self.owner[b]
+        cdef int s = self.cls[b] if self.segments else 0
+        cdef long long sq = self.freed_seq[b]
+        cdef object e = (sq << SEQ_SHIFT) | b
+        cdef int q = 3 * g + s
+        self.where[b] = q
+        self.seq[b] = sq
+        _heappush(self.heaps[q], e)
+        self.live[q] = self.live[q] + 1
+        if self._sync_glob():
+            self.gwhere[b] = s
+            self.gseq[b] = sq
+            _heappush(self.gheaps[s], e)
+            self.glive[s] = self.glive[s] + 1
+        ne = self.num_eligible[g] + 1
+        self.num_eligible[g] = ne
+        if ne == 1:
+            self._relist(g)
+        return 0
+
+    cdef int _relist(self, int g) except -1:
+        """PrefixShield._relist (keep_rank false)."""
+        pol = self.pol
+        ver = self.gver[g] + 1
+        self.gver[g] = ver
+        pol._rank_cache = None
+        if self.num_eligible[g] == 0:
+            return 0
+        p = self.batch_mod.get(g)
+        if p is not None:
+            _heappush(self.batch_heap, (-p, g, ver))
+        else:
+            kg = self.k[g]
+            if kg > 0:
+                h = self.kheaps.get(kg)
+                if h is None:
+                    h = self.kheaps[kg] = []
+                _heappush(h, (-self.S[g], g, ver))
+        return 0
+
+    cdef inline bint _valid_b(self, tuple e):
+        g = e[1]
+        return e[2] == self.gver[g] and g in self.batch_mod and self.num_eligible[g] > 0
+
+    cdef tuple _scan_batch(self):
+        """PrefixShield._scan_batch."""
+        cdef list bh = self.batch_heap
+        cdef list taken, top
+        cdef tuple e, c
+        cdef Py_ssize_t n
+        while bh:
+            e = bh[0]
+            if self._valid_b(e):
+                n = len(bh)
+                if n == 1:
+                    return [e[1]], -e[0], -1, 0.0
+                c = bh[1] if n == 2 or bh[1] < bh[2] else bh[2]
+                if self._valid_b(c) and c[0] != e[0]:
+                    return [e[1]], -e[0], c[1], -c[0]
+                break
+            _heappop(bh)
+        taken = []
+        top = []
+        top_p = 0.0
+        runner, runner_p = -1, 0.0
+        while bh:
+            e = _heappop(bh)
+            if not self._valid_b(e):
+                continue
+            taken.append(e)
+            if not top or -e[0] == top_p:
+                top.append(e[1])
+                top_p = -e[0]
+            else:
+                runner, runner_p = e[1], -e[0]
+                break
+        for e in taken:
+            _heappush(bh, e)
+        top.sort()
+        return top, top_p, runner, runner_p
+
+    cdef object _frontier(self, double *p_out):
+        """PrefixShield._frontier: k of the best group in the per-k heaps (its P in
+        p_out), or None."""
+        cdef double t = self.pol.now_s
+        cdef double p, best_p = 0.0
+        cdef list h
+        cdef tuple e
+        best_k = None
+        for kk, hh in self.kheaps.items():
+            h = hh
+            while h:
+                e = h[0]
+                g = e[1]
+                if (e[2] == self.gver[g] and g not in self.batch_mod
+                        and self.num_eligible[g] > 0):
+                    p = self.min_rho * (-<double>e[0] - <long long>kk * t)
+                    if best_k is None or p > best_p:
+                        best_k = kk
+                        best_p = p
+                    break
+                _heappop(h)
+        p_out[0] = best_p
+        return best_k
+
+    cdef tuple _ranked(self):
+        """PrefixShield._ranked, with _pull inline."""
+        cdef double fp
+        cdef tuple ranked
+        pol = self.pol
+        while True:
+            ranked = self._scan_batch()
+            fk = self._frontier(&fp)
+            if fk is None or (ranked[0] and fp < ranked[1] and ranked[2] >= 0
+                              and fp <= ranked[3]):
+                return ranked
+            g = _heappop(self.kheaps[fk])[1]
+            p = pol._p(g)
+            self.batch_mod[g] = p
+            ver = self.gver[g] + 1
+            self.gver[g] = ver
+            _heappush(self.batch_heap, (-p, g, ver))
+
+    cdef int _uncandidate(self, int b) except -1:
+        """PrefixShield.uncandidate."""
+        cdef int q, g
+        cdef Py_ssize_t lv
+        pol = self.pol
+        self.cand[b] = 0
+        self.num_cand -= 1
+        q = self.where[b]
+        if q >= 0:
+            g = self.owner[b]
+            self.where[b] = -1
+            lv = self.live[q] - 1
+            self.live[q] = lv
+            if len(<list>self.heaps[q]) > 2 * lv + 32:
+                self.gq._compact(q)
+            if self._sync_glob():
+                q = self.gwhere[b]
+                if q < 0:
+                    raise RuntimeError(f"block {b} is queued by its group but not globally")
+                self.gwhere[b] = -1
+                lv = self.glive[q] - 1
+                self.glive[q] = lv
+                if len(<list>self.gheaps[q]) > 2 * lv + 32:
+                    self.glob_obj._compact(q)
+            ne = self.num_eligible[g] - 1
+            self.num_eligible[g] = ne
+            if ne == 0:
+                self.gver[g] = self.gver[g] + 1
+                pol._rank_cache = None
+        return 0
+
+    cdef int _best_of(self, int g, int *seg) except -2:
+        """PrefixShield._best_of: g's best eligible block (its segment in seg), or -1."""
+        cdef int s, q, b
+        cdef long long e
+        cdef list h
+        for s in range(3):
+            q = 3 * g + s
+            h = self.heaps[q]
+            while h:
+                e = h[0]
+                b = <int>(e & SEQ_MASK)
+                if self.where[b] == q and self.seq[b] == e >> SEQ_SHIFT:
+                    seg[0] = s
+                    return b
+                _heappop(h)
+        seg[0] = 3
+        return -1
+
+    cdef int _first_of(self, list top) except -2:
+        """The group _choose takes among groups tied at the top: sorted by their best
+        candidates' (segment, native seq), each looked up as the key function does."""
+        cdef int g, s, b, best_g = -1, best_s = 0
+        cdef long long best_seq = 0, sq
+        for g in top:
+            b = self._best_of(g, &s)
+            sq = self.seq[b] if b >= 0 else 0
+            if best_g < 0 or s < best_s or (s == best_s and sq < best_seq):
+                best_g, best_s, best_seq = g, s, sq
+        return best_g
+
+    cdef int _evicted(self, int b, int g, object p_after) except -1:
+        """PrefixShield._evicted."""
+        cdef int p, c
+        pol = self.pol
+        if not 0 <= b < self.n:
+            pol.num_cand = self.num_cand
+            pol._evicted(b, g, p_after)     # the reference's behaviour, whatever it is
+            self.num_cand = pol.num_cand
+            return 0
+        cdef list bh
+        cdef Py_ssize_t m
+        if g >= 0:
+            self.batch_mod[g] = p_after
+            ver = self.gver[g] + 1
+            self.gver[g] = ver
+            entry = (-p_after, g, ver)
+            bh = self.batch_heap
+            if bh and bh[0][1] == g:
+                # heapreplace; an entry below both children would climb back to the root,
+                # leaving every other entry where it was
+                m = len(bh)
+                if (m == 1 or entry < bh[1]) and (m <= 2 or entry < bh[2]):
+                    bh[0] = entry
+                else:
+                    _heapreplace(bh, entry)
+            else:
+                _heappush(bh, entry)
+            cache = pol._rank_cache
+            if cache is not None:
+                top = cache[0]
+                if len(top) == 1 and top[0] == g and p_after > cache[3]:
+                    pol._rank_cache = (top, p_after, cache[2], cache[3])
+                else:
+                    pol._rank_cache = None
+            else:
+                pol._rank_cache = None
+        if not self.has_tree and not self.cand[b]:
+            return 0
+        self._uncandidate(b)
+        if self.has_tree:
+            self.t_gen[b] += 1
+            p = self.t_parent[b]
+            self.t_parent[b] = -1
+            if p >= 0 and self.t_parent_gen[b] == self.t_gen[p]:
+                c = self.t_children[p] - 1
+                self.t_children[p] = c
+                if c == 0 and self.cand[p]:
+                    self._push(p)
+        self.owner[b] = -1
+        return 0
+
+    def freed(self, list blocks):
+        """PrefixShield.on_free."""
+        cdef int b
+        cdef long long fs
+        pol = self.pol
+        fs = pol.free_seq
+        self.num_cand = pol.num_cand
+        for b in blocks:
+            if not 0 <= b < self.n:
+                pol.free_seq = fs
+                pol.num_cand = self.num_cand
+                raise IndexError(f"block {b} is outside the pool")
+            fs += 1
+            self.freed_seq[b] = fs
+            self.cand[b] = 1
+            self.num_cand += 1
+            if not self.has_tree or self.t_children[b] == 0:
+                self._push(b)
+        pol.free_seq = fs
+        pol.num_cand = self.num_cand
+
+    def evict_batch(self, Py_ssize_t num_blocks):
+        """PrefixShield.evict_batch without decisions: the victim of a single responsible
+        group with a warm ranking is chosen here, any other through _choose."""
+        cdef list victims = []
+        pol = self.pol
+        self.num_cand = pol.num_cand
+        try:
+            self._take(num_blocks, victims)
+        finally:
+            pol.num_cand = self.num_cand
+        return victims
+
+    cdef int _take(self, Py_ssize_t num_blocks, list victims) except -1:
+        cdef Py_ssize_t i
+        cdef int g, b, seg
+        cdef double top_p
+        pol = self.pol
+        for i in range(num_blocks):
+            if self.num_cand == 0:
+                break
+            if i == 0:
+                pol.pending = None
+            cache = pol._rank_cache
+            if cache is None:
+                cache = pol._rank_cache = self._ranked()
+            top = cache[0]
+            if top and cache[1] > self.eps:
+                g = top[0] if len(top) == 1 else self._first_of(top)
+                top_p = cache[1]
+                b = self._best_of(g, &seg)
+                debts = self.debt_cache.get(g)
+                if debts is None:
+                    debts = pol._debts(g)
+                if self._sync_glob():
+                    budget = pol.glob_budget - 1
+                    pol.glob_budget = budget
+                    if budget <= 0:
+                        pol.glob = None
+                        self._sync_glob()
+                self._evicted(b, g, top_p - 1.0 / <double>debts[2])
+            else:
+                pol.num_cand = self.num_cand
+                choice = pol._choose()
+                b = choice[0]
+                self._evicted(b, choice[1], choice[3])
+            victims.append(b)
+        return 0

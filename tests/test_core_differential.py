@@ -168,6 +168,55 @@ def test_a_real_trace_gives_the_same_bytes(monkeypatch, tmp_path):
         assert files["ledger.csv"].count(b",evict,") > 0
 
 
+def _engine_state(loaded, policy: str, capacity: int, scheduler: str) -> dict:
+    """One replay with no recorder (the policies' batch paths that build no decisions):
+    its result, the pool's final arrays and the policy's candidates."""
+    from dataclasses import asdict
+
+    from psgate.bench.traces import make_engine
+    from psgate.policies import make_policy
+    pol = make_policy(policy)
+    engine = make_engine(loaded, pol, capacity, scheduler)
+    result = engine.run(loaded.events)
+    got = asdict(result)
+    got["invariants"] = {k: (v.holds, v.violations) for k, v in result.invariants.items()}
+    got["pool"] = (engine.key.tobytes(), engine.owner.tobytes(), bytes(engine.ref.tobytes()))
+    got["candidates"] = pol.candidates()
+    return got
+
+
+BENCH_SHAPES = [("reuse", False, 300, 1024), ("cold", True, 300, 1024)]
+
+
+@pytest.mark.parametrize("policy", builtin_policies())
+@pytest.mark.parametrize("scheduler", ["step", "service"])
+def test_replays_without_a_ledger_end_in_the_same_state(monkeypatch, tmp_path, policy,
+                                                        scheduler):
+    """What the bench's hot loop runs: no recorder, so no decisions are built and a
+    policy's compiled batch path (prefixshield's, lru's) decides alone."""
+    from psgate.bench.traces import load, write_debt_trace, write_reuse_trace
+    _compiled()
+    traces = []
+    for name, cold, n, cap in BENCH_SHAPES:
+        p = tmp_path / f"{name}.jsonl"
+        write_reuse_trace(p, n, 24, cap, cold=cold)
+        traces.append((p, cap))
+    p = tmp_path / "debt.jsonl"
+    write_debt_trace(p, 1024, 8, 3.0, blocks=16)
+    traces.append((p, 1024))
+    for kind, params, cap in WORKLOADS:
+        traces.append((_workload(tmp_path, kind, **params), cap))
+    for trace, cap in traces:
+        loaded = load(trace)
+        monkeypatch.delenv("PSGATE_CORE", raising=False)
+        compiled = _engine_state(loaded, policy, cap, scheduler)
+        monkeypatch.setenv("PSGATE_CORE", "0")
+        python = _engine_state(loaded, policy, cap, scheduler)
+        assert compiled["evictions"] > 0 or python["evictions"] == 0
+        for k in compiled:
+            assert compiled[k] == python[k], f"{trace.name}: {k} differs"
+
+
 # -- the loops one by one --------------------------------------------------------------
 
 _text = st.text(alphabet=st.sampled_from('ab,"\n\r xé'), max_size=6)

@@ -45,6 +45,7 @@ from array import array
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
+from psgate import core
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.invariants.prefixshield import BucketAudit
 from psgate.policies import register
@@ -170,6 +171,11 @@ class PrefixShield(EvictionPolicy):
         # valid for one batch (time and stored balances do not move inside it)
         self._rank_cache: tuple | None = None
         self._debt_cache: dict[int, tuple[float, float, float]] = {}
+        # The compiled forms of on_free and evict_batch (psgate.core), over this state;
+        # only for the classes whose methods they mirror.
+        kernels = core.get()
+        self._view = (kernels.PrefixShieldView(self)
+                      if kernels is not None and type(self) in _COMPILED else None)
 
     def _gid(self, group: str) -> int:
         g = self.gids.get(group)
@@ -521,6 +527,9 @@ class PrefixShield(EvictionPolicy):
                 self._rank_cache = None
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
+        if self._view is not None and type(blocks) is list:
+            self._view.freed(blocks)
+            return
         # A candidate that is not a leaf waits outside the queues until its last child
         # leaves (on_evict); the guard finds such blocks by scanning (_oldest_nonleaf).
         children = self.tree.children if self.tree is not None else None
@@ -603,6 +612,8 @@ class PrefixShield(EvictionPolicy):
                     decisions: list[Decision] | None) -> list[int]:
         """select_victim + on_evict, num_blocks times, without building decisions that
         nobody records."""
+        if decisions is None and self._view is not None:
+            return self._view.evict_batch(num_blocks)
         choose, evicted = self._choose, self._evicted
         victims: list[int] = []
         for _ in range(num_blocks):
@@ -736,3 +747,8 @@ class PrefixShieldNoGate(PrefixShield):
     name = "prefixshield-nogate"
     summary = "PrefixShield ablation: promotion to Reuse regardless of debt"
     defaults = {**PrefixShield.defaults, "gate": False}
+
+
+# The classes whose on_free and evict_batch the compiled core mirrors (a subclass that
+# changes what they call, such as prefixshield-b, runs the Python methods).
+_COMPILED = (PrefixShield, PrefixShieldNoSeg, PrefixShieldNoGate)
