@@ -606,12 +606,16 @@ cdef class PrefixShieldView:
     cdef Py_ssize_t n
     cdef list S, k
     cdef dict kheaps, batch_mod, debt_cache
-    cdef list batch_heap
+    cdef list batch_heap, qnames, gnames, contract_names
+    cdef tuple seg_names, class_names
+    cdef signed char[:] contract
+    cdef object decision_cls
+    cdef int runner_g           # _first_of's second group, -1 when one group tops
     # the policy's num_cand while a kernel runs (read on entry, written back on exit and
     # before any call into the policy's Python that could read or change it)
     cdef Py_ssize_t num_cand
 
-    def __init__(self, pol):
+    def __init__(self, pol, decision_cls, class_names):
         self.pol = pol
         self.S = pol.S
         self.k = pol.k
@@ -619,6 +623,13 @@ cdef class PrefixShieldView:
         self.batch_mod = pol.batch_mod
         self.batch_heap = pol.batch_heap
         self.debt_cache = pol._debt_cache
+        self.qnames = pol.qnames
+        self.gnames = pol.gnames
+        self.contract_names = pol.contract_names
+        self.seg_names = tuple(pol.seg_names)
+        self.class_names = tuple(class_names)
+        self.contract = pol.contract
+        self.decision_cls = decision_cls
         self.min_rho = pol.min_rho
         gq = pol.gq
         self.gq = gq
@@ -835,13 +846,17 @@ cdef class PrefixShieldView:
     cdef int _first_of(self, list top) except -2:
         """The group _choose takes among groups tied at the top: sorted by their best
         candidates' (segment, native seq), each looked up as the key function does."""
-        cdef int g, s, b, best_g = -1, best_s = 0
-        cdef long long best_seq = 0, sq
+        cdef int g, s, b, best_g = -1, best_s = 0, next_g = -1, next_s = 0
+        cdef long long best_seq = 0, next_seq = 0, sq
         for g in top:
             b = self._best_of(g, &s)
             sq = self.seq[b] if b >= 0 else 0
             if best_g < 0 or s < best_s or (s == best_s and sq < best_seq):
+                next_g, next_s, next_seq = best_g, best_s, best_seq
                 best_g, best_s, best_seq = g, s, sq
+            elif next_g < 0 or s < next_s or (s == next_s and sq < next_seq):
+                next_g, next_s, next_seq = g, s, sq
+        self.runner_g = next_g
         return best_g
 
     cdef int _evicted(self, int b, int g, object p_after) except -1:
@@ -916,19 +931,38 @@ cdef class PrefixShieldView:
         pol.free_seq = fs
         pol.num_cand = self.num_cand
 
-    def evict_batch(self, Py_ssize_t num_blocks):
-        """PrefixShield.evict_batch without decisions: the victim of a single responsible
-        group with a warm ranking is chosen here, any other through _choose."""
+    cdef object _decision(self, int b, int g, int seg, object p_before, object p_after,
+                          object runner, object runner_p):
+        """PrefixShield._decision for a victim of responsible group g."""
+        cdef int q = 3 * g
+        cdef int og = self.owner[b]
+        live = self.live
+        debts = self.debt_cache.get(og)
+        if debts is None:
+            debts = self.pol._debts(og)
+        rank = {"segment": self.seg_names[seg], "class": self.class_names[self.cls[b]],
+                "freed_seq": self.freed_seq[b], "global_fallback": False,
+                "owner_contract": self.contract_names[self.contract[b]],
+                "owner_raw_debt": debts[0], "owner_norm_debt": debts[1]}
+        return self.decision_cls(
+            b, self.num_cand, 0, self.qnames[q + seg], self.gnames[g], p_before, p_after,
+            self.gnames[runner] if runner >= 0 else None,
+            runner_p if runner >= 0 else None,
+            {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}, rank)
+
+    def evict_batch(self, Py_ssize_t num_blocks, decisions=None):
+        """PrefixShield.evict_batch: the victim of the groups in debt, with a warm ranking,
+        is chosen here, any other through _choose (and _decision, for a recorder)."""
         cdef list victims = []
         pol = self.pol
         self.num_cand = pol.num_cand
         try:
-            self._take(num_blocks, victims)
+            self._take(num_blocks, victims, decisions)
         finally:
             pol.num_cand = self.num_cand
         return victims
 
-    cdef int _take(self, Py_ssize_t num_blocks, list victims) except -1:
+    cdef int _take(self, Py_ssize_t num_blocks, list victims, object decisions) except -1:
         cdef Py_ssize_t i
         cdef int g, b, seg
         cdef double top_p
@@ -943,7 +977,12 @@ cdef class PrefixShieldView:
                 cache = pol._rank_cache = self._ranked()
             top = cache[0]
             if top and cache[1] > self.eps:
-                g = top[0] if len(top) == 1 else self._first_of(top)
+                if len(top) == 1:
+                    g = top[0]
+                    runner, runner_p = cache[2], cache[3]
+                else:               # tied: sorted by best candidate, the second runs up
+                    g = self._first_of(top)
+                    runner, runner_p = self.runner_g, cache[1]
                 top_p = cache[1]
                 b = self._best_of(g, &seg)
                 debts = self.debt_cache.get(g)
@@ -955,11 +994,17 @@ cdef class PrefixShieldView:
                     if budget <= 0:
                         pol.glob = None
                         self._sync_glob()
-                self._evicted(b, g, top_p - 1.0 / <double>debts[2])
+                p_after = top_p - 1.0 / <double>debts[2]
+                if decisions is not None:
+                    decisions.append(self._decision(b, g, seg, cache[1], p_after, runner,
+                                                    runner_p))
+                self._evicted(b, g, p_after)
             else:
                 pol.num_cand = self.num_cand
                 choice = pol._choose()
                 b = choice[0]
+                if decisions is not None:
+                    decisions.append(pol._decision(choice))
                 self._evicted(b, choice[1], choice[3])
             victims.append(b)
         return 0

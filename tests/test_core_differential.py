@@ -11,6 +11,8 @@ their Python forms row by row.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -21,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import random_traces, write_lines
+from helpers import random_traces, write, write_lines
 from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names
@@ -215,6 +217,34 @@ def test_replays_without_a_ledger_end_in_the_same_state(monkeypatch, tmp_path, p
         assert compiled["evictions"] > 0 or python["evictions"] == 0
         for k in compiled:
             assert compiled[k] == python[k], f"{trace.name}: {k} differs"
+
+
+@pytest.mark.parametrize("policy", ["prefixshield", "prefixshield-noseg",
+                                    "prefixshield-nogate", "prefixshield-b"])
+def test_groups_tied_in_debt_give_the_same_bytes(monkeypatch, tmp_path, policy):
+    """The bench's debt trace: groups round-robin with equal debts, so the responsible
+    group is often one of several tied (the runner-up is then the second of them)."""
+    from psgate.bench.traces import write_debt_trace
+    _compiled()
+    trace = tmp_path / "debt.jsonl"
+    write_debt_trace(trace, 1024, 8, 3.0, blocks=16)
+    files = _replay_both(monkeypatch, tmp_path, trace, 1024, "lru", policy)
+    assert files["ledger.csv"].count(b",evict,") > 1000
+    # four groups charged alike at the same instants, then a fifth that must evict: their
+    # debts are equal to the bit, so victims alternate between tied groups
+    events = []
+    for r in range(3):
+        t = r * 0.01
+        events += [{"t": t, "id": f"r{r}g{g}", "group": f"g{g}", "contract": "best-effort",
+                    "blocks": [f"{r:x}{g:x}{j:04x}" for j in range(220)], "done_t": t + 1e-4}
+                   for g in range(4)]
+        events.append({"t": t + 0.001, "id": f"x{r}", "group": "x", "done_t": t + 0.002,
+                       "blocks": [f"ff{r:x}{j:04x}" for j in range(300)]})
+    trace = write(tmp_path, events, name="tied.jsonl")
+    files = _replay_both(monkeypatch, tmp_path, trace, 1000, "lru", policy)
+    rows = [r for r in csv.DictReader(io.StringIO(files["ledger.csv"].decode()))
+            if r["kind"] == "evict" and r["run"] == "candidate" and r["runner_up_p"]]
+    assert sum(r["runner_up_p"] == r["responsible_p_before"] for r in rows) > 100
 
 
 # -- the loops one by one --------------------------------------------------------------

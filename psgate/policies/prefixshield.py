@@ -174,7 +174,7 @@ class PrefixShield(EvictionPolicy):
         # The compiled forms of on_free and evict_batch (psgate.core), over this state;
         # only for the classes whose methods they mirror.
         kernels = core.get()
-        self._view = (kernels.PrefixShieldView(self)
+        self._view = (kernels.PrefixShieldView(self, Decision, SEGMENTS)
                       if kernels is not None and type(self) in _COMPILED else None)
 
     def _gid(self, group: str) -> int:
@@ -612,8 +612,8 @@ class PrefixShield(EvictionPolicy):
                     decisions: list[Decision] | None) -> list[int]:
         """select_victim + on_evict, num_blocks times, without building decisions that
         nobody records."""
-        if decisions is None and self._view is not None:
-            return self._view.evict_batch(num_blocks)
+        if self._view is not None:
+            return self._view.evict_batch(num_blocks, decisions)
         choose, evicted = self._choose, self._evicted
         victims: list[int] = []
         for _ in range(num_blocks):
