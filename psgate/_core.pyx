@@ -375,11 +375,12 @@ def pool_lookup(pool, list evb, int ns, Py_ssize_t num):
 
 
 def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, int ns,
-               int block_size, list cached_now):
+               int block_size, list cached_now, on_cached=None, preq=None):
     """Blocks ``start``..``stop`` of a request (prompt positions) now hold their content:
-    each key set and indexed, (block, key) appended to ``cached_now``; returns the tokens
-    recomputed (content that had been lost). The caching loops of SimEngine.try_admit and
-    StepEngine._allocate, for a policy without an on_cached hook."""
+    each key set and indexed, (block, key) appended to ``cached_now`` and given to the
+    policy's ``on_cached`` hook if it has one; returns the tokens recomputed (content
+    that had been lost). The caching loops of SimEngine.try_admit and
+    StepEngine._allocate."""
     cdef long long[:] key = pool.key
     cdef int[:] slot_ns = pool.slot_ns
     cdef int[:] slot_blk = pool.slot_blk
@@ -403,6 +404,8 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
         elif index_add(k, b):
             recompute += block_size
         cached_now.append((b, k))
+        if on_cached is not None:
+            on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
     return recompute
 
 
@@ -910,6 +913,49 @@ cdef class PrefixShieldView:
         self.owner[b] = -1
         return 0
 
+    def cached(self, int block, req, Py_ssize_t pos, int parent, key=-1):
+        """PrefixShield.on_cached."""
+        cdef int c
+        pol = self.pol
+        if not 0 <= block < self.n or parent >= self.n:
+            raise IndexError(f"block {block} (parent {parent}) is outside the pool")
+        pol.new_blocks.append((block, key))
+        if pos >= req.num_prompt_blocks:
+            pol.num_new_output += 1
+        if self.has_tree:                # LeafTracker.cached
+            self.t_parent[block] = parent
+            self.t_children[block] = 0
+            if parent >= 0:
+                self.t_parent_gen[block] = self.t_gen[parent]
+                self.t_children[parent] += 1
+
+    def classify(self, list new_blocks, list seen, bint first_all, bint in_debt, int g,
+                 int c, label):
+        """end_admit's loop over the new blocks: each one's class (Probationary if its
+        prefix is new to g, per block in ``seen`` or for all in ``first_all``, or if g is
+        in debt after the charge; else Normal), owner, contract and label. Returns the
+        number of blocks per class."""
+        cdef Py_ssize_t i, b, n0 = 0, n1 = 0
+        cdef int cl
+        cdef list lprefix = self.pol.lprefix
+        cdef tuple item
+        for i in range(len(new_blocks)):
+            item = new_blocks[i]
+            b = item[0]
+            if not 0 <= b < self.n:
+                raise IndexError(f"block {b} is outside the pool")
+            if in_debt or (first_all if seen is None else not seen[i]):
+                cl = 0
+                n0 += 1
+            else:
+                cl = 1
+                n1 += 1
+            self.cls[b] = cl
+            self.owner[b] = g
+            self.contract[b] = c
+            lprefix[b] = label
+        return [n0, n1, 0]
+
     def freed(self, list blocks):
         """PrefixShield.on_free."""
         cdef int b
@@ -1008,3 +1054,108 @@ cdef class PrefixShieldView:
                 self._evicted(b, choice[1], choice[3])
             victims.append(b)
         return 0
+
+
+# -- prefixshield's admission history (psgate/policies/history.py) ---------------------
+
+from cpython cimport array as carray
+
+cdef long long OPAQUE_FROM = <long long>1 << 62   # history.OPAQUE_KEYS_FROM
+OPAQUE_KEYS_FROM = OPAQUE_FROM
+HISTORY_COMPACT_MIN = 1024                        # history._COMPACT_MIN
+
+
+cdef inline int _append_q(carray.array a, long long v) except -1:
+    cdef Py_ssize_t n = len(a)
+    carray.resize_smart(a, n + 1)
+    a.data.as_longlongs[n] = v
+    return 0
+
+
+def history_contains_keys(hist, Py_ssize_t g, list keys):
+    """PrefixHistory.contains_keys with the flat slots (key_shift set)."""
+    cdef long long[:] sst = hist.slot_stamp
+    cdef int[:] sns = hist.slot_ns
+    cdef int shift = hist.shift
+    cdef long long mask = hist.mask
+    cdef Py_ssize_t n = len(sns)
+    cdef long long k, h, o
+    cdef dict other = hist.other
+    cdef list out = []
+    for key in keys:
+        if key < 0:
+            return hist._contains_keys(g, keys)     # not a content key: the Python form
+    for key in keys:
+        k = key
+        if k >= OPAQUE_FROM:
+            out.append(other.get((g, key), -1) >= 0)
+            continue
+        h = k & mask
+        o = sns[h] if h < n else -1
+        if o == k >> shift:
+            out.append(sst[h] >= 0)
+        elif o < 0:
+            out.append(False)
+        else:
+            out.append(hist._stamp(g, key) >= 0)
+    return out
+
+
+def history_touch_keys(hist, Py_ssize_t g, list keys,
+                       Py_ssize_t compact_min=HISTORY_COMPACT_MIN):
+    """PrefixHistory.touch_keys with the flat slots (key_shift set); what the slots do
+    not hold goes through _stamp/_set_stamp, a drop or a compaction through theirs."""
+    cdef int shift = hist.shift
+    cdef long long mask = hist.mask
+    cdef long long k, h, ns, was, top = 0
+    cdef long long clock
+    cdef long long bound = hist.bound
+    cdef list num_live = hist.num_live
+    cdef list head = hist.head
+    cdef list qkeys = hist.keys
+    cdef list qstamps = hist.stamps
+    cdef carray.array qk, qs
+    cdef long long[:] sst
+    cdef int[:] sns
+    for key in keys:
+        k = key
+        if k < 0:
+            return hist._touch_keys(g, keys)    # not a content key: the Python form
+        if k < OPAQUE_FROM and k & mask > top:
+            top = k & mask
+    if top >= len(hist.slot_ns):
+        hist._grow(top)
+    sst = hist.slot_stamp
+    sns = hist.slot_ns
+    qk = qkeys[g]
+    qs = qstamps[g]
+    clock = hist.clock
+    for key in keys:
+        k = key
+        h = k & mask
+        ns = k >> shift
+        if k < OPAQUE_FROM and (sns[h] == ns or sns[h] < 0):
+            sns[h] = <int>ns
+            was = sst[h]
+            sst[h] = clock
+        else:
+            hist.clock = clock
+            was = hist._stamp(g, key)
+            hist._set_stamp(g, key, clock)
+        _append_q(qk, k)
+        _append_q(qs, clock)
+        clock += 1
+        if was < 0:
+            live = num_live[g] + 1
+            num_live[g] = live
+            if live > bound:
+                hist.clock = clock
+                hist._drop_oldest(g)
+                qk = qkeys[g]
+                qs = qstamps[g]
+        elif len(qk) - head[g] > 2 * num_live[g] + compact_min:
+            hist.clock = clock
+            hist._compact(g)
+            qk = qkeys[g]
+            qs = qstamps[g]
+    hist.clock = clock

@@ -459,10 +459,10 @@ class StepSimEngine(ReplayEngine):
             slot_ns, slot_blk, slot_lost = self.slot_ns, self.slot_blk, self.slot_lost
             index_add = self.index_add
             start = r.num_cached_blocks
-            if self.kernels is not None and on_cached is None and start < num_prompt:
+            if self.kernels is not None and start < num_prompt:
                 stop = min(num_full, num_prompt)
                 recompute = self.kernels.pool_cache(self, blocks, evb, start, stop, ns, bs,
-                                                    cached_now)
+                                                    cached_now, on_cached, preq)
                 start = stop
             for pos in range(start, num_full):
                 b = blocks[pos]

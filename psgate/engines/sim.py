@@ -198,9 +198,9 @@ class SimEngine(ReplayEngine):
         index_add = self.index_add
         on_cached = self.on_cached_fn
         start = num_hits
-        if kernels is not None and on_cached is None:
+        if kernels is not None:
             recompute = kernels.pool_cache(self, blocks, evb, num_hits, num_full, ns, bs,
-                                           cached_now)
+                                           cached_now, on_cached, preq)
             start = num_full
         for pos in range(start, num_full):
             b = blocks[pos]

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from array import array
 
+from psgate import core
+
 _COMPACT_MIN = 1024
 # Engines key a block that holds no trace hash (a full block of a prompt's tail and generated
 # tokens) from here up (psgate.trace.keys.OUTPUT_KEY_BIT): its low bits index no hash table.
@@ -45,6 +47,8 @@ class PrefixHistory:
         self.stamps: list[array] = []     # per group: the stamp of each queued entry
         self.head: list[int] = []         # per group: index of the first unpopped entry
         self.num_live: list[int] = []
+        # the compiled forms of contains_keys and touch_keys (psgate.core), or None
+        self._kernels = core.get()
 
     def add_group(self) -> int:
         self.keys.append(array("q"))
@@ -121,6 +125,11 @@ class PrefixHistory:
 
     def contains_keys(self, g: int, keys: list[int]) -> list[bool]:
         """contains(g, k) for content keys, in one call."""
+        if self._kernels is not None and self.shift is not None and type(keys) is list:
+            return self._kernels.history_contains_keys(self, g, keys)
+        return self._contains_keys(g, keys)
+
+    def _contains_keys(self, g: int, keys: list[int]) -> list[bool]:
         shift = self.shift
         if shift is None:
             other = self.other
@@ -144,6 +153,12 @@ class PrefixHistory:
 
     def touch_keys(self, g: int, keys: list[int]) -> None:
         """touch(g, k) for each content key in order, in one call."""
+        if self._kernels is not None and self.shift is not None and type(keys) is list:
+            self._kernels.history_touch_keys(self, g, keys)
+            return
+        self._touch_keys(g, keys)
+
+    def _touch_keys(self, g: int, keys: list[int]) -> None:
         shift = self.shift
         if shift is None:
             for k in keys:
