@@ -1101,6 +1101,52 @@ def history_contains_keys(hist, Py_ssize_t g, list keys):
     return out
 
 
+cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
+                       int[:] sns, long long[:] sst, int shift, long long mask,
+                       Py_ssize_t compact_min) except -1:
+    """PrefixHistory._drop_oldest over the flat slots: the least recent live entry of g
+    leaves (stale ones before it are skipped). A key whose slot no namespace owns goes
+    through the Python _stamp/_set_stamp, which claim it. Returns whether it compacted."""
+    cdef dict other = hist.other
+    cdef list head = hist.head
+    cdef list num_live = hist.num_live
+    cdef Py_ssize_t i = head[g], n = len(qk)
+    cdef long long k, h, o, st
+    cdef long long *keys = qk.data.as_longlongs
+    cdef long long *stamps = qs.data.as_longlongs
+    cdef bint slot
+    while True:
+        if i >= n:
+            raise IndexError("array index out of range")   # as the Python form would
+        k = keys[i]
+        slot = False
+        if 0 <= k < OPAQUE_FROM:
+            h = k & mask
+            o = sns[h] if h < sns.shape[0] else -1
+            if o == k >> shift:
+                st = sst[h]
+                slot = True
+            elif o < 0:
+                st = hist._stamp(g, k)
+            else:
+                st = other.get((g, k), -1)
+        else:
+            st = other.get((g, k), -1)
+        if st == stamps[i]:
+            break
+        i += 1
+    if slot:
+        sst[k & mask] = -1
+    else:
+        hist._set_stamp(g, k, -1)
+    num_live[g] = num_live[g] - 1
+    head[g] = i + 1
+    if i + 1 > compact_min and i + 1 > n // 2:
+        hist._compact(g)
+        return True
+    return False
+
+
 def history_touch_keys(hist, Py_ssize_t g, list keys,
                        Py_ssize_t compact_min=HISTORY_COMPACT_MIN):
     """PrefixHistory.touch_keys with the flat slots (key_shift set); what the slots do
@@ -1150,9 +1196,9 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
             num_live[g] = live
             if live > bound:
                 hist.clock = clock
-                hist._drop_oldest(g)
-                qk = qkeys[g]
-                qs = qstamps[g]
+                if _drop_oldest(hist, g, qk, qs, sns, sst, shift, mask, compact_min):
+                    qk = qkeys[g]           # compacted: new arrays
+                    qs = qstamps[g]
         elif len(qk) - head[g] > 2 * num_live[g] + compact_min:
             hist.clock = clock
             hist._compact(g)
