@@ -171,8 +171,9 @@ class PrefixShield(EvictionPolicy):
         # valid for one batch (time and stored balances do not move inside it)
         self._rank_cache: tuple | None = None
         self._debt_cache: dict[int, tuple[float, float, float]] = {}
-        # The compiled forms of on_free and evict_batch (psgate.core), over this state;
-        # only for the classes whose methods they mirror.
+        # The compiled forms of on_free, evict_batch, on_cached and end_admit's class
+        # loop (psgate.core), over this state; only for the classes whose methods they
+        # mirror.
         kernels = core.get()
         self._view = (kernels.PrefixShieldView(self, Decision, SEGMENTS)
                       if kernels is not None and type(self) in _COMPILED else None)
@@ -759,6 +760,6 @@ class PrefixShieldNoGate(PrefixShield):
     defaults = {**PrefixShield.defaults, "gate": False}
 
 
-# The classes whose on_free and evict_batch the compiled core mirrors (a subclass that
-# changes what they call, such as prefixshield-b, runs the Python methods).
+# The classes whose hooks the compiled core mirrors (a subclass that changes what they
+# call, such as prefixshield-b, runs the Python methods).
 _COMPILED = (PrefixShield, PrefixShieldNoSeg, PrefixShieldNoGate)
