@@ -1205,3 +1205,361 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
             qk = qkeys[g]
             qs = qstamps[g]
     hist.clock = clock
+
+
+# -- the compact ledger's coder (psgate/receipt/compact.py) ----------------------------
+
+from cpython.unicode cimport PyUnicode_FindChar, PyUnicode_Substring
+
+
+cdef inline bint _is_int(str s):
+    """compact._INT: "0", or an optional minus, a digit 1-9 and at most 17 digits more."""
+    cdef Py_ssize_t n = len(s), i = 0, j
+    cdef Py_UCS4 c
+    if n == 1:
+        return s[0] == u'0' or (u'1' <= s[0] <= u'9')
+    if n == 0:
+        return False
+    if s[0] == u'-':
+        i = 1
+    if n - i > 18:
+        return False
+    c = s[i]
+    if c < u'1' or c > u'9':
+        return False
+    for j in range(i + 1, n):
+        c = s[j]
+        if c < u'0' or c > u'9':
+            return False
+    return True
+
+
+cdef inline long long _int_of(str s):
+    """The value of a string _is_int took (at most 18 digits: a long long holds it)."""
+    cdef Py_ssize_t i = 0, n = len(s)
+    cdef long long v = 0
+    cdef bint neg = s[0] == u'-'
+    if neg:
+        i = 1
+    while i < n:
+        v = v * 10 + (<long long>s[i] - 48)
+        i += 1
+    return -v if neg else v
+
+
+cdef inline long long _seconds_ns(str s):
+    """compact._SECONDS (0 or 1-10 digits without a leading zero, a point, 9 digits) as
+    nanoseconds; -1 when s is not one, -2 when it is but has 10 digits before the point
+    (a long long might not hold it: the Python form codes those)."""
+    cdef Py_ssize_t n = len(s), p = n - 10, i
+    cdef long long v = 0
+    cdef Py_UCS4 c
+    if p < 1 or p > 10 or s[p] != u'.':
+        return -1
+    if p > 1 and s[0] == u'0':
+        return -1
+    for i in range(n):
+        if i == p:
+            continue
+        c = s[i]
+        if c < u'0' or c > u'9':
+            return -1
+        v = v * 10 + (<long long>c - 48)
+    return -2 if p == 10 else v
+
+
+cdef str _code_c(str cur, str pred, object code_py):
+    """compact._code(cur, pred) for cur != pred."""
+    cdef long long a, b
+    if _is_int(cur) and _is_int(pred):
+        return f"~{_int_of(cur) - _int_of(pred)}"
+    a = _seconds_ns(cur)
+    if a == -1:
+        return "=" + cur
+    b = _seconds_ns(pred)
+    if b == -1:
+        return "=" + cur
+    if a == -2 or b == -2:
+        return code_py(cur, pred)
+    return f"^{a - b}"
+
+
+cdef list _split_row(str line, object split_py):
+    """compact.split_row(line); a row with a quote the common case does not expect goes
+    to the Python form, which says what is wrong with it."""
+    cdef Py_ssize_t n = len(line)
+    cdef Py_ssize_t q = PyUnicode_FindChar(line, u'"', 0, n, 1)
+    cdef Py_ssize_t i, j
+    cdef list out
+    if q < 0:
+        return line.split(",")
+    if q and line[q - 1] != u',':
+        return split_py(line)
+    out = line[:q - 1].split(",") if q else []
+    i = q
+    while True:
+        if i < n and line[i] == u'"':
+            j = i + 1
+            while True:
+                j = PyUnicode_FindChar(line, u'"', j, n, 1)
+                if j < 0:
+                    return split_py(line)
+                if j + 1 < n and line[j + 1] == u'"':
+                    j += 2
+                    continue
+                break
+            out.append(PyUnicode_Substring(line, i, j + 1))
+            i = j + 1
+            if i == n:
+                return out
+            if line[i] != u',':
+                return split_py(line)
+            i += 1
+        else:
+            j = PyUnicode_FindChar(line, u',', i, n, 1)
+            if j < 0:
+                out.append(PyUnicode_Substring(line, i, n))
+                return out
+            out.append(PyUnicode_Substring(line, i, j))
+            i = j + 1
+
+
+cdef inline bint _plain_char(Py_UCS4 c):
+    """A character orjson writes as it is inside a string (printable ASCII, no quote, no
+    backslash)."""
+    return 32 <= c <= 126 and c != 34 and c != 92
+
+
+cdef Py_ssize_t _json_string_end(str text, Py_ssize_t i, Py_ssize_t end):
+    """text[i:i+2] opens a CSV-doubled JSON string: the index just past its closing doubled
+    quote, or -1 where it holds anything but plain characters."""
+    cdef Py_UCS4 c
+    i += 2
+    while i + 1 < end:
+        c = text[i]
+        if c == u'"':
+            return i + 2 if text[i + 1] == u'"' else -1
+        if not _plain_char(c):
+            return -1
+        i += 1
+    return -1
+
+
+cdef object _json_parse(str text, list pkeys, list pvalues):
+    """compact._json_fields(text) for a flat object of plain keys to plain strings,
+    booleans, null, integers of at most 18 digits and floats written with a point and no
+    exponent: (keys, value texts); None where the text holds anything else (the caller
+    asks the Python form). A float must read back as itself (repr, which is what orjson
+    writes for a float without an exponent), unless it is the previous row's value text at
+    the same place, which was checked then; one that does not is handed to the Python
+    form too, which keeps the field verbatim."""
+    cdef Py_ssize_t n = len(text), end = n - 1, i, j, k, nd
+    cdef list keys = [], values = []
+    cdef str key, tok
+    cdef Py_UCS4 c
+    cdef bint point, same_keys
+    if n < 5 or text[0] != u'"' or text[1] != u'{' or text[n - 2] != u'}' or text[n - 1] != u'"':
+        return None
+    i = 2
+    end = n - 2                      # the closing brace
+    while True:
+        if i + 1 >= end or text[i] != u'"' or text[i + 1] != u'"':
+            return None
+        j = _json_string_end(text, i, end)
+        if j < 0 or j >= end or text[j] != u':':
+            return None
+        key = PyUnicode_Substring(text, i + 2, j - 2)
+        if key in keys:
+            return None              # a repeated key: orjson keeps one
+        keys.append(key)
+        i = j + 1
+        if i >= end:
+            return None
+        c = text[i]
+        if c == u'"':
+            if i + 1 >= end or text[i + 1] != u'"':
+                return None
+            j = _json_string_end(text, i, end)
+            if j < 0:
+                return None
+            values.append('"' + PyUnicode_Substring(text, i + 2, j - 2) + '"')
+        elif c == u't' or c == u'f' or c == u'n':
+            j = i
+            while j < end and u'a' <= text[j] <= u'z':
+                j += 1
+            tok = PyUnicode_Substring(text, i, j)
+            if tok != "true" and tok != "false" and tok != "null":
+                return None
+            values.append(tok)
+        elif c == u'-' or u'0' <= c <= u'9':
+            j = i + 1 if c == u'-' else i
+            k = j
+            while j < end and u'0' <= text[j] <= u'9':
+                j += 1
+            nd = j - k
+            if nd == 0 or (nd > 1 and text[k] == u'0'):
+                return None
+            point = j < end and text[j] == u'.'
+            if point:
+                j += 1
+                k = j
+                while j < end and u'0' <= text[j] <= u'9':
+                    j += 1
+                if j == k:
+                    return None
+            if j < end and (text[j] == u'e' or text[j] == u'E'):
+                return None
+            tok = PyUnicode_Substring(text, i, j)
+            if point:
+                k = len(values)
+                if not (k < len(pvalues) and pvalues[k] == tok) and repr(float(tok)) != tok:
+                    return None
+            elif nd > 18 or tok == "-0":
+                return None
+            values.append(tok)
+        else:
+            return None
+        i = j
+        if i == end:
+            break
+        if text[i] != u',':
+            return None
+        i += 1
+    return keys, values
+
+
+cdef class CompactCoder:
+    """compact.CompactEncoder.encode, compiled, with its own prediction state: rows of the
+    CSV ledger (each with its "\\n") in, compact rows out. Splitting, prediction, integer
+    and time differences, hash numbers and the JSON columns of the common flat objects are
+    done here; an awkward row or JSON field goes to the Python form's functions for its
+    part (split_row, _json_fields, _code), which decide it the same way."""
+
+    cdef list shared_cols, own_cols, json_cols
+    cdef Py_ssize_t num_cols, seq_at, hash_col, hash_at, kind_col
+    cdef tuple last
+    cdef dict by_kind, hash_ids
+    cdef tuple blank
+    cdef Py_ssize_t num_hashes, hash_limit
+    cdef object split_py, json_py, code_py, dumps
+
+    def __init__(self, enc, split_py, json_py, code_py, dumps, Py_ssize_t hash_limit):
+        self.shared_cols = list(enc.shared_cols)
+        self.own_cols = list(enc.own_cols)
+        self.json_cols = list(enc.json_cols)
+        self.num_cols = len(enc.columns)
+        self.seq_at = enc._seq_at
+        self.hash_col = enc._hash_col
+        self.hash_at = enc._hash_at
+        self.kind_col = enc.kind_col
+        self.last = tuple(enc._last)
+        self.blank = enc._blank
+        self.by_kind = {}
+        self.hash_ids = {}
+        self.num_hashes = 0
+        self.hash_limit = hash_limit
+        self.split_py, self.json_py, self.code_py, self.dumps = split_py, json_py, code_py, dumps
+
+    cdef Py_ssize_t _see(self, str h):
+        """HashIds.see: h's number, or -1 when it is new (numbered now)."""
+        cdef object hid = self.hash_ids.get(h)
+        if hid is not None:
+            return hid
+        if self.num_hashes >= self.hash_limit:
+            self.hash_ids.clear()
+            self.num_hashes = 0
+        self.hash_ids[h] = self.num_hashes
+        self.num_hashes += 1
+        return -1
+
+    def encode_text(self, rows):
+        """The compact stream's text for these rows (each ending in its "\\n"): encode()
+        of each, written as csv.writer(lineterminator="\\r\\n") writes a row of two or more
+        fields (quoted where a field holds a comma, a quote or a line break, quotes
+        doubled)."""
+        cdef str row, c
+        cdef list codes, lines = []
+        cdef Py_ssize_t i
+        for row in rows:
+            codes = self.encode(row[:len(row) - 1])
+            for i in range(len(codes)):
+                c = codes[i]
+                if c and _needs_quotes(c):
+                    codes[i] = '"' + c.replace('"', '""') + '"'
+            lines.append(",".join(codes))
+        if not lines:
+            return ""
+        lines.append("")
+        return "\r\n".join(lines)
+
+    cpdef list encode(self, str line):
+        cdef list fields = _split_row(line, self.split_py)
+        cdef Py_ssize_t i, j, nkeys
+        cdef str kind, c, p, text, ptext, seq
+        cdef tuple prev, prev_own, cur, own, pj
+        cdef dict prev_json, json_now
+        cdef list out, keys, values, pkeys, pvalues
+        cdef object parsed
+        cdef Py_ssize_t hid
+        if len(fields) != self.num_cols:
+            raise ValueError(f"{len(fields)} fields, the header has {self.num_cols}")
+        kind = fields[self.kind_col]
+        prev = self.by_kind.get(kind) or self.blank
+        prev_own = prev[0]
+        prev_json = prev[1]
+        cur = tuple([fields[i] for i in self.shared_cols])
+        own = tuple([fields[i] for i in self.own_cols])
+        out = [kind]
+        # the shared columns against the previous row (its seq plus one)
+        for j in range(len(cur)):
+            c = cur[j]
+            p = self.last[j]
+            if j == self.seq_at and _is_int(p):
+                p = str(_int_of(p) + 1)
+            out.append("" if c == p else _code_c(c, p, self.code_py))
+        for j in range(len(own)):
+            c = own[j]
+            p = prev_own[j]
+            out.append("" if c == p else _code_c(c, p, self.code_py))
+        c = fields[self.hash_col]
+        if c:
+            hid = self._see(c)
+            if hid >= 0 and out[self.hash_at]:
+                out[self.hash_at] = f"#{hid}"
+        json_now = dict(prev_json)
+        for i in self.json_cols:
+            text = fields[i]
+            pj = prev_json[i]
+            ptext = pj[0]
+            pkeys = pj[1]
+            pvalues = pj[2]
+            if text == ptext and pj[3]:
+                out.append("")
+                out.extend([""] * len(pkeys))
+                continue
+            if not text:
+                parsed = ([], [])
+            else:
+                parsed = _json_parse(text, pkeys, pvalues)
+                if parsed is None:
+                    parsed = self.json_py(text)
+            if parsed is None:
+                out.append("!" + text)
+                json_now[i] = (text, pkeys, pvalues, False)
+                continue
+            keys = parsed[0]
+            values = parsed[1]
+            if keys == pkeys:
+                out.append("")
+                for j in range(len(values)):
+                    c = values[j]
+                    p = pvalues[j]
+                    out.append("" if c == p else _code_c(c, p, self.code_py))
+            else:
+                out.append("=" + self.dumps(keys).decode())
+                for c in values:
+                    out.append("=" + c)
+            json_now[i] = (text, keys, values, True)
+        self.last = cur
+        self.by_kind[kind] = (own, json_now)
+        return out

@@ -30,8 +30,9 @@ from psgate.policies import make_policy
 from psgate.receipt.assemble import assemble_receipt, run_record
 from psgate.receipt.gate import (GateSpec, Tolerances, effective_tolerances, evaluate,
                                  load_gate_file, needs_paired)
-from psgate.receipt.ledger import (COMPRESSIONS, LEDGER_ROWS, LedgerWriter, RequestSpool,
-                                   gzip_writer, ledger_name, write_requests)
+from psgate.receipt.ledger import (COMPRESSIONS, GZIP_LEVEL, GZIP_LEVELS, LEDGER_ROWS,
+                                   LEGACY_GZIP_LEVEL, LedgerWriter, RequestSpool, gzip_writer,
+                                   ledger_name, write_requests)
 from psgate.receipt.receipt import dumps, validate_receipt
 from psgate.resources import BUNDLED_PREFIX, DEFAULT_BUNDLED_TRACE
 from psgate.stats.bootstrap import paired_summary
@@ -70,7 +71,10 @@ class ReplayConfig:
     paranoid: bool = False
     ledger_hits: bool = False
     ledger_rows: str = "all"            # or "evictions"
-    ledger_compression: str = "none"    # or "gzip", "compact"
+    ledger_compression: str = "compact"  # or "none", "gzip"
+    # zlib level of a gzip or compact ledger; None: not recorded (a receipt from before the
+    # level was recorded, written at LEGACY_GZIP_LEVEL)
+    ledger_level: int | None = GZIP_LEVEL
     cost: CostModel = field(default_factory=CostModel)
     # How requests are scheduled: "service" (the first replay model: admission at arrival,
     # one FIFO prefill server) or "step" (vLLM's scheduler on a modeled step clock, with the
@@ -164,6 +168,10 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     if cfg.ledger_compression not in COMPRESSIONS:
         raise InputError(f"expected one of {', '.join(COMPRESSIONS)}, found "
                          f"'{cfg.ledger_compression}'", path="--ledger-compression")
+    if cfg.ledger_level is not None and (type(cfg.ledger_level) is not int
+                                         or cfg.ledger_level not in GZIP_LEVELS):
+        raise InputError(f"expected a zlib level from 1 to 9, found {cfg.ledger_level!r}",
+                         path="config.ledger.level")
     if cfg.capacity < 2:
         raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
                          f"found {cfg.capacity}", path="--capacity")
@@ -207,7 +215,9 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
     with StagedOutput(cfg.out) as staged:
         ledger = LedgerWriter(staged.path(ledger_name(cfg.ledger_compression)),
                               hits=cfg.ledger_hits, rows=cfg.ledger_rows,
-                              compression=cfg.ledger_compression)
+                              compression=cfg.ledger_compression,
+                              level=(LEGACY_GZIP_LEVEL if cfg.ledger_level is None
+                                     else cfg.ledger_level))
         try:
             replicated = {label: _Replicated(cfg, label, policy)
                           for label, policy in policies.items()}

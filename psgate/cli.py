@@ -174,7 +174,7 @@ def replay(
     paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)")] = False,
     ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block")] = False,
     ledger_rows: Annotated[str, typer.Option(help="all (default) or evictions: only eviction rows, for long traces")] = "all",
-    ledger_compression: Annotated[str, typer.Option(help="none (default); gzip: write ledger.csv.gz; compact: ledger.compact.csv.gz, each row coded against the rows before it (psgate ledger convert gives the CSV)")] = "none",
+    ledger_compression: Annotated[str, typer.Option(help="compact (default): ledger.compact.csv.gz, each row coded against the rows before it, then gzip (psgate ledger convert gives the CSV); none: ledger.csv; gzip: ledger.csv.gz")] = "compact",
     baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE")] = None,
     candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE")] = None,
     cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,

@@ -240,6 +240,7 @@ def run_experiment(cfg: ExperimentConfig,
                     paranoid=base.paranoid, ledger_hits=base.ledger_hits, cost=base.cost,
                     scheduler=base.scheduler, step_cost=base.step_cost, sched=base.sched,
                     ledger_rows=base.ledger_rows, ledger_compression=base.ledger_compression,
+                    ledger_level=base.ledger_level,
                     contracts=base.contracts, limits=base.limits,
                     # Generated traces are named relative to OUT, so the receipts do not
                     # depend on where OUT is.

@@ -220,3 +220,13 @@ def structural_failures(receipt: dict) -> list[dict]:
     the baseline on that trace is a finding, asserted where it is the subject."""
     return [c for c in receipt["gate"]["checks"]
             if c["verdict"] == "fail" and not c["name"].startswith("non-regression")]
+
+
+def ledger_csv(out: Path) -> bytes:
+    """The CSV ledger a replay wrote to ``out``, whichever form the receipt names
+    (``ledger.compact.csv.gz`` by default), decoded to the bytes ``--ledger-compression
+    none`` writes."""
+    from psgate.receipt.ledger import open_text
+    name = json.loads((out / "receipt.json").read_text())["config"]["ledger"]["file"]
+    with open_text(out / name) as fh:
+        return "".join(fh).encode()

@@ -13,7 +13,7 @@ import pytest
 
 from psgate.receipt.receipt import deterministic_part, dumps, validate_receipt
 
-from helpers import write_lines
+from helpers import ledger_csv, write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = ROOT / "receipts" / "example"
@@ -51,7 +51,8 @@ def test_exit_0_default_replay_writes_valid_receipt(tmp_path):
     proc = psgate("replay", "--baseline", "lru", "--candidate", "lru", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "psgate-out"
-    assert sorted(p.name for p in out.iterdir()) == ["ledger.csv", "receipt.json", "requests.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["ledger.compact.csv.gz", "receipt.json",
+                                                     "requests.csv"]
     receipt = json.loads((out / "receipt.json").read_text())
     validate_receipt(receipt)
     assert receipt["trace"]["path"] == "bundled:example"
@@ -62,7 +63,9 @@ def test_exit_0_default_replay_writes_valid_receipt(tmp_path):
     assert summary["gate"] == "pass"
     # ledger: eviction rows precede their admission row; a request's allocations (its
     # prompt, then each decode block) are its admit rows, so every admitted request has some
-    rows = (out / "ledger.csv").read_text().splitlines()
+    assert receipt["config"]["ledger"] == {"rows": "all", "compression": "compact",
+                                           "file": "ledger.compact.csv.gz", "level": 6}
+    rows = ledger_csv(out).decode().splitlines()
     kinds = [r.split(",")[4] for r in rows[1:]]
     for run in ("baseline", "candidate"):
         admitted = {r.split(",")[5] for r in rows[1:]
@@ -193,7 +196,7 @@ def test_deterministic_across_runs_and_hash_seeds(tmp_path):
                       "--out", out, env={"PYTHONHASHSEED": seed})
         assert proc.returncode == 0, proc.stderr
         outs.append(out)
-    for name in ("ledger.csv", "requests.csv"):
+    for name in ("ledger.compact.csv.gz", "requests.csv"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes()
     r0, r1 = (json.loads((o / "receipt.json").read_text()) for o in outs)
     assert r0["environment"]["out_dir"] != r1["environment"]["out_dir"]
@@ -218,7 +221,7 @@ def test_equivalent_trace_gives_identical_receipt_and_ledgers(tmp_path):
         proc = psgate("replay", *GOLDEN_ARGS, "--trace", "t.jsonl", "--out", "o", cwd=tmp_path / d)
         assert proc.returncode == 0, proc.stderr
     oa, ob = tmp_path / "a" / "o", tmp_path / "b" / "o"
-    for name in ("ledger.csv", "requests.csv"):
+    for name in ("ledger.compact.csv.gz", "requests.csv"):
         assert (oa / name).read_bytes() == (ob / name).read_bytes()
     ra, rb = (json.loads((o / "receipt.json").read_text()) for o in (oa, ob))
     assert ra["environment"]["trace_sha256"] != rb["environment"]["trace_sha256"]
@@ -244,7 +247,8 @@ def test_golden_receipt(request, tmp_path):
     got = json.loads((out / "receipt.json").read_text())
     want = json.loads((GOLDEN_DIR / "receipt.json").read_text())
     assert dumps(deterministic_part(got)) == dumps(deterministic_part(want))
-    for name in ("ledger.csv", "requests.csv"):
+    assert sorted(got["outputs"]) == ["ledger.compact.csv.gz", "requests.csv"]
+    for name in got["outputs"]:
         assert (out / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
 
 
@@ -253,9 +257,10 @@ def test_ledger_volume_options(tmp_path):
     deterministic and verify reads it; the receipt says which ledger it has."""
     import gzip
     full, small, gz = tmp_path / "full", tmp_path / "small", tmp_path / "gz"
-    assert psgate("replay", *GOLDEN_ARGS, "--out", full, "--quiet").returncode == 0
+    assert psgate("replay", *GOLDEN_ARGS, "--out", full, "--quiet", "--ledger-compression",
+                  "none").returncode == 0
     assert psgate("replay", *GOLDEN_ARGS, "--out", small, "--quiet", "--ledger-rows",
-                  "evictions").returncode == 0
+                  "evictions", "--ledger-compression", "none").returncode == 0
     assert psgate("replay", *GOLDEN_ARGS, "--out", gz, "--quiet", "--ledger-compression",
                   "gzip").returncode == 0
     rows = (full / "ledger.csv").read_text().splitlines()
@@ -265,7 +270,10 @@ def test_ledger_volume_options(tmp_path):
     assert gzip.decompress((gz / "ledger.csv.gz").read_bytes()) == (full / "ledger.csv").read_bytes()
     assert not (gz / "ledger.csv").exists()
     r = json.loads((gz / "receipt.json").read_text())
-    assert r["config"]["ledger"] == {"rows": "all", "compression": "gzip", "file": "ledger.csv.gz"}
+    assert r["config"]["ledger"] == {"rows": "all", "compression": "gzip", "file": "ledger.csv.gz",
+                                     "level": 6}
+    assert json.loads((full / "receipt.json").read_text())["config"]["ledger"] == {
+        "rows": "all", "compression": "none", "file": "ledger.csv"}
     assert "ledger.csv.gz" in r["outputs"]
     for d in (small, gz):
         ver = psgate("verify", d)

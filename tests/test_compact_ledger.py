@@ -8,13 +8,15 @@ import csv
 import gzip
 import io
 import json
+import os
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgate.policies import policy_names
-from psgate.receipt.compact import CompactLedgerFile, decode, open_compact, split_row
+from psgate.receipt.compact import (CompactEncoder, CompactLedgerFile, compiled_coder, decode,
+                                    open_compact, split_row)
 from psgate.receipt.ledger import LEDGER_COLUMNS, canonical, csv_field, open_text
 from psgate.errors import InputError
 
@@ -101,7 +103,7 @@ def test_every_policy_compact_ledger_is_the_csv(tmp_path, policy):
     plain, compact = tmp_path / "plain", tmp_path / "compact"
     args = ["replay", "--trace", "bundled:example", "--baseline", "lru", "--candidate",
             policy, "--quiet"]
-    assert psgate(*args, "--out", plain).returncode in (0, 1)
+    assert psgate(*args, "--out", plain, "--ledger-compression", "none").returncode in (0, 1)
     assert psgate(*args, "--out", compact, "--ledger-compression", "compact").returncode in (0, 1)
     got = "".join(open_compact(compact / "ledger.compact.csv.gz")).encode()
     assert got == (plain / "ledger.csv").read_bytes()
@@ -114,10 +116,10 @@ def test_every_policy_compact_ledger_is_the_csv(tmp_path, policy):
 
 def test_compact_cli_convert_verify_and_determinism(tmp_path):
     full, c1, c2 = tmp_path / "full", tmp_path / "c1", tmp_path / "c2"
-    assert psgate("replay", *GOLDEN_ARGS, "--out", full, "--quiet").returncode == 0
-    for d in (c1, c2):
-        assert psgate("replay", *GOLDEN_ARGS, "--out", d, "--quiet", "--ledger-compression",
-                      "compact").returncode == 0
+    assert psgate("replay", *GOLDEN_ARGS, "--out", full, "--quiet", "--ledger-compression",
+                  "none").returncode == 0
+    for d in (c1, c2):          # the default ledger is the compact one
+        assert psgate("replay", *GOLDEN_ARGS, "--out", d, "--quiet").returncode == 0
     name = "ledger.compact.csv.gz"
     assert (c1 / name).read_bytes() == (c2 / name).read_bytes()
     assert not (c1 / "ledger.csv").exists()
@@ -219,3 +221,77 @@ def test_huge_ids_and_fields_round_trip(tmp_path):
             row(run="baseline", policy="lru", seq=3, t="0.000000000", kind="evict",
                 request="r" + "x" * 200_000, block=3, hash="ef" * 16)]
     assert roundtrip(huge, tmp_path) == HEADER + "".join(huge)
+
+
+# -- the compiled coder (psgate._core.CompactCoder) against CompactEncoder ---------------
+
+def _python_text(rows: list[str]) -> str:
+    enc = CompactEncoder(HEADER[:-1])
+    s = io.StringIO()
+    csv.writer(s, lineterminator="\r\n").writerows(enc.encode(r[:-1]) for r in rows)
+    return s.getvalue()
+
+
+def _compiled_text(rows: list[str], batch: int = 3) -> str:
+    coder = compiled_coder(CompactEncoder(HEADER[:-1]))
+    if coder is None:
+        if os.environ.get("CI"):
+            pytest.fail("psgate._core is not built: pip install -e . must build it here")
+        pytest.skip("psgate._core is not built here (no C compiler or Cython at install)")
+    return "".join(coder.encode_text(rows[i:i + batch]) for i in range(0, len(rows), batch))
+
+
+JSON_EDGES = [
+    # what the compiled JSON path takes, and what it must hand to the Python form: floats
+    # that do not read back as themselves, exponents, -0, long integers, repeated keys,
+    # escapes, non-ASCII, nesting, whitespace, an empty object
+    '{"a":1.5,"b":2}', '{"a":1.50,"b":2}', '{"a":1.5e3}', '{"a":1E3}', '{"a":-0}',
+    '{"a":-0.0}', '{"a":0.1}', '{"a":0.30000000000000004}', '{"a":0.3000000000000000444}',
+    '{"a":123456789012345678}', '{"a":1234567890123456789}', '{"a":01}', '{"a":1.}',
+    '{"a":1,"a":2}', '{"a":"x\\"y"}', '{"a":"\\u00e9"}', '{"\u00e9":1}', '{"a":"\u00e9"}',
+    '{"a":{"b":1}}', '{"a":[1,2]}', '{"a": 1}', '{}', '{"a":true,"b":false,"c":null}',
+    '{"a":tru}', '{"a":nulls}', '{"a":"","b":""}', '{"a":1,}', '{"a"1}', '{"a":1}x',
+    '{"a":1e-7}', '{"a":100000.0}', '{"a":1e16}', '{"a":-2.5,"b":"s p"}',
+]
+TIME_EDGES = ["0.000000000", "9999999999.999999999", "1000000000.000000000",
+              "999999999.999999999", "01.000000000", "1.00000000", "1.0000000000", "-1.000000000"]
+INT_EDGES = ["0", "-0", "00", "-1", "999999999999999999", "-999999999999999999",
+             "1000000000000000000", "1" * 19, "+1", "1_0", "\u0661"]
+
+
+def test_the_compiled_coder_writes_the_python_codes_at_its_edges():
+    lines = list(AWKWARD)
+    for i, text in enumerate(JSON_EDGES + JSON_EDGES[::-1]):
+        lines.append(row(run="r", policy="p", seq=i, t="1.000000000", kind="evict", block=i,
+                         hash="ab" * 16 if i % 3 else "", rank=text,
+                         segments=JSON_EDGES[(i * 7) % len(JSON_EDGES)]))
+    for i, (t, n) in enumerate(zip(TIME_EDGES * 3, INT_EDGES * 3)):
+        lines.append(row(run="r", policy="p", seq=n, t=t, kind="admit", request=n, hits=t,
+                         allocated=n, rank=canonical({"t": t, "n": n})))
+    lines.append(row(run="r", policy="p", seq="x", t="1.0", kind="evict", block='q"',
+                     request="a\r\nb", rank='"{""a"":1}"'))
+    assert _compiled_text(lines) == _python_text(lines)
+    assert _compiled_text(lines, batch=len(lines)) == _python_text(lines)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["evict", "admit", "hit", "odd,kind"]),
+                          st.lists(st.one_of(field, st.sampled_from(
+                              JSON_EDGES + TIME_EDGES + INT_EDGES)),
+                              min_size=len(LEDGER_COLUMNS) - 1,
+                              max_size=len(LEDGER_COLUMNS) - 1)), max_size=12))
+def test_the_compiled_coder_writes_the_python_codes(rows):
+    lines = []
+    for kind, fields in rows:
+        vals = fields[:4] + [kind] + fields[4:]
+        lines.append(",".join(csv_field(v) for v in vals) + "\n")
+    assert _compiled_text(lines) == _python_text(lines)
+
+
+def test_the_compiled_coder_numbers_hashes_as_the_python_one(monkeypatch):
+    from psgate.receipt import compact
+    monkeypatch.setattr(compact.HashIds, "LIMIT", 3)
+    hashes = ["a1", "b2", "a1", "c3", "d4", "a1", "", "d4", "d4"] * 3
+    lines = [row(run="b", policy="lru", seq=i + 1, t="1.000000000", kind="evict", block=i,
+                 hash=h) for i, h in enumerate(hashes)]
+    assert _compiled_text(lines) == _python_text(lines)

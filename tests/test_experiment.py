@@ -97,8 +97,8 @@ def test_matched_runs_end_to_end(tmp_path):
     assert (out / "runs.csv").read_bytes() == (out2 / "runs.csv").read_bytes()
     for x in r["runs"]:
         run_dir = Path(x["receipt"]).parent
-        assert (out / run_dir / "ledger.csv").read_bytes() == \
-            (out2 / run_dir / "ledger.csv").read_bytes()
+        assert (out / run_dir / "ledger.compact.csv.gz").read_bytes() == \
+            (out2 / run_dir / "ledger.compact.csv.gz").read_bytes()
 
 
 def _gate(tmp_path, stat, op, ref):

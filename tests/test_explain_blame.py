@@ -19,7 +19,8 @@ def flood(tmp_path_factory):
     d = tmp_path_factory.mktemp("flood")
     trace = d / "flood.jsonl"
     assert psgate("trace", "gen", "tenant-flood", "-o", trace).returncode == 0
-    for name, extra in (("full", []), ("evictions", ["--ledger-rows", "evictions"]),
+    plain = ["--ledger-compression", "none"]
+    for name, extra in (("full", plain), ("evictions", ["--ledger-rows", "evictions", *plain]),
                         ("gzip", ["--ledger-compression", "gzip"]),
                         ("compact", ["--ledger-compression", "compact"]),
                         ("compact-evictions", ["--ledger-compression", "compact",

@@ -16,7 +16,7 @@ import rfc8785
 
 from psgate.policies.base import Decision
 from psgate.receipt.ledger import (LEDGER_COLUMNS, LedgerWriter, canonical, csv_field, csv_json,
-                                   fmt_f, fmt_t)
+                                   fmt_f, fmt_t, open_text)
 from psgate.trace import jcs
 
 
@@ -216,7 +216,7 @@ def test_a_lone_carriage_return_is_quoted_and_the_ledger_reads_back(tmp_path):
     assert psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate", "lru",
                   "--capacity", "5", "--scheduler", "service", "--out", out,
                   "--quiet").returncode == 0
-    with open(out / "ledger.csv", newline="") as fh:
+    with open_text(out / "ledger.compact.csv.gz") as fh:
         rows = list(csv.DictReader(fh))
     assert {r["request"] for r in rows} == {"r\r1", "r2"}
     evict = next(r for r in rows if r["kind"] == "evict" and r["run"] == "candidate")

@@ -138,7 +138,7 @@ def test_signal_during_forced_experiment_keeps_old_outputs(finished, big_corpus,
                              str(big_corpus), "--out", str(finished), "--force", *BIG],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # a run is being written inside the experiment's staging directory
-    _wait_for(finished, ".psgate-staging-*/runs/*/.psgate-staging-*/ledger.csv", proc)
+    _wait_for(finished, ".psgate-staging-*/runs/*/.psgate-staging-*/ledger*", proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
@@ -154,7 +154,7 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_run(tmp_path, big_corpus, cor
     proc = subprocess.Popen([sys.executable, "-m", "psgate.cli", "replay", "--trace",
                              str(big_corpus / "big.jsonl"), "--out", str(out), *BIG],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(out, ".psgate-staging-*/ledger.csv", proc)
+    _wait_for(out, ".psgate-staging-*/ledger*", proc)
     proc.kill()
     proc.wait()
     assert any(p.name.startswith(".psgate-staging-") for p in out.iterdir())

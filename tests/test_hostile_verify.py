@@ -90,10 +90,11 @@ def made(tmp_path_factory):
     (d / "impossible.toml").write_text(IMPOSSIBLE)
     gate = ["--gate", d / "impossible.toml"]
     t1 = d / "corp" / "t1.jsonl"
-    assert replay("--trace", t1, "--out", d / "one", *gate).code == 1
+    plain = ["--ledger-compression", "none"]
+    assert replay("--trace", t1, "--out", d / "one", *gate, *plain).code == 1
     assert replay("--trace", t1, "--out", d / "gz", "--ledger-compression", "gzip").code in (0, 1)
     assert replay("--trace", d / "corp", "--out", d / "exp", "--resamples", "100",
-                  *gate).code == 1
+                  *gate, *plain).code == 1
     ran = replay("--workload", "random:requests=120", "--runs", "2", "--seed", "5",
                  "--out", d / "wl", "--resamples", "100")
     assert ran.code in (0, 1), ran.err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SHARED, heavy_python, shared_traces
+from helpers import SHARED, heavy_python, ledger_csv, shared_traces
 from psgate import api
 from psgate.engines.replicas import Replica, merge_results, replica_of, route_key
 from psgate.engines.results import COMPLETED, DROPPED, REJECTED, RequestOutcome, RunResult
@@ -249,7 +249,7 @@ def test_totals_are_the_sum_of_the_replicas(tmp_path):
         sorted(r["id"] for r in rows if r["run"].startswith("candidate/"))
     assert len(rows) == 2 * receipt["trace"]["num_requests"]
     ledger = {r["run"] for r in csv.DictReader(io.StringIO(
-        (tmp_path / "o" / "ledger.csv").read_text()))}
+        ledger_csv(tmp_path / "o").decode()))}
     assert ledger == {f"{run}/r{i}" for run in ("baseline", "candidate") for i in range(3)}
 
 
@@ -294,7 +294,7 @@ def test_one_replica_is_byte_identical_to_the_golden_receipt(tmp_path):
     want = json.loads((GOLDEN_DIR / "receipt.json").read_text())
     assert dumps(deterministic_part(got)) == dumps(deterministic_part(want))
     assert "replicas" not in got["config"] and "route" not in got["config"]
-    for name in ("ledger.csv", "requests.csv"):
+    for name in ("ledger.compact.csv.gz", "requests.csv"):
         assert (out / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
 
 
@@ -306,7 +306,7 @@ def test_replicas_are_deterministic_and_verify(tmp_path):
         proc = psgate(*args, "--out", tmp_path / d)
         assert proc.returncode in (0, 1), proc.stderr
     a, b = tmp_path / "a", tmp_path / "b"
-    for name in ("ledger.csv", "requests.csv"):
+    for name in ("ledger.compact.csv.gz", "requests.csv"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     ra, rb = (json.loads((d / "receipt.json").read_text()) for d in (a, b))
     assert dumps(deterministic_part(ra)) == dumps(deterministic_part(rb))
@@ -342,7 +342,7 @@ def test_vllm_pool_replicas_decide_as_sim_replicas(tmp_path):
                                "--out", str(tmp_path / engine)], capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
-    for name in ("ledger.csv", "requests.csv"):
+    for name in ("ledger.compact.csv.gz", "requests.csv"):
         assert (tmp_path / "sim" / name).read_bytes() == \
             (tmp_path / "vllm-pool" / name).read_bytes(), name
     a, b = (json.loads((tmp_path / e / "receipt.json").read_text())["runs"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import signal
@@ -15,6 +16,7 @@ import pytest
 from psgate.trace.writer import write_trace
 from psgate.workloads.paper import one_touch
 
+from helpers import ledger_csv
 from test_cli import assert_one_line_error, psgate
 
 
@@ -44,15 +46,16 @@ def test_verify_identical_then_tampered(receipts, tmp_path):
     assert json.loads(proc.stdout)["verified"] is True
     bad = tmp_path / "bad"
     shutil.copytree(receipts / "ps", bad)
-    lines = (bad / "ledger.csv").read_text().splitlines(keepends=True)
-    i = next(i for i, ln in enumerate(lines) if i and ",tenant-x," in ln)
-    lines[i] = lines[i].replace("tenant-x", "tenant-a", 1)
-    (bad / "ledger.csv").write_text("".join(lines))
+    # an edit to the (default, compact) ledger, gzipped again as a forger would
+    name = "ledger.compact.csv.gz"
+    text = gzip.decompress((bad / name).read_bytes()).decode()
+    assert "tenant-x" in text
+    (bad / name).write_bytes(gzip.compress(text.replace("tenant-x", "tenant-a", 1).encode()))
     proc = psgate("verify", bad)
     assert proc.returncode == 1
     # the recorded SHA-256 names the changed file before any replay
-    assert json.loads(proc.stdout)["first_difference"].startswith("ledger.csv: SHA-256")
-    shutil.copy(receipts / "ps" / "ledger.csv", bad / "ledger.csv")
+    assert json.loads(proc.stdout)["first_difference"].startswith(f"{name}: SHA-256")
+    shutil.copy(receipts / "ps" / name, bad / name)
     r = json.loads((bad / "receipt.json").read_text())
     r["runs"]["candidate"]["metrics"]["totals"]["evictions"] += 1
     (bad / "receipt.json").write_text(json.dumps(r))
@@ -100,7 +103,7 @@ def test_explain_eviction_and_request(receipts):
     (victim,) = [ln for ln in out.splitlines() if ln.endswith("<- victim")]
     assert victim.split() == ["298", "block", "363", "tenant-x", "(output)", "<-", "victim"]
     n = int(out.split("All ")[1].split(" candidates")[0])
-    ledger = (receipts / "ps" / "ledger.csv").read_text().splitlines()
+    ledger = ledger_csv(receipts / "ps").decode().splitlines()
     row = next(r for r in ledger if r.startswith("candidate,prefixshield,223,"))
     assert row.split(",")[11] == str(n)     # num_candidates column
     proc = psgate("explain", receipts / "lru", "--run", "baseline", "--request", "x5")
@@ -188,7 +191,7 @@ def test_sigkill_leaves_no_half_written_outputs(tmp_path):
                              "prefixshield", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
-    while time.time() < deadline and not any(out.glob(".psgate-staging-*/ledger.csv")):
+    while time.time() < deadline and not any(out.glob(".psgate-staging-*/ledger*")):
         time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)
@@ -209,7 +212,7 @@ def test_sigint_exits_130_and_concurrent_writer_refused(tmp_path):
                               "--candidate", "lru"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while time.time() < deadline and not any(out.glob(".psgate-staging-*/ledger.csv")):
+    while time.time() < deadline and not any(out.glob(".psgate-staging-*/ledger*")):
         time.sleep(0.05)
     second = psgate("replay", "--baseline", "lru", "--candidate", "lru",
                     "--trace", t, "--out", out, "--quiet")

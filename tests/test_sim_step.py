@@ -18,6 +18,7 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, REJECTED
 from psgate.engines.sched import StepSimEngine
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.policies import make_policy
+from psgate.receipt.ledger import open_text
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 
 ONE_MS = StepCostModel(fixed_ms=1.0, per_prefill_token_ms=0.0, per_context_token_ms=0.0,
@@ -232,7 +233,7 @@ def test_explain_finds_the_new_lookup_of_every_resumed_request(tmp_path):
                                       capacity=192, out=out, scheduler="step",
                                       allow_unexercised=True))
     assert res.receipt["runs"]["baseline"]["counts"]["preemptions"] > 10
-    with open(out / "ledger.csv", newline="") as f:
+    with open_text(out / "ledger.compact.csv.gz") as f:
         resumed = {r["request"] for r in csv.DictReader(f)
                    if r["run"] == "baseline" and '"resumed"' in r["rank"]}
     assert len(resumed) > 5

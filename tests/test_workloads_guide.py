@@ -15,6 +15,7 @@ import pytest
 from psgate.api import ReplayConfig, replay
 from psgate.errors import InputError
 from psgate.invariants.checker import HARD
+from psgate.receipt.ledger import open_text
 from psgate.trace import validate_trace
 from psgate.trace.writer import dump_lines, write_trace
 from psgate.workloads import generate, generators
@@ -279,7 +280,7 @@ def test_priority_expiry_replays_under_priority_lru_and_hints_expire(replays):
         assert all(r["runs"][label]["invariants"][n]["holds"] for n in HARD)
     assert r["runs"]["candidate"]["metrics"]["totals"]["evictions"] > 0
     expired_owners = Counter()
-    with open(out / "ledger.csv", newline="") as fh:
+    with open_text(out / "ledger.compact.csv.gz") as fh:
         for row in csv.DictReader(fh):
             if row["run"] == "candidate" and row["kind"] == "evict":
                 if json.loads(row["rank"]).get("expired"):

@@ -28,6 +28,17 @@ STEP_REPLAY_MODEL = ("psgate replay model v2: vLLM 0.32's scheduler step by step
                      "blocks, preemption, output blocks cached)")
 
 
+
+def ledger_config(cfg) -> dict:
+    """config.ledger: what the ledger holds, its file, and for a compressed one the zlib
+    level its bytes (and so its digest) were written at (absent where the receipt being
+    re-run had none: those were written at LEGACY_GZIP_LEVEL)."""
+    out = {"rows": cfg.ledger_rows, "compression": cfg.ledger_compression,
+           "file": ledger_name(cfg.ledger_compression)}
+    if cfg.ledger_compression != "none" and cfg.ledger_level is not None:
+        out["level"] = cfg.ledger_level
+    return out
+
 def run_record(result, metrics: dict, saturation: dict | None = None,
                replicas: list[dict] | None = None) -> dict:
     """One run's entry in ``runs``: its engine result with the metrics computed from it,
@@ -79,8 +90,7 @@ def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict,
             "candidate": policies["candidate"].describe(),
             "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
             "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
-            "ledger": {"rows": cfg.ledger_rows, "compression": cfg.ledger_compression,
-                       "file": ledger_name(cfg.ledger_compression)},
+            "ledger": ledger_config(cfg),
             "limits": cfg.limits.to_json(),
             "gate_file": {"path": gate_name, "sha256": gate_sha} if cfg.gate_file else None,
             "non_regression": tolerances.to_json(),

@@ -36,8 +36,9 @@ from operator import itemgetter
 
 import orjson
 
+from psgate import core
 from psgate.errors import InputError
-from psgate.receipt.ledger import fmt_t, gzip_writer
+from psgate.receipt.ledger import GZIP_LEVEL, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
 VERSION = "1"
@@ -186,8 +187,9 @@ class CompactEncoder:
         self.json_cols = [i for i, c in enumerate(self.columns) if c in ("segments", "rank")]
         self.plain_cols = [i for i in range(len(self.columns))
                            if i != _KIND_COL and i not in self.json_cols]
-        shared = [i for i in self.plain_cols if i < _SHARED]
-        own = [i for i in self.plain_cols if i >= _SHARED]
+        shared = self.shared_cols = [i for i in self.plain_cols if i < _SHARED]
+        own = self.own_cols = [i for i in self.plain_cols if i >= _SHARED]
+        self.kind_col = _KIND_COL
         self._shared = itemgetter(*shared)
         self._own = itemgetter(*own)
         self._seq_at = shared.index(_SEQ_COL)
@@ -309,26 +311,47 @@ class CompactDecoder:
         return ",".join(fields) + "\n"
 
 
+def compiled_coder(enc: CompactEncoder):
+    """The compiled form of ``enc``'s encode (psgate._core.CompactCoder), starting from
+    ``enc``'s state, or None where the core is off or not built."""
+    kernels = core.get()
+    if kernels is None:
+        return None
+    return kernels.CompactCoder(enc, split_row, _json_fields, _code, orjson.dumps,
+                                HashIds.LIMIT)
+
+
 class CompactLedgerFile:
     """A text sink for the ledger writer: takes whole CSV rows, writes the compact gzip
-    stream. The first row it is given is the header."""
+    stream. The first row it is given is the header. Rows are coded by the compiled core
+    where it is built (the same codes: tests/test_core_differential.py), else by
+    CompactEncoder."""
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, level: int = GZIP_LEVEL) -> None:
         self._raw = open(path, "wb")
-        self._fh = io.TextIOWrapper(gzip_writer(self._raw), encoding="utf-8", newline="")
+        self._fh = io.TextIOWrapper(gzip_writer(self._raw, level), encoding="utf-8",
+                                    newline="")
         self._w = csv.writer(self._fh, lineterminator="\r\n")
         self._enc: CompactEncoder | None = None
+        self._coder = None
 
     def write_rows(self, rows: Iterable[str]) -> None:
-        enc, w = self._enc, self._w
-        for row in rows:
+        w = self._w
+        rows = iter(rows)
+        if self._enc is None:
+            row = next(rows, None)
+            if row is None:
+                return
             line = row[:-1]              # every row ends with its "\n"
-            if enc is None:
-                w.writerow([MAGIC, VERSION])
-                w.writerow([line])
-                enc = self._enc = CompactEncoder(line)
-                continue
-            w.writerow(enc.encode(line))
+            w.writerow([MAGIC, VERSION])
+            w.writerow([line])
+            self._enc = CompactEncoder(line)
+            self._coder = compiled_coder(self._enc)
+        if self._coder is not None:
+            self._fh.write(self._coder.encode_text(rows))
+            return
+        encode = self._enc.encode
+        w.writerows(encode(row[:-1]) for row in rows)
 
     def close(self) -> None:
         self._fh.close()

@@ -227,6 +227,7 @@ def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
         ledger_hits=cfg.get("ledger_hits", False), cost=cost,
         ledger_rows=cfg.get("ledger", {}).get("rows", "all"),
         ledger_compression=cfg.get("ledger", {}).get("compression", "none"),
+        ledger_level=cfg.get("ledger", {}).get("level"),
         limits=Limits(**cfg.get("limits", {})), replicas=cfg.get("replicas", 1),
         route=cfg.get("route", "round-robin"), **step_settings(cfg))
 

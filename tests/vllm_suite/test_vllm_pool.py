@@ -43,7 +43,7 @@ def test_vllm_pool_receipt_names_vllm_verifies_and_equals_sim(tmp_path):
     assert pool.receipt["config"]["engine_info"] == {"vllm": vllm.__version__}
     assert "engine_info" not in sim.receipt["config"]
     assert verify(tmp_path / "pool").identical
-    for name in ("ledger.csv", "requests.csv"):
+    for name in ("ledger.compact.csv.gz", "requests.csv"):
         assert (tmp_path / "pool" / name).read_bytes() == (tmp_path / "sim" / name).read_bytes()
 
 
