@@ -295,3 +295,22 @@ def test_the_compiled_coder_numbers_hashes_as_the_python_one(monkeypatch):
     lines = [row(run="b", policy="lru", seq=i + 1, t="1.000000000", kind="evict", block=i,
                  hash=h) for i, h in enumerate(hashes)]
     assert _compiled_text(lines) == _python_text(lines)
+
+
+@pytest.mark.parametrize("compression", ["gzip", "compact"])
+def test_the_zlib_level_is_recorded_and_a_receipt_without_one_still_verifies(tmp_path,
+                                                                            compression):
+    """New receipts record level 6; one from before the level was recorded (no level)
+    was written at 9, is re-written at 9 by verify, and verifies."""
+    from psgate import api
+    from psgate.report.verify import verify
+    for level, xfl in ((6, 0), (None, 2)):     # gzip's XFL byte: 2 is zlib's best (9)
+        out = tmp_path / f"{compression}-{level}"
+        res = api.replay(api.ReplayConfig(candidate="prefixshield", out=out,
+                                          ledger_compression=compression, ledger_level=level))
+        ledger = res.receipt["config"]["ledger"]
+        assert ledger.get("level") == level
+        assert (out / ledger["file"]).read_bytes()[8] == xfl
+        assert verify(out).identical
+    with pytest.raises(InputError, match="zlib level"):
+        api.replay(api.ReplayConfig(out=tmp_path / "bad", ledger_level=10))
