@@ -1209,40 +1209,127 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
 
 # -- the compact ledger's coder (psgate/receipt/compact.py) ----------------------------
 
-from cpython.unicode cimport PyUnicode_FindChar, PyUnicode_Substring
+from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
+                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
+from libc.string cimport memcmp
+
+cdef enum:
+    _MAX_FIELDS = 64        # a row with more goes the field-list way
+
+
+cdef inline bint _region_eq(str line, Py_ssize_t a, Py_ssize_t b, str s):
+    """line[a:b] == s, without making line[a:b]."""
+    if PyUnicode_GET_LENGTH(s) != b - a:
+        return False
+    return _region_eq_at(line, a, b, s, 0)
+
+
+cdef inline bint _region_eq_quoted(str line, Py_ssize_t a, Py_ssize_t b, str s):
+    """'"' + line[a:b] + '"' == s, without making either."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
+    if n != b - a + 2 or n < 2 or s[0] != u'"' or s[n - 1] != u'"':
+        return False
+    return _region_eq_at(line, a, b, s, 1)
+
+
+cdef inline bint _region_eq_at(str line, Py_ssize_t a, Py_ssize_t b, str s, Py_ssize_t off):
+    """line[a:b] == s[off:off + b - a] (s long enough), without making either."""
+    cdef Py_ssize_t n = b - a, i
+    cdef unsigned int lk = PyUnicode_KIND(line), sk = PyUnicode_KIND(s)
+    cdef void *ld = PyUnicode_DATA(line)
+    cdef void *sd = PyUnicode_DATA(s)
+    if lk == sk:
+        return memcmp(<char *>ld + a * lk, <char *>sd + off * sk, n * lk) == 0
+    for i in range(n):
+        if PyUnicode_READ(lk, ld, a + i) != PyUnicode_READ(sk, sd, off + i):
+            return False
+    return True
+
+
+cdef int _bounds(str line, Py_ssize_t *fs, Py_ssize_t *fe) except -2:
+    """Each field's [start, end) in line, quotes included, as split_row finds them; the
+    number of fields, or -1 for a row it leaves to split_row (more than _MAX_FIELDS, a
+    quote anywhere but at the start of a field, an unclosed quote)."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(line), i = 0, j
+    cdef int nf = 0
+    cdef unsigned int k = PyUnicode_KIND(line)
+    cdef void *d = PyUnicode_DATA(line)
+    cdef Py_UCS4 c
+    while True:
+        if nf >= _MAX_FIELDS:
+            return -1
+        fs[nf] = i
+        if i < n and PyUnicode_READ(k, d, i) == 34:
+            j = i + 1
+            while True:
+                while j < n and PyUnicode_READ(k, d, j) != 34:
+                    j += 1
+                if j == n:
+                    return -1
+                if j + 1 < n and PyUnicode_READ(k, d, j + 1) == 34:
+                    j += 2
+                    continue
+                break
+            j += 1
+            fe[nf] = j
+            nf += 1
+            if j == n:
+                return nf
+            if PyUnicode_READ(k, d, j) != 44:
+                return -1
+            i = j + 1
+        else:
+            j = i
+            while j < n:
+                c = PyUnicode_READ(k, d, j)
+                if c == 44:
+                    break
+                if c == 34:
+                    return -1
+                j += 1
+            fe[nf] = j
+            nf += 1
+            if j == n:
+                return nf
+            i = j + 1
 
 
 cdef inline bint _is_int(str s):
     """compact._INT: "0", or an optional minus, a digit 1-9 and at most 17 digits more."""
-    cdef Py_ssize_t n = len(s), i = 0, j
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i = 0, j
+    cdef unsigned int k = PyUnicode_KIND(s)
+    cdef void *d = PyUnicode_DATA(s)
     cdef Py_UCS4 c
-    if n == 1:
-        return s[0] == u'0' or (u'1' <= s[0] <= u'9')
     if n == 0:
         return False
-    if s[0] == u'-':
+    c = PyUnicode_READ(k, d, 0)
+    if n == 1:
+        return 48 <= c <= 57
+    if c == 45:
         i = 1
     if n - i > 18:
         return False
-    c = s[i]
-    if c < u'1' or c > u'9':
+    c = PyUnicode_READ(k, d, i)
+    if c < 49 or c > 57:
         return False
     for j in range(i + 1, n):
-        c = s[j]
-        if c < u'0' or c > u'9':
+        c = PyUnicode_READ(k, d, j)
+        if c < 48 or c > 57:
             return False
     return True
 
 
 cdef inline long long _int_of(str s):
     """The value of a string _is_int took (at most 18 digits: a long long holds it)."""
-    cdef Py_ssize_t i = 0, n = len(s)
+    cdef Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(s)
+    cdef unsigned int k = PyUnicode_KIND(s)
+    cdef void *d = PyUnicode_DATA(s)
     cdef long long v = 0
-    cdef bint neg = s[0] == u'-'
+    cdef bint neg = PyUnicode_READ(k, d, 0) == 45
     if neg:
         i = 1
     while i < n:
-        v = v * 10 + (<long long>s[i] - 48)
+        v = v * 10 + (<long long>PyUnicode_READ(k, d, i) - 48)
         i += 1
     return -v if neg else v
 
@@ -1333,12 +1420,14 @@ cdef inline bint _plain_char(Py_UCS4 c):
 cdef Py_ssize_t _json_string_end(str text, Py_ssize_t i, Py_ssize_t end):
     """text[i:i+2] opens a CSV-doubled JSON string: the index just past its closing doubled
     quote, or -1 where it holds anything but plain characters."""
+    cdef unsigned int tk = PyUnicode_KIND(text)
+    cdef void *td = PyUnicode_DATA(text)
     cdef Py_UCS4 c
     i += 2
     while i + 1 < end:
-        c = text[i]
+        c = PyUnicode_READ(tk, td, i)
         if c == u'"':
-            return i + 2 if text[i + 1] == u'"' else -1
+            return i + 2 if PyUnicode_READ(tk, td, i + 1) == u'"' else -1
         if not _plain_char(c):
             return -1
         i += 1
@@ -1352,79 +1441,101 @@ cdef object _json_parse(str text, list pkeys, list pvalues):
     asks the Python form). A float must read back as itself (repr, which is what orjson
     writes for a float without an exponent), unless it is the previous row's value text at
     the same place, which was checked then; one that does not is handed to the Python
-    form too, which keeps the field verbatim."""
-    cdef Py_ssize_t n = len(text), end = n - 1, i, j, k, nd
+    form too, which keeps the field verbatim. Keys and values equal to the previous row's
+    at the same place are its objects, not new strings."""
+    cdef unsigned int tk = PyUnicode_KIND(text)
+    cdef void *td = PyUnicode_DATA(text)
+    cdef Py_ssize_t n = len(text), end = n - 1, i, j, k, nd, m
+    cdef object pv
     cdef list keys = [], values = []
     cdef str key, tok
     cdef Py_UCS4 c
     cdef bint point, same_keys
-    if n < 5 or text[0] != u'"' or text[1] != u'{' or text[n - 2] != u'}' or text[n - 1] != u'"':
+    if n < 5 or PyUnicode_READ(tk, td, 0) != u'"' or PyUnicode_READ(tk, td, 1) != u'{' or PyUnicode_READ(tk, td, n - 2) != u'}' or PyUnicode_READ(tk, td, n - 1) != u'"':
         return None
     i = 2
     end = n - 2                      # the closing brace
     while True:
-        if i + 1 >= end or text[i] != u'"' or text[i + 1] != u'"':
+        if i + 1 >= end or PyUnicode_READ(tk, td, i) != u'"' or PyUnicode_READ(tk, td, i + 1) != u'"':
             return None
         j = _json_string_end(text, i, end)
-        if j < 0 or j >= end or text[j] != u':':
+        if j < 0 or j >= end or PyUnicode_READ(tk, td, j) != u':':
             return None
-        key = PyUnicode_Substring(text, i + 2, j - 2)
+        k = len(keys)
+        if k < len(pkeys) and _region_eq(text, i + 2, j - 2, <str>pkeys[k]):
+            key = pkeys[k]           # the previous row's key at this place, kept
+        else:
+            key = PyUnicode_Substring(text, i + 2, j - 2)
         if key in keys:
             return None              # a repeated key: orjson keeps one
         keys.append(key)
         i = j + 1
         if i >= end:
             return None
-        c = text[i]
+        # the previous row's value text here: kept where this one is the same (it was
+        # checked then: psgate's values are canonical JSON texts)
+        m = len(values)
+        pv = pvalues[m] if m < len(pvalues) else None
+        c = PyUnicode_READ(tk, td, i)
         if c == u'"':
-            if i + 1 >= end or text[i + 1] != u'"':
+            if i + 1 >= end or PyUnicode_READ(tk, td, i + 1) != u'"':
                 return None
             j = _json_string_end(text, i, end)
             if j < 0:
                 return None
-            values.append('"' + PyUnicode_Substring(text, i + 2, j - 2) + '"')
+            if pv is not None and _region_eq_quoted(text, i + 2, j - 2, <str>pv):
+                values.append(pv)
+            else:
+                values.append('"' + PyUnicode_Substring(text, i + 2, j - 2) + '"')
         elif c == u't' or c == u'f' or c == u'n':
             j = i
-            while j < end and u'a' <= text[j] <= u'z':
+            while j < end and u'a' <= PyUnicode_READ(tk, td, j) <= u'z':
                 j += 1
-            tok = PyUnicode_Substring(text, i, j)
-            if tok != "true" and tok != "false" and tok != "null":
-                return None
-            values.append(tok)
+            if pv is not None and _region_eq(text, i, j, <str>pv):
+                values.append(pv)
+            else:
+                tok = PyUnicode_Substring(text, i, j)
+                if tok != "true" and tok != "false" and tok != "null":
+                    return None
+                values.append(tok)
         elif c == u'-' or u'0' <= c <= u'9':
             j = i + 1 if c == u'-' else i
             k = j
-            while j < end and u'0' <= text[j] <= u'9':
+            while j < end and u'0' <= PyUnicode_READ(tk, td, j) <= u'9':
                 j += 1
             nd = j - k
-            if nd == 0 or (nd > 1 and text[k] == u'0'):
+            if nd == 0 or (nd > 1 and PyUnicode_READ(tk, td, k) == u'0'):
                 return None
-            point = j < end and text[j] == u'.'
+            point = j < end and PyUnicode_READ(tk, td, j) == u'.'
             if point:
                 j += 1
                 k = j
-                while j < end and u'0' <= text[j] <= u'9':
+                while j < end and u'0' <= PyUnicode_READ(tk, td, j) <= u'9':
                     j += 1
                 if j == k:
                     return None
-            if j < end and (text[j] == u'e' or text[j] == u'E'):
+            if j < end and (PyUnicode_READ(tk, td, j) == u'e' or PyUnicode_READ(tk, td, j) == u'E'):
                 return None
-            tok = PyUnicode_Substring(text, i, j)
-            if point:
-                k = len(values)
-                if not (k < len(pvalues) and pvalues[k] == tok) and repr(float(tok)) != tok:
+            if pv is not None and _region_eq(text, i, j, <str>pv):
+                values.append(pv)
+            else:
+                tok = PyUnicode_Substring(text, i, j)
+                if point:
+                    if repr(float(tok)) != tok:
+                        return None
+                elif nd > 18 or tok == "-0":
                     return None
-            elif nd > 18 or tok == "-0":
-                return None
-            values.append(tok)
+                values.append(tok)
         else:
             return None
         i = j
         if i == end:
             break
-        if text[i] != u',':
+        if PyUnicode_READ(tk, td, i) != u',':
             return None
         i += 1
+    if keys == pkeys:
+        keys = pkeys                 # the same list: the caller compares it at once
     return keys, values
 
 
@@ -1440,6 +1551,12 @@ cdef class CompactCoder:
     cdef tuple last
     cdef dict by_kind, hash_ids
     cdef tuple blank
+    cdef str last_kind
+    cdef Py_ssize_t shared_c[_MAX_FIELDS]
+    cdef Py_ssize_t own_c[_MAX_FIELDS]
+    cdef Py_ssize_t json_c[_MAX_FIELDS]
+    cdef Py_ssize_t num_shared, num_own, num_json
+    cdef bint fast
     cdef Py_ssize_t num_hashes, hash_limit
     cdef object split_py, json_py, code_py, dumps
 
@@ -1454,6 +1571,17 @@ cdef class CompactCoder:
         self.kind_col = enc.kind_col
         self.last = tuple(enc._last)
         self.blank = enc._blank
+        self.last_kind = ""
+        self.fast = self.num_cols <= _MAX_FIELDS    # else every row goes by field list
+        self.num_shared = len(self.shared_cols)
+        self.num_own = len(self.own_cols)
+        self.num_json = len(self.json_cols)
+        for i in range(min(self.num_shared, _MAX_FIELDS)):
+            self.shared_c[i] = self.shared_cols[i]
+        for i in range(min(self.num_own, _MAX_FIELDS)):
+            self.own_c[i] = self.own_cols[i]
+        for i in range(min(self.num_json, _MAX_FIELDS)):
+            self.json_c[i] = self.json_cols[i]
         self.by_kind = {}
         self.hash_ids = {}
         self.num_hashes = 0
@@ -1492,14 +1620,127 @@ cdef class CompactCoder:
         lines.append("")
         return "\r\n".join(lines)
 
+    cdef int _json_col(self, list out, Py_ssize_t i, tuple pj, str text,
+                       dict json_now) except -1:
+        """The codes of JSON column i, whose text is not its prediction's (pj)."""
+        cdef list pkeys = pj[1], pvalues = pj[2], keys, values
+        cdef object parsed
+        cdef Py_ssize_t j
+        cdef str c, p
+        if not text:
+            parsed = ([], [])
+        else:
+            parsed = _json_parse(text, pkeys, pvalues)
+            if parsed is None:
+                parsed = self.json_py(text)
+        if parsed is None:
+            out.append("!" + text)
+            json_now[i] = (text, pkeys, pvalues, False)
+            return 0
+        keys = parsed[0]
+        values = parsed[1]
+        if keys is pkeys or keys == pkeys:
+            out.append("")
+            for j in range(len(values)):
+                c = values[j]
+                p = pvalues[j]
+                out.append("" if c is p or c == p else _code_c(c, p, self.code_py))
+        else:
+            out.append("=" + self.dumps(keys).decode())
+            for c in values:
+                out.append("=" + c)
+        json_now[i] = (text, keys, values, True)
+        return 0
+
     cpdef list encode(self, str line):
-        cdef list fields = _split_row(line, self.split_py)
-        cdef Py_ssize_t i, j, nkeys
-        cdef str kind, c, p, text, ptext, seq
+        """CompactEncoder.encode(line). Fields are compared in place with their
+        predictions, and only those that differ become strings; a row _bounds leaves to
+        split_row goes through the field list (_encode_fields)."""
+        cdef Py_ssize_t fs[_MAX_FIELDS]
+        cdef Py_ssize_t fe[_MAX_FIELDS]
+        cdef int nf = _bounds(line, fs, fe)
+        cdef Py_ssize_t i, j, a, b, hid, nshared = self.num_shared
+        cdef long long pv
+        cdef str kind, c, p
+        cdef tuple prev, prev_own, pj, last = self.last
+        cdef dict prev_json, json_now
+        cdef list out, cur, own
+        if not self.fast or nf != self.num_cols:
+            return self._encode_fields(_split_row(line, self.split_py))
+        a = fs[self.kind_col]
+        b = fe[self.kind_col]
+        kind = self.last_kind
+        if not _region_eq(line, a, b, kind):
+            kind = PyUnicode_Substring(line, a, b)
+            self.last_kind = kind
+        prev = self.by_kind.get(kind) or self.blank
+        prev_own = prev[0]
+        prev_json = prev[1]
+        out = [kind]
+        cur = [None] * nshared
+        for j in range(nshared):
+            i = self.shared_c[j]
+            a = fs[i]
+            b = fe[i]
+            p = last[j]
+            if j == self.seq_at:
+                c = PyUnicode_Substring(line, a, b)
+                if _is_int(p):
+                    pv = _int_of(p) + 1
+                    if _is_int(c) and _int_of(c) == pv:
+                        out.append("")          # the same canonical number: the same text
+                        cur[j] = c
+                        continue
+                    p = str(pv)
+                out.append("" if c == p else _code_c(c, p, self.code_py))
+                cur[j] = c
+            elif _region_eq(line, a, b, p):
+                out.append("")
+                cur[j] = p
+            else:
+                c = PyUnicode_Substring(line, a, b)
+                out.append(_code_c(c, p, self.code_py))
+                cur[j] = c
+        own = [None] * self.num_own
+        for j in range(self.num_own):
+            i = self.own_c[j]
+            a = fs[i]
+            b = fe[i]
+            p = prev_own[j]
+            if _region_eq(line, a, b, p):
+                out.append("")
+                own[j] = p
+            else:
+                c = PyUnicode_Substring(line, a, b)
+                out.append(_code_c(c, p, self.code_py))
+                own[j] = c
+        c = own[self.hash_at - 1 - nshared]
+        if c:
+            hid = self._see(c)
+            if hid >= 0 and out[self.hash_at]:
+                out[self.hash_at] = f"#{hid}"
+        json_now = dict(prev_json)
+        for j in range(self.num_json):
+            i = self.json_c[j]
+            pj = prev_json[i]
+            a = fs[i]
+            b = fe[i]
+            if pj[3] and _region_eq(line, a, b, <str>pj[0]):
+                out.append("")
+                out.extend([""] * len(<list>pj[1]))
+                continue
+            self._json_col(out, i, pj, PyUnicode_Substring(line, a, b), json_now)
+        self.last = tuple(cur)
+        self.by_kind[kind] = (tuple(own), json_now)
+        return out
+
+    cdef list _encode_fields(self, list fields):
+        """encode() of a row already split into its fields."""
+        cdef Py_ssize_t i, j
+        cdef str kind, c, p
         cdef tuple prev, prev_own, cur, own, pj
         cdef dict prev_json, json_now
-        cdef list out, keys, values, pkeys, pvalues
-        cdef object parsed
+        cdef list out
         cdef Py_ssize_t hid
         if len(fields) != self.num_cols:
             raise ValueError(f"{len(fields)} fields, the header has {self.num_cols}")
@@ -1528,38 +1769,12 @@ cdef class CompactCoder:
                 out[self.hash_at] = f"#{hid}"
         json_now = dict(prev_json)
         for i in self.json_cols:
-            text = fields[i]
             pj = prev_json[i]
-            ptext = pj[0]
-            pkeys = pj[1]
-            pvalues = pj[2]
-            if text == ptext and pj[3]:
+            if pj[3] and fields[i] == pj[0]:
                 out.append("")
-                out.extend([""] * len(pkeys))
+                out.extend([""] * len(<list>pj[1]))
                 continue
-            if not text:
-                parsed = ([], [])
-            else:
-                parsed = _json_parse(text, pkeys, pvalues)
-                if parsed is None:
-                    parsed = self.json_py(text)
-            if parsed is None:
-                out.append("!" + text)
-                json_now[i] = (text, pkeys, pvalues, False)
-                continue
-            keys = parsed[0]
-            values = parsed[1]
-            if keys == pkeys:
-                out.append("")
-                for j in range(len(values)):
-                    c = values[j]
-                    p = pvalues[j]
-                    out.append("" if c == p else _code_c(c, p, self.code_py))
-            else:
-                out.append("=" + self.dumps(keys).decode())
-                for c in values:
-                    out.append("=" + c)
-            json_now[i] = (text, keys, values, True)
+            self._json_col(out, i, pj, fields[i], json_now)
         self.last = cur
         self.by_kind[kind] = (own, json_now)
         return out
