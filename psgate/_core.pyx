@@ -141,6 +141,41 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
     return num, i
 
 
+def checker_pinned(checker, list ns_keys, list hits, list new_blocks):
+    """InvariantChecker.admitted's loops over the hits and the new blocks: each gains a
+    reference. The hits are taken up to the first that does not hold its key (or is
+    outside the pool), the new blocks, once every hit is taken, up to the first that was
+    not free and empty. Returns (hits taken, hits that were candidates, new blocks
+    taken); the reference loops go on from there."""
+    cdef int[:] ref = checker.ref
+    cdef long long[:] key = checker.key
+    cdef Py_ssize_t n = checker.num_blocks
+    cdef Py_ssize_t i = 0, j = 0, num_hits = len(hits), num_new = len(new_blocks)
+    cdef Py_ssize_t num_unpinned = 0, b
+    cdef long long k
+    if num_hits > len(ns_keys):
+        return 0, 0, 0
+    while i < num_hits:
+        b = hits[i]
+        if not 0 <= b < n:
+            break
+        k = ns_keys[i]
+        if key[b] != k:
+            break
+        if ref[b] == 0:
+            num_unpinned += 1
+        ref[b] += 1
+        i += 1
+    if i == num_hits:
+        while j < num_new:
+            b = new_blocks[j]
+            if not 0 <= b < n or ref[b] != 0 or key[b] != NO_KEY:
+                break
+            ref[b] = 1
+            j += 1
+    return i, num_unpinned, j
+
+
 def checker_released(checker, blocks):
     """InvariantChecker.released: each block loses a reference; one left with none is
     free (no content) or a candidate (cached)."""
@@ -182,14 +217,38 @@ cdef inline bint _plain_value(str v):
     return True
 
 
+cdef object _json_value(object v):
+    """What orjson writes for one value of a dict _json_fast takes, or None."""
+    cdef str s
+    if type(v) is float:
+        s = repr(round(v, 9))
+        if 'e' in s or 'n' in s:
+            return None
+        return s
+    if type(v) is int:
+        if not -0x8000000000000000 <= v <= 0xFFFFFFFFFFFFFFFF:
+            return None
+        return str(v)
+    if type(v) is str:
+        if not _plain_value(<str>v):
+            return None
+        return f'""{v}""'
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if v is None:
+        return "null"
+    return None
+
+
 cdef object _json_fast(object obj):
     """csv_json(obj) for a dict of plain keys to ints, finite floats written without an
     exponent, booleans, None and plain ASCII strings (what orjson writes for those is
     Python's repr of the number rounded to 9 places, or the obvious literal); None for
     anything else, which the caller hands to csv_json."""
     cdef list parts
-    cdef object v
-    cdef str s
+    cdef object s
     if type(obj) is not dict:
         return None
     if not obj:
@@ -199,29 +258,88 @@ cdef object _json_fast(object obj):
             return None
     parts = []
     for k in sorted(<dict>obj):
-        v = (<dict>obj)[k]
-        if type(v) is float:
-            s = repr(round(v, 9))
-            if 'e' in s or 'n' in s:
-                return None
-        elif type(v) is int:
-            if not -0x8000000000000000 <= v <= 0xFFFFFFFFFFFFFFFF:
-                return None
-            s = str(v)
-        elif type(v) is str:
-            if not _plain_value(<str>v):
-                return None
-            s = f'""{v}""'
-        elif v is True:
-            s = "true"
-        elif v is False:
-            s = "false"
-        elif v is None:
-            s = "null"
-        else:
+        s = _json_value((<dict>obj)[k])
+        if s is None:
             return None
         parts.append(f'""{k}"":{s}')
     return '"{' + ",".join(parts) + '}"'
+
+
+cdef object _UNSET = object()          # a memo's value before any row set it
+
+
+cdef class JsonMemo:
+    """The last dict _json_memo wrote for one ledger column: its keys as they came, the
+    same sorted, each value with its text, and the whole field. Rows of one policy carry
+    the same keys in the same order and mostly the same values (a segment's counts, an
+    owner's debt), so a row checks its keys against the last one's instead of sorting
+    and vetting them, and formats only the values that changed."""
+    cdef list keys, order, values, parts
+    cdef object text
+
+    def __init__(self):
+        self.keys = None
+        self.text = None
+
+
+cdef inline bint _same_value(object v, object pv):
+    """v would be written as pv was: the same type and value (for a float, not a zero of
+    the other sign, which repr tells apart)."""
+    if type(v) is not type(pv):
+        return False
+    if v is pv:
+        return True
+    if type(v) is float:
+        return <double>v == <double>pv and <double>v != 0.0
+    if type(v) is int or type(v) is str:
+        return v == pv
+    return False                        # True, False, None: only themselves
+
+
+cdef object _json_memo(JsonMemo m, object obj):
+    """_json_fast(obj), through m: the same text, or None where _json_fast gives None."""
+    cdef dict d
+    cdef Py_ssize_t i, n
+    cdef bint changed
+    cdef object k, pk, v, s
+    if type(obj) is not dict:
+        return None
+    d = <dict>obj
+    n = len(d)
+    if n == 0:
+        return ""
+    changed = m.keys is None or len(m.keys) != n
+    if not changed:
+        i = 0
+        for k in d:
+            pk = m.keys[i]
+            if k is not pk and not (type(k) is str and k == pk):
+                changed = True
+                break
+            i += 1
+    if changed:
+        for k in d:
+            if type(k) is not str or not _plain_value(<str>k):
+                return None
+        m.keys = list(d)
+        m.order = sorted(d)
+        m.values = [_UNSET] * n
+        m.parts = [None] * n
+        m.text = None
+    for i in range(n):
+        k = m.order[i]
+        v = d[k]
+        if _same_value(v, m.values[i]):
+            continue
+        m.text = None
+        s = _json_value(v)
+        if s is None:
+            return None
+        m.values[i] = v
+        m.parts[i] = f'""{k}"":{s}'
+    if m.text is None:
+        m.text = '"{' + ",".join(m.parts) + '}"'
+    return m.text
 
 
 cdef str _number(object p, object ff):
@@ -238,10 +356,12 @@ cdef str _number(object p, object ff):
 
 def eviction_rows(list rows, list decisions, list blocks, list hash_names, list owners,
                   str head, Py_ssize_t seq, str lead, object q, object ff,
-                  object csv_field, object csv_json):
+                  object csv_field, object csv_json, JsonMemo seg_memo=None,
+                  JsonMemo rank_memo=None):
     """LedgerWriter.eviction_batch's loop (each row as _evict_fields formats it): one
     row per victim appended to ``rows``, numbered from ``seq`` + 1; returns the last seq.
-    ``q`` and ``ff`` are the writer's caches of string and number fields."""
+    ``q`` and ``ff`` are the writer's caches of string and number fields; the memos,
+    kept by the writer from batch to batch, the last segments and rank written."""
     cdef Py_ssize_t i, num = len(decisions)
     cdef object d, block, owner, nc, pos, queue, x, p1, p2, p3, seg, rank
     cdef str f_block, f_owner, f_nc, f_pos, f_queue, f_resp, f_run, f_p1, f_p2, f_p3
@@ -271,11 +391,17 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
         f_run = _field(x or '', csv_field)
         f_p3 = '' if p3 is None else _number(p3, ff)
         seg = d.segments
-        f_seg = _json_fast(seg) if seg else ""
+        if not seg:
+            f_seg = ""
+        else:
+            f_seg = _json_fast(seg) if seg_memo is None else _json_memo(seg_memo, seg)
         if f_seg is None:
             f_seg = csv_json(seg)
         rank = d.rank
-        f_rank = _json_fast(rank) if rank else ""
+        if not rank:
+            f_rank = ""
+        else:
+            f_rank = _json_fast(rank) if rank_memo is None else _json_memo(rank_memo, rank)
         if f_rank is None:
             f_rank = csv_json(rank)
         seq += 1
@@ -481,6 +607,19 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
 KEY_SHIFT = 32
 OUTPUT_KEY_BIT = 1 << 62
 NO_KEY_VALUE = NO_KEY
+
+
+def pool_pinned(pool, list new, int g):
+    """ReplayEngine.get_new_blocks's loop over the blocks it hands out: each is pinned
+    by the request and owned by its group g."""
+    cdef int[:] ref = pool.ref
+    cdef int[:] owner = pool.owner
+    cdef Py_ssize_t n = len(pool.ref), b
+    for b in new:
+        if not 0 <= b < n:
+            raise IndexError(f"block {b} is outside the pool")
+        ref[b] = 1
+        owner[b] = g
 
 
 def pool_touch(pool, list hits, queues, on_touch):

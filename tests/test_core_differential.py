@@ -311,6 +311,71 @@ def test_eviction_rows_are_the_python_rows(monkeypatch, tmp_path, ds, data):
     assert got["compiled"] == got["python"]
 
 
+_close_value = st.sampled_from([0, 1, True, False, 1.0, 0.0, -0.0, None, "x", 0.5, 2**70,
+                                1e-7, "a\\b"])
+
+
+@st.composite
+def _close_ranks(draw):
+    """Rank dicts that mostly repeat the last one's keys, order and values: the case
+    the core's per-column memo shortcuts, with the values it must tell apart (0 and
+    False, 1 and 1.0 and True, 0.0 and -0.0) and ones it hands to csv_json."""
+    keys = draw(st.sampled_from([("seg", "debt", "n")] * 3 + [("debt", "seg", "n"), ("n",)]))
+    return {k: draw(_close_value) for k in keys}
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.tuples(_close_ranks(), st.booleans()), max_size=5),
+                        max_size=5))
+def test_rows_of_repeating_ranks_are_the_python_rows(monkeypatch, tmp_path, batches):
+    _compiled()
+    got = {}
+    for code in ("compiled", "python"):
+        if code == "python":
+            monkeypatch.setenv("PSGATE_CORE", "0")
+        w = LedgerWriter(tmp_path / f"{code}.csv")
+        out = []
+        last = {"seg": 1}
+        for batch in batches:
+            ds = []
+            for rank, repeat in batch:
+                rank = dict(last) if repeat else rank     # a copy equal to the last one
+                last = rank
+                ds.append(Decision(victim=1, num_candidates=1, position=0, queue="lru",
+                                   segments={"hot": len(rank)}, rank=rank))
+            try:
+                out.append(_rows(w, ds, [1] * len(ds), ["h"] * len(ds), ["g"] * len(ds)))
+            except Exception as exc:       # orjson refusing a value: the same refusal
+                out.append(type(exc).__name__)
+        w.close()
+        got[code] = out
+    assert got["compiled"] == got["python"]
+
+
+def test_rows_alternating_between_look_alike_values_are_the_python_rows(monkeypatch,
+                                                                        tmp_path):
+    """Every ordered pair of values that compare equal but are written apart (0, False,
+    0.0, -0.0; 1, True, 1.0), or that csv_json must write (1e-7, a backslash), in
+    consecutive rows of the same keys: the core's memo must not reuse the first one's
+    text."""
+    _compiled()
+    look_alike = [0, False, 0.0, -0.0, 1, True, 1.0, 1e-7, "a\\b", None, "0"]
+    ds = [Decision(victim=1, num_candidates=1, position=0, queue="lru",
+                   segments={"hot": 1}, rank={"n": 2, "debt": a, "seg": "p"})
+          for a in look_alike for b in look_alike for a in (a, b, a)]
+    got = {}
+    for code in ("compiled", "python"):
+        if code == "python":
+            monkeypatch.setenv("PSGATE_CORE", "0")
+        w = LedgerWriter(tmp_path / f"{code}.csv")
+        got[code] = [_rows(w, ds[i:i + 3], [1] * 3, ["h"] * 3, ["g"] * 3)
+                     for i in range(0, len(ds), 3)]
+        w.close()
+    assert got["compiled"] == got["python"]
+    assert '""debt"":-0.0' in "".join(got["python"])
+
+
 def test_the_fast_json_path_matches_csv_json_at_its_edges(tmp_path):
     mod = _compiled()
     w = LedgerWriter(tmp_path / "l.csv")

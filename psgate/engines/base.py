@@ -13,6 +13,7 @@ or override is public; names with a leading underscore stay inside their module.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 
 from psgate import core
@@ -314,9 +315,12 @@ class ReplayEngine(BlockPool):
                     new.append(d.victim)
         ref, owner = self.ref, self.owner
         g = r.gid
-        for b in new:
-            ref[b] = 1
-            owner[b] = g
+        if self.kernels is not None and type(ref) is array:
+            self.kernels.pool_pinned(self, new, g)
+        else:
+            for b in new:
+                ref[b] = 1
+                owner[b] = g
         policy.on_allocated(preq, new)
         self.occ_add(g, num_new)
         return new

@@ -172,8 +172,14 @@ class InvariantChecker:
         ref, key = self.ref, self.key
         v = self.verdicts["hits_contiguous_in_namespace"]
         bad = None
-        num_unpinned = 0
-        for i, b in enumerate(hits):
+        num_unpinned = i_new = 0
+        i_hit = 0
+        if (self._core is not None and type(hits) is list and type(new_blocks) is list
+                and type(ns_keys) is list):
+            i_hit, num_unpinned, i_new = self._core.checker_pinned(self, ns_keys, hits,
+                                                                   new_blocks)
+        for i in range(i_hit, len(hits)):
+            b = hits[i]
             if bad is None and key[b] != ns_keys[i]:
                 bad = (i, b)
             if ref[b] == 0:
@@ -188,7 +194,8 @@ class InvariantChecker:
                      f"{text_of(where)}: hit position {bad[0]} is block {bad[1]}, which does "
                      f"not hold this request's block in its namespace")
         acc = self.verdicts["capacity_and_accounting"]
-        for b in new_blocks:
+        acc.checks += i_new
+        for b in new_blocks[i_new:] if i_new else new_blocks:
             if ref[b] == 0 and key[b] == NO_KEY:
                 acc.checks += 1
             else:

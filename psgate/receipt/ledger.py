@@ -212,6 +212,9 @@ class LedgerWriter:
         self._q = _FieldCache()
         self._ff = _FloatCache()
         self._core = core.get()
+        # the last segments and rank the core wrote (psgate._core.JsonMemo)
+        self._memos = (() if self._core is None
+                       else (self._core.JsonMemo(), self._core.JsonMemo()))
 
     def start_run(self, run: str, policy: str) -> None:
         self.run, self.policy = run, policy
@@ -273,7 +276,8 @@ class LedgerWriter:
         rows = []
         if self._core is not None:
             seq = self._core.eviction_rows(rows, decisions, blocks, hash_names, owners, head,
-                                           seq, lead, self._q, self._ff, csv_field, csv_json)
+                                           seq, lead, self._q, self._ff, csv_field, csv_json,
+                                           *self._memos)
         else:
             fields = self._evict_fields
             for d, block, hash_name, owner in zip(decisions, blocks, hash_names, owners):
