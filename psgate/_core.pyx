@@ -756,6 +756,14 @@ cdef class PrefixShieldView:
     # the policy's num_cand while a kernel runs (read on entry, written back on exit and
     # before any call into the policy's Python that could read or change it)
     cdef Py_ssize_t num_cand
+    # A run of victims of one responsible group g that stays alone above the runner-up:
+    # its batch state (batch_mod[g], gver[g], its batch-heap entry and the rank cache)
+    # is written once, by _flush, when the run ends or before anything reads it, instead
+    # of once per victim. pend_g is -1 outside a run; evict_batch never returns with one.
+    cdef int pend_g
+    cdef double pend_p, pend_runner_pd, pend_inv_w
+    cdef Py_ssize_t pend_n
+    cdef object pend_top, pend_runner, pend_runner_p
 
     def __init__(self, pol, decision_cls, class_names):
         self.pol = pol
@@ -797,6 +805,7 @@ cdef class PrefixShieldView:
             self.t_children = self.tree.children
         self.glob_obj = False           # never the policy's: the first use syncs
         self.has_glob = False
+        self.pend_g = -1
 
     cdef bint _sync_glob(self):
         """Whether the all-groups queues exist now (they are dropped and rebuilt)."""
@@ -835,6 +844,7 @@ cdef class PrefixShieldView:
 
     cdef int _relist(self, int g) except -1:
         """PrefixShield._relist (keep_rank false)."""
+        self._flush()
         pol = self.pol
         ver = self.gver[g] + 1
         self.gver[g] = ver
@@ -963,6 +973,7 @@ cdef class PrefixShieldView:
             ne = self.num_eligible[g] - 1
             self.num_eligible[g] = ne
             if ne == 0:
+                self._flush()
                 self.gver[g] = self.gver[g] + 1
                 pol._rank_cache = None
         return 0
@@ -1001,42 +1012,68 @@ cdef class PrefixShieldView:
         self.runner_g = next_g
         return best_g
 
+    cdef int _flush(self) except -1:
+        """Ends a run of victims of one group (pend_g): its batch state as _evicted would
+        have left it after the run's last victim."""
+        cdef int g = self.pend_g
+        if g < 0:
+            return 0
+        self.pend_g = -1
+        self._batch_state(g, self.pend_p, self.pend_n, self.pend_top, self.pend_runner,
+                          self.pend_runner_p, self.pend_runner_pd)
+        return 0
+
+    cdef int _batch_state(self, int g, object p_after, Py_ssize_t num, object top,
+                          object runner, object runner_p, double runner_pd) except -1:
+        """_evicted's half for the responsible group g, after ``num`` victims of it: g at
+        p_after in batch_mod and the batch heap, its version ``num`` on, and the rank
+        cache kept (top still [g], at p_after) while p_after is above the runner-up's
+        runner_pd, or dropped. top is None for a cache that g did not top alone."""
+        cdef list bh
+        cdef Py_ssize_t m
+        self.batch_mod[g] = p_after
+        ver = self.gver[g] + num
+        self.gver[g] = ver
+        entry = (-p_after, g, ver)
+        bh = self.batch_heap
+        if bh and bh[0][1] == g:
+            # heapreplace; an entry below both children would climb back to the root,
+            # leaving every other entry where it was
+            m = len(bh)
+            if (m == 1 or entry < bh[1]) and (m <= 2 or entry < bh[2]):
+                bh[0] = entry
+            else:
+                _heapreplace(bh, entry)
+        else:
+            _heappush(bh, entry)
+        if top is not None and p_after > runner_pd:
+            self.pol._rank_cache = (top, p_after, runner, runner_p)
+        else:
+            self.pol._rank_cache = None
+        return 0
+
     cdef int _evicted(self, int b, int g, object p_after) except -1:
         """PrefixShield._evicted."""
-        cdef int p, c
         pol = self.pol
+        self._flush()
         if not 0 <= b < self.n:
             pol.num_cand = self.num_cand
             pol._evicted(b, g, p_after)     # the reference's behaviour, whatever it is
             self.num_cand = pol.num_cand
             return 0
-        cdef list bh
-        cdef Py_ssize_t m
         if g >= 0:
-            self.batch_mod[g] = p_after
-            ver = self.gver[g] + 1
-            self.gver[g] = ver
-            entry = (-p_after, g, ver)
-            bh = self.batch_heap
-            if bh and bh[0][1] == g:
-                # heapreplace; an entry below both children would climb back to the root,
-                # leaving every other entry where it was
-                m = len(bh)
-                if (m == 1 or entry < bh[1]) and (m <= 2 or entry < bh[2]):
-                    bh[0] = entry
-                else:
-                    _heapreplace(bh, entry)
-            else:
-                _heappush(bh, entry)
             cache = pol._rank_cache
-            if cache is not None:
-                top = cache[0]
-                if len(top) == 1 and top[0] == g and p_after > cache[3]:
-                    pol._rank_cache = (top, p_after, cache[2], cache[3])
-                else:
-                    pol._rank_cache = None
+            # g stays responsible while it is the only group above the runner-up
+            if cache is not None and len(<list>cache[0]) == 1 and cache[0][0] == g:
+                self._batch_state(g, p_after, 1, cache[0], cache[2], cache[3], cache[3])
             else:
-                pol._rank_cache = None
+                self._batch_state(g, p_after, 1, None, None, None, 0.0)
+        return self._evicted_tail(b)
+
+    cdef int _evicted_tail(self, int b) except -1:
+        """_evicted's half for the block b (0 <= b < n): it leaves the candidates and the
+        leaf tracker, whose parent may become eligible."""
+        cdef int p, c
         if not self.has_tree and not self.cand[b]:
             return 0
         self._uncandidate(b)
@@ -1067,6 +1104,47 @@ cdef class PrefixShieldView:
             if parent >= 0:
                 self.t_parent_gen[block] = self.t_gen[parent]
                 self.t_children[parent] += 1
+
+    def touched(self, list hits, int[:] ref, req):
+        """The engine's touch loop over r's hits with on_touch and on_hit inline: each
+        gains a reference; one with none leaves the candidates (PrefixShield.uncandidate),
+        and one that r's group made under r's contract and prefix, not yet Reuse, is
+        promoted while the group's raw debt allows it (PrefixShield.on_hit)."""
+        cdef Py_ssize_t pos
+        cdef int b, g, c = -1
+        pol = self.pol
+        g = pol.gids[req.group]
+        cdef list lprefix = pol.lprefix
+        prefix = req.prefix
+        self.num_cand = pol.num_cand
+        try:
+            for pos in range(len(hits)):
+                b = hits[pos]
+                if not 0 <= b < self.n or b >= len(ref):
+                    raise IndexError(f"block {b} is outside the pool")
+                if ref[b] == 0:
+                    self._uncandidate(b)
+                ref[b] += 1
+                if self.owner[b] != g:
+                    continue
+                if c < 0:
+                    c = pol.cidx[req.contract]
+                if self.contract[b] != c or lprefix[b] != prefix or self.cls[b] == 2:
+                    continue
+                debts = self.debt_cache.get(g)
+                if debts is None:
+                    pol.num_cand = self.num_cand
+                    debts = pol._debts(g)
+                debt = debts[0]
+                if not pol.params["gate"] or debt <= self.eps:
+                    self.cls[b] = 2
+                    pol.promoted += 1
+                    if debt > pol.promotion_debt:
+                        pol.promotion_debt = debt
+                else:
+                    pol.denied += 1
+        finally:
+            pol.num_cand = self.num_cand
 
     def classify(self, list new_blocks, list seen, bint first_all, bint in_debt, int g,
                  int c, label):
@@ -1150,48 +1228,81 @@ cdef class PrefixShieldView:
     cdef int _take(self, Py_ssize_t num_blocks, list victims, object decisions) except -1:
         cdef Py_ssize_t i
         cdef int g, b, seg
-        cdef double top_p
+        cdef double top_p, p_after, w
+        cdef bint alone
         pol = self.pol
-        for i in range(num_blocks):
-            if self.num_cand == 0:
-                break
-            if i == 0:
-                pol.pending = None
-            cache = pol._rank_cache
-            if cache is None:
-                cache = pol._rank_cache = self._ranked()
-            top = cache[0]
-            if top and cache[1] > self.eps:
-                if len(top) == 1:
-                    g = top[0]
-                    runner, runner_p = cache[2], cache[3]
-                else:               # tied: sorted by best candidate, the second runs up
-                    g = self._first_of(top)
-                    runner, runner_p = self.runner_g, cache[1]
-                top_p = cache[1]
+        try:
+            for i in range(num_blocks):
+                if self.num_cand == 0:
+                    break
+                if i == 0:
+                    pol.pending = None
+                if self.pend_g >= 0 and self.pend_p > self.eps:
+                    # the run goes on: the rank cache would be ([g], pend_p, runner, ...)
+                    g = self.pend_g
+                    top_p = self.pend_p
+                    p_before = top_p
+                    runner, runner_p = self.pend_runner, self.pend_runner_p
+                    w = self.pend_inv_w
+                    alone = True
+                else:
+                    self._flush()
+                    cache = pol._rank_cache
+                    if cache is None:
+                        cache = pol._rank_cache = self._ranked()
+                    top = cache[0]
+                    if not (top and cache[1] > self.eps):
+                        pol.num_cand = self.num_cand
+                        choice = pol._choose()
+                        b = choice[0]
+                        if decisions is not None:
+                            decisions.append(pol._decision(choice))
+                        self._evicted(b, choice[1], choice[3])
+                        victims.append(b)
+                        continue
+                    alone = len(top) == 1
+                    if alone:
+                        g = top[0]
+                        runner, runner_p = cache[2], cache[3]
+                    else:           # tied: sorted by best candidate, the second runs up
+                        g = self._first_of(top)
+                        runner, runner_p = self.runner_g, cache[1]
+                    p_before = cache[1]
+                    top_p = p_before
+                    debts = self.debt_cache.get(g)
+                    if debts is None:
+                        debts = pol._debts(g)
+                    w = 1.0 / <double>debts[2]
                 b = self._best_of(g, &seg)
-                debts = self.debt_cache.get(g)
-                if debts is None:
-                    debts = pol._debts(g)
                 if self._sync_glob():
                     budget = pol.glob_budget - 1
                     pol.glob_budget = budget
                     if budget <= 0:
                         pol.glob = None
                         self._sync_glob()
-                p_after = top_p - 1.0 / <double>debts[2]
+                p_after = top_p - w
                 if decisions is not None:
-                    decisions.append(self._decision(b, g, seg, cache[1], p_after, runner,
+                    decisions.append(self._decision(b, g, seg, p_before, p_after, runner,
                                                     runner_p))
-                self._evicted(b, g, p_after)
-            else:
-                pol.num_cand = self.num_cand
-                choice = pol._choose()
-                b = choice[0]
-                if decisions is not None:
-                    decisions.append(pol._decision(choice))
-                self._evicted(b, choice[1], choice[3])
-            victims.append(b)
+                if alone and 0 <= b < self.n:
+                    if self.pend_g < 0:     # a run starts: what its rank cache holds
+                        self.pend_g = g
+                        self.pend_n = 0
+                        self.pend_top = top
+                        self.pend_runner = runner
+                        self.pend_runner_p = runner_p
+                        self.pend_runner_pd = runner_p
+                        self.pend_inv_w = w
+                    self.pend_n += 1
+                    self.pend_p = p_after
+                    if not p_after > self.pend_runner_pd:
+                        self._flush()       # g meets the runner-up: the cache drops
+                    self._evicted_tail(b)
+                else:
+                    self._evicted(b, g, p_after)
+                victims.append(b)
+        finally:
+            self._flush()
         return 0
 
 

@@ -152,6 +152,7 @@ class ReplayEngine(BlockPool):
         # The compiled loops (psgate.core), or None: the Python ones below.
         self.kernels = core.get()
         self.touch_queues = policy.touch_queues()
+        self.touch_hits_fn = policy.touch_hits() if self.kernels is not None else None
 
         self.now = 0
         self.start_ns: int | None = None
@@ -266,6 +267,9 @@ class ReplayEngine(BlockPool):
         on_hit = self.on_hit_fn
         if self.kernels is not None and on_hit is None:
             self.kernels.pool_touch(self, hits, self.touch_queues, policy.on_touch)
+            return
+        if self.touch_hits_fn is not None and type(ref) is array:
+            self.touch_hits_fn(hits, ref, preq)
             return
         for pos, b in enumerate(hits):
             if ref[b] == 0:

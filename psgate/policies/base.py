@@ -170,6 +170,13 @@ class EvictionPolicy(ABC):
         itself instead of calling on_touch once per hit."""
         return None
 
+    def touch_hits(self):
+        """A compiled form of the engine's touch loop for this policy, or None: called as
+        ``f(hits, ref, req)``, it does what the loop does per hit, in order (on_touch
+        for one with no reference, the reference added, on_hit), over the engine's
+        ``ref`` array."""
+        return None
+
     @abstractmethod
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
         """The candidate to evict next for req; called only while candidates exist."""

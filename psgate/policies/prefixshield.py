@@ -486,6 +486,9 @@ class PrefixShield(EvictionPolicy):
     def on_touch(self, block: int) -> None:
         self.uncandidate(block)
 
+    def touch_hits(self):
+        return self._view.touched if self._view is not None else None
+
     def _eligible_push(self, b: int) -> None:
         g, s = self.owner[b], (self.cls[b] if self._segments else 0)
         seq = self.freed_seq[b]
