@@ -9,6 +9,8 @@ are the modules' own ``array.array`` objects, read and written in place: ``i`` a
 are C ints, ``q`` arrays C long longs.
 """
 
+cdef class PrefixShieldView               # below, with prefixshield's paths
+
 cdef long long COPIES = (1 << 32) - 1
 cdef long long CHILD = 1 << 32
 cdef long long NO_KEY = -1
@@ -515,7 +517,14 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
     cdef long long base = (<long long>ns) << 32
     cdef long long h, k
     cdef int b, o
-    cdef Py_ssize_t pos, recompute = 0
+    cdef Py_ssize_t pos, recompute = 0, num_prompt = 0
+    cdef PrefixShieldView view = None
+    cdef list new_blocks = None
+    if on_cached is not None and type(getattr(on_cached, "__self__", None)) is PrefixShieldView \
+            and on_cached.__name__ == "cached":       # prefixshield's own: called in C
+        view = on_cached.__self__
+        new_blocks = view.pol.new_blocks
+        num_prompt = preq.num_prompt_blocks
     for pos in range(start, stop):
         b = blocks[pos]
         h = evb[pos]
@@ -530,7 +539,9 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
         elif index_add(k, b):
             recompute += block_size
         cached_now.append((b, k))
-        if on_cached is not None:
+        if view is not None:
+            view._cached(b, pos, blocks[pos - 1] if pos else -1, k, new_blocks, num_prompt)
+        elif on_cached is not None:
             on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
     return recompute
 
@@ -1091,19 +1102,35 @@ cdef class PrefixShieldView:
 
     def cached(self, int block, req, Py_ssize_t pos, int parent, key=-1):
         """PrefixShield.on_cached."""
-        cdef int c
-        pol = self.pol
+        self._cached(block, pos, parent, key, self.pol.new_blocks, req.num_prompt_blocks)
+
+    cdef int _cached(self, int block, Py_ssize_t pos, int parent, object key,
+                     list new_blocks, Py_ssize_t num_prompt_blocks) except -1:
+        """cached, with the admission's new_blocks list and its request's prompt blocks
+        looked up by the caller (pool_cache, once per request)."""
         if not 0 <= block < self.n or parent >= self.n:
             raise IndexError(f"block {block} (parent {parent}) is outside the pool")
-        pol.new_blocks.append((block, key))
-        if pos >= req.num_prompt_blocks:
-            pol.num_new_output += 1
+        new_blocks.append((block, key))
+        if pos >= num_prompt_blocks:
+            self.pol.num_new_output += 1
         if self.has_tree:                # LeafTracker.cached
             self.t_parent[block] = parent
             self.t_children[block] = 0
             if parent >= 0:
                 self.t_parent_gen[block] = self.t_gen[parent]
                 self.t_children[parent] += 1
+
+    def end_batch(self):
+        """PrefixShield._end_batch."""
+        cdef list mods
+        if not self.batch_mod:
+            self.batch_heap.clear()
+            return
+        mods = list(self.batch_mod)
+        self.batch_mod.clear()
+        self.batch_heap.clear()
+        for mg in mods:
+            self._relist(mg)
 
     def touched(self, list hits, int[:] ref, req):
         """The engine's touch loop over r's hits with on_touch and on_hit inline: each
@@ -1838,6 +1865,17 @@ cdef class CompactCoder:
         self.hash_limit = hash_limit
         self.split_py, self.json_py, self.code_py, self.dumps = split_py, json_py, code_py, dumps
 
+    cdef str _code_field(self, str line, Py_ssize_t a, Py_ssize_t b, str p, list out):
+        """The field line[a:b] coded against its prediction p and appended to out (empty
+        where it is p's text); returns the field's text."""
+        cdef str c
+        if _region_eq(line, a, b, p):
+            out.append("")
+            return p
+        c = PyUnicode_Substring(line, a, b)
+        out.append(_code_c(c, p, self.code_py))
+        return c
+
     cdef Py_ssize_t _see(self, str h):
         """HashIds.see: h's number, or -1 when it is new (numbered now)."""
         cdef object hid = self.hash_ids.get(h)
@@ -1944,26 +1982,14 @@ cdef class CompactCoder:
                     p = str(pv)
                 out.append("" if c == p else _code_c(c, p, self.code_py))
                 cur[j] = c
-            elif _region_eq(line, a, b, p):
-                out.append("")
-                cur[j] = p
             else:
-                c = PyUnicode_Substring(line, a, b)
-                out.append(_code_c(c, p, self.code_py))
-                cur[j] = c
+                cur[j] = self._code_field(line, a, b, p, out)
         own = [None] * self.num_own
         for j in range(self.num_own):
             i = self.own_c[j]
             a = fs[i]
             b = fe[i]
-            p = prev_own[j]
-            if _region_eq(line, a, b, p):
-                out.append("")
-                own[j] = p
-            else:
-                c = PyUnicode_Substring(line, a, b)
-                out.append(_code_c(c, p, self.code_py))
-                own[j] = c
+            own[j] = self._code_field(line, a, b, prev_own[j], out)
         c = own[self.hash_at - 1 - nshared]
         if c:
             hid = self._see(c)

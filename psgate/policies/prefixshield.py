@@ -387,6 +387,9 @@ class PrefixShield(EvictionPolicy):
 
     def _end_batch(self) -> None:
         """Groups decremented or looked at in this batch go back to the kinetic heaps."""
+        if self._view is not None:
+            self._view.end_batch()
+            return
         mods = list(self.batch_mod)
         self.batch_mod.clear()
         self.batch_heap.clear()
