@@ -729,6 +729,27 @@ from heapq import heappush as _heappush, heappop as _heappop, heapreplace as _he
 SEQ_SHIFT = 22                  # SeqQueues.SHIFT: entries are seq << 22 | block
 cdef long long SEQ_MASK = (<long long>1 << 22) - 1
 
+from libc.stdlib cimport realloc, free
+
+
+# The batch heap: the Python reference's entries (-P, g, version) as C structs, ordered as
+# the tuples compare (P is finite, so tuple order is this lexicographic order). A version
+# is pushed once per group, so no two entries are equal: every question the ranking asks
+# of the heap (its least entry, the least of its root's children, pop order) has one
+# answer whatever the layout, which is why a heap of its own decides as heapq's did.
+ctypedef struct BEntry:
+    double key                  # -P
+    int g
+    long long ver
+
+
+cdef inline bint _b_lt(const BEntry *a, const BEntry *b) noexcept nogil:
+    if a.key != b.key:
+        return a.key < b.key
+    if a.g != b.g:
+        return a.g < b.g
+    return a.ver < b.ver
+
 
 cdef class PrefixShieldView:
     """prefixshield's per-block and per-victim paths over the policy's own state: its
@@ -742,6 +763,8 @@ cdef class PrefixShieldView:
     cdef int[:] where
     cdef long long[:] seq
     cdef list heaps, live, num_eligible, gver
+    cdef BEntry *bh             # the batch heap (PrefixShield.batch_heap's entries)
+    cdef Py_ssize_t bh_n, bh_cap
     cdef int[:] owner
     cdef signed char[:] cls
     cdef long long[:] freed_seq
@@ -759,7 +782,7 @@ cdef class PrefixShieldView:
     cdef Py_ssize_t n
     cdef list S, k
     cdef dict kheaps, batch_mod, debt_cache
-    cdef list batch_heap, qnames, gnames, contract_names
+    cdef list qnames, gnames, contract_names
     cdef tuple seg_names, class_names
     cdef signed char[:] contract
     cdef object decision_cls
@@ -782,7 +805,6 @@ cdef class PrefixShieldView:
         self.k = pol.k
         self.kheaps = pol.kheaps
         self.batch_mod = pol.batch_mod
-        self.batch_heap = pol.batch_heap
         self.debt_cache = pol._debt_cache
         self.qnames = pol.qnames
         self.gnames = pol.gnames
@@ -817,6 +839,67 @@ cdef class PrefixShieldView:
         self.glob_obj = False           # never the policy's: the first use syncs
         self.has_glob = False
         self.pend_g = -1
+        self.bh = NULL
+        self.bh_n = self.bh_cap = 0
+
+    def __dealloc__(self):
+        free(self.bh)
+
+    # -- the batch heap ------------------------------------------------------------------
+    cdef int _bh_push(self, double key, int g, long long ver) except -1:
+        """heappush: the new entry climbs from the end while less than its parent."""
+        cdef Py_ssize_t i, parent, cap
+        cdef BEntry e
+        cdef BEntry *grown
+        if self.bh_n == self.bh_cap:
+            cap = 2 * self.bh_cap if self.bh_cap else 64
+            grown = <BEntry *>realloc(self.bh, cap * sizeof(BEntry))
+            if grown == NULL:
+                raise MemoryError()
+            self.bh = grown
+            self.bh_cap = cap
+        e.key = key
+        e.g = g
+        e.ver = ver
+        i = self.bh_n
+        self.bh_n += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not _b_lt(&e, &self.bh[parent]):
+                break
+            self.bh[i] = self.bh[parent]
+            i = parent
+        self.bh[i] = e
+        return 0
+
+    cdef void _bh_sift(self, BEntry e) noexcept:
+        """The root's slot takes e, which sinks below every smaller child."""
+        cdef Py_ssize_t i = 0, c, n = self.bh_n
+        cdef BEntry *h = self.bh
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and _b_lt(&h[c + 1], &h[c]):
+                c += 1
+            if not _b_lt(&h[c], &e):
+                break
+            h[i] = h[c]
+            i = c
+        h[i] = e
+
+    cdef BEntry _bh_pop(self) noexcept:
+        """heappop (the heap is not empty)."""
+        cdef BEntry top = self.bh[0]
+        self.bh_n -= 1
+        if self.bh_n > 0:
+            self._bh_sift(self.bh[self.bh_n])
+        return top
+
+    def batch_entries(self):
+        """The batch heap's entries as the Python reference's tuples, in order."""
+        return sorted((self.bh[i].key, self.bh[i].g, self.bh[i].ver)
+                      for i in range(self.bh_n))
 
     cdef bint _sync_glob(self):
         """Whether the all-groups queues exist now (they are dropped and rebuilt)."""
@@ -854,7 +937,7 @@ cdef class PrefixShieldView:
         return 0
 
     cdef int _relist(self, int g) except -1:
-        """PrefixShield._relist (keep_rank false)."""
+        """PrefixShield._relist."""
         self._flush()
         pol = self.pol
         ver = self.gver[g] + 1
@@ -864,7 +947,7 @@ cdef class PrefixShieldView:
             return 0
         p = self.batch_mod.get(g)
         if p is not None:
-            _heappush(self.batch_heap, (-p, g, ver))
+            self._bh_push(-<double>p, g, ver)
         else:
             kg = self.k[g]
             if kg > 0:
@@ -874,46 +957,59 @@ cdef class PrefixShieldView:
                 _heappush(h, (-self.S[g], g, ver))
         return 0
 
-    cdef inline bint _valid_b(self, tuple e):
-        g = e[1]
-        return e[2] == self.gver[g] and g in self.batch_mod and self.num_eligible[g] > 0
+    cdef inline bint _valid_b(self, const BEntry *e) except -1:
+        cdef int g = e.g
+        return (e.ver == <long long>self.gver[g] and g in self.batch_mod
+                and self.num_eligible[g] > 0)
 
     cdef tuple _scan_batch(self):
         """PrefixShield._scan_batch."""
-        cdef list bh = self.batch_heap
-        cdef list taken, top
-        cdef tuple e, c
-        cdef Py_ssize_t n
-        while bh:
-            e = bh[0]
-            if self._valid_b(e):
-                n = len(bh)
+        cdef list top
+        cdef BEntry e
+        cdef BEntry *c
+        cdef BEntry taken[2]
+        cdef Py_ssize_t n, num_taken = 0, i
+        cdef double top_key = 0.0
+        cdef int runner = -1
+        cdef double runner_p = 0.0
+        while self.bh_n:
+            if self._valid_b(&self.bh[0]):
+                n = self.bh_n
                 if n == 1:
-                    return [e[1]], -e[0], -1, 0.0
-                c = bh[1] if n == 2 or bh[1] < bh[2] else bh[2]
-                if self._valid_b(c) and c[0] != e[0]:
-                    return [e[1]], -e[0], c[1], -c[0]
+                    return [self.bh[0].g], -self.bh[0].key, -1, 0.0
+                c = &self.bh[1] if n == 2 or _b_lt(&self.bh[1], &self.bh[2]) else &self.bh[2]
+                if self._valid_b(c) and c.key != self.bh[0].key:
+                    return [self.bh[0].g], -self.bh[0].key, c.g, -c.key
                 break
-            _heappop(bh)
-        taken = []
+            self._bh_pop()
+        # ties at the top: valid entries pop in order until one below the top; all of
+        # them go back (held in a list past the first two)
         top = []
-        top_p = 0.0
-        runner, runner_p = -1, 0.0
-        while bh:
-            e = _heappop(bh)
-            if not self._valid_b(e):
+        more = None
+        while self.bh_n:
+            e = self._bh_pop()
+            if not self._valid_b(&e):
                 continue
-            taken.append(e)
-            if not top or -e[0] == top_p:
-                top.append(e[1])
-                top_p = -e[0]
+            if num_taken < 2:
+                taken[num_taken] = e
             else:
-                runner, runner_p = e[1], -e[0]
+                if more is None:
+                    more = []
+                more.append((e.key, e.g, e.ver))
+            num_taken += 1
+            if not top or e.key == top_key:
+                top.append(e.g)
+                top_key = e.key
+            else:
+                runner, runner_p = e.g, -e.key
                 break
-        for e in taken:
-            _heappush(bh, e)
+        for i in range(min(num_taken, 2)):
+            self._bh_push(taken[i].key, taken[i].g, taken[i].ver)
+        if more is not None:
+            for item in more:
+                self._bh_push(item[0], item[1], item[2])
         top.sort()
-        return top, top_p, runner, runner_p
+        return top, (-top_key if top else 0.0), runner, runner_p
 
     cdef object _frontier(self, double *p_out):
         """PrefixShield._frontier: k of the best group in the per-k heaps (its P in
@@ -955,7 +1051,7 @@ cdef class PrefixShieldView:
             self.batch_mod[g] = p
             ver = self.gver[g] + 1
             self.gver[g] = ver
-            _heappush(self.batch_heap, (-p, g, ver))
+            self._bh_push(-<double>p, g, ver)
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
@@ -1040,23 +1136,17 @@ cdef class PrefixShieldView:
         p_after in batch_mod and the batch heap, its version ``num`` on, and the rank
         cache kept (top still [g], at p_after) while p_after is above the runner-up's
         runner_pd, or dropped. top is None for a cache that g did not top alone."""
-        cdef list bh
-        cdef Py_ssize_t m
+        cdef BEntry e
         self.batch_mod[g] = p_after
         ver = self.gver[g] + num
         self.gver[g] = ver
-        entry = (-p_after, g, ver)
-        bh = self.batch_heap
-        if bh and bh[0][1] == g:
-            # heapreplace; an entry below both children would climb back to the root,
-            # leaving every other entry where it was
-            m = len(bh)
-            if (m == 1 or entry < bh[1]) and (m <= 2 or entry < bh[2]):
-                bh[0] = entry
-            else:
-                _heapreplace(bh, entry)
+        if self.bh_n and self.bh[0].g == g:
+            e.key = -<double>p_after
+            e.g = g
+            e.ver = ver
+            self._bh_sift(e)            # heapreplace
         else:
-            _heappush(bh, entry)
+            self._bh_push(-<double>p_after, g, ver)
         if top is not None and p_after > runner_pd:
             self.pol._rank_cache = (top, p_after, runner, runner_p)
         else:
@@ -1073,13 +1163,33 @@ cdef class PrefixShieldView:
             self.num_cand = pol.num_cand
             return 0
         if g >= 0:
-            cache = pol._rank_cache
-            # g stays responsible while it is the only group above the runner-up
-            if cache is not None and len(<list>cache[0]) == 1 and cache[0][0] == g:
-                self._batch_state(g, p_after, 1, cache[0], cache[2], cache[3], cache[3])
-            else:
-                self._batch_state(g, p_after, 1, None, None, None, 0.0)
+            self._responsible(g, p_after)
         return self._evicted_tail(b)
+
+    cdef int _responsible(self, int g, object p_after) except -1:
+        """_evicted's half for g, responsible for one victim and now projected at
+        p_after."""
+        cache = self.pol._rank_cache
+        # g stays responsible while it is the only group above the runner-up
+        if cache is not None and len(<list>cache[0]) == 1 and cache[0][0] == g:
+            self._batch_state(g, p_after, 1, cache[0], cache[2], cache[3], cache[3])
+        else:
+            self._batch_state(g, p_after, 1, None, None, None, 0.0)
+        return 0
+
+    # The Python reference's methods that read or write the batch heap call these while
+    # the view holds it (one victim at a time: select_victim, on_evict, a relist).
+    def responsible(self, int g, p_after):
+        """PrefixShield._evicted's half for the responsible group g."""
+        self._responsible(g, p_after)
+
+    def ranked(self):
+        """PrefixShield._ranked."""
+        return self._ranked()
+
+    def relist(self, int g):
+        """PrefixShield._relist."""
+        self._relist(g)
 
     cdef int _evicted_tail(self, int b) except -1:
         """_evicted's half for the block b (0 <= b < n): it leaves the candidates and the
@@ -1123,12 +1233,11 @@ cdef class PrefixShieldView:
     def end_batch(self):
         """PrefixShield._end_batch."""
         cdef list mods
+        self.bh_n = 0
         if not self.batch_mod:
-            self.batch_heap.clear()
             return
         mods = list(self.batch_mod)
         self.batch_mod.clear()
-        self.batch_heap.clear()
         for mg in mods:
             self._relist(mg)
 

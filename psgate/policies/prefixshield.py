@@ -179,6 +179,7 @@ class PrefixShield(EvictionPolicy):
                       if kernels is not None and type(self) in _COMPILED else None)
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
+            self.batch_heap = None       # the view holds it, as C structs
         else:
             self.__dict__.pop("on_cached", None)
 
@@ -267,11 +268,13 @@ class PrefixShield(EvictionPolicy):
             self._relist(g)
         self.now_s = t
 
-    def _relist(self, g: int, keep_rank: bool = False) -> None:
+    def _relist(self, g: int) -> None:
         """g's ranking changed: invalidate its heap entries and push a fresh one."""
+        if self._view is not None:
+            self._view.relist(g)
+            return
         self.gver[g] += 1
-        if not keep_rank:
-            self._rank_cache = None
+        self._rank_cache = None
         if self.num_eligible[g] == 0:
             return
         if g in self.batch_mod:
@@ -316,18 +319,6 @@ class PrefixShield(EvictionPolicy):
         self.batch_mod[g] = p
         self.gver[g] += 1
         heappush(self.batch_heap, (-p, g, self.gver[g]))
-
-    def _top_valid(self, n: int) -> list[tuple]:
-        """The n best valid entries of the batch heap (stale ones are dropped)."""
-        bh = self.batch_heap
-        out: list[tuple] = []
-        while bh and len(out) < n:
-            e = heappop(bh)
-            if self._valid_b(e):
-                out.append(e)
-        for e in out:
-            heappush(bh, e)
-        return out
 
     def _scan_batch(self) -> tuple[list[int], float, int, float]:
         """Top groups (ties), their P, runner-up and its P among the batch heap only."""
@@ -377,6 +368,8 @@ class PrefixShield(EvictionPolicy):
         outside could tie the top or beat the runner-up; so one call costs
         O(log groups) amortized.
         """
+        if self._view is not None:
+            return self._view.ranked()
         while True:
             ranked = self._scan_batch()
             top, top_p, runner, runner_p = ranked
@@ -648,7 +641,9 @@ class PrefixShield(EvictionPolicy):
     def _evicted(self, b: int, g: int, p_after: float | None) -> None:
         """b is gone; g (>= 0) was responsible and is now projected at p_after."""
         gver = self.gver
-        if g >= 0:
+        if g >= 0 and self._view is not None:
+            self._view.responsible(g, p_after)
+        elif g >= 0:
             self.batch_mod[g] = p_after
             gver[g] += 1
             entry = (-p_after, g, gver[g])
