@@ -902,7 +902,9 @@ cdef class PrefixShieldView:
                       for i in range(self.bh_n))
 
     cdef bint _sync_glob(self):
-        """Whether the all-groups queues exist now (they are dropped and rebuilt)."""
+        """Whether the all-groups queues exist now (they are dropped and rebuilt). Only
+        Python code changes them (the policy's own, and _take's drop), so a kernel syncs
+        on entry and after such a call, and reads has_glob in between."""
         gl = self.pol.glob
         if gl is not self.glob_obj:
             self.glob_obj = gl
@@ -925,7 +927,7 @@ cdef class PrefixShieldView:
         self.seq[b] = sq
         _heappush(self.heaps[q], e)
         self.live[q] = self.live[q] + 1
-        if self._sync_glob():
+        if self.has_glob:
             self.gwhere[b] = s
             self.gseq[b] = sq
             _heappush(self.gheaps[s], e)
@@ -1068,7 +1070,7 @@ cdef class PrefixShieldView:
             self.live[q] = lv
             if len(<list>self.heaps[q]) > 2 * lv + 32:
                 self.gq._compact(q)
-            if self._sync_glob():
+            if self.has_glob:
                 q = self.gwhere[b]
                 if q < 0:
                     raise RuntimeError(f"block {b} is queued by its group but not globally")
@@ -1253,6 +1255,7 @@ cdef class PrefixShieldView:
         cdef list lprefix = pol.lprefix
         prefix = req.prefix
         self.num_cand = pol.num_cand
+        self._sync_glob()
         try:
             for pos in range(len(hits)):
                 b = hits[pos]
@@ -1316,6 +1319,7 @@ cdef class PrefixShieldView:
         pol = self.pol
         fs = pol.free_seq
         self.num_cand = pol.num_cand
+        self._sync_glob()
         for b in blocks:
             if not 0 <= b < self.n:
                 pol.free_seq = fs
@@ -1367,6 +1371,7 @@ cdef class PrefixShieldView:
         cdef double top_p, p_after, w
         cdef bint alone
         pol = self.pol
+        self._sync_glob()
         try:
             for i in range(num_blocks):
                 if self.num_cand == 0:
@@ -1390,6 +1395,7 @@ cdef class PrefixShieldView:
                     if not (top and cache[1] > self.eps):
                         pol.num_cand = self.num_cand
                         choice = pol._choose()
+                        self._sync_glob()
                         b = choice[0]
                         if decisions is not None:
                             decisions.append(pol._decision(choice))
@@ -1410,7 +1416,7 @@ cdef class PrefixShieldView:
                         debts = pol._debts(g)
                     w = 1.0 / <double>debts[2]
                 b = self._best_of(g, &seg)
-                if self._sync_glob():
+                if self.has_glob:
                     budget = pol.glob_budget - 1
                     pol.glob_budget = budget
                     if budget <= 0:
