@@ -724,7 +724,7 @@ def step_computed(list scheduled, list num_new, Py_ssize_t i):
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
 
-from heapq import heappush as _heappush, heappop as _heappop, heapreplace as _heapreplace
+from heapq import heappush as _heappush, heappop as _heappop, heapify as _heapify
 
 SEQ_SHIFT = 22                  # SeqQueues.SHIFT: entries are seq << 22 | block
 cdef long long SEQ_MASK = (<long long>1 << 22) - 1
@@ -743,6 +743,11 @@ ctypedef struct BEntry:
     long long ver
 
 
+ctypedef struct BHeap:
+    BEntry *a
+    Py_ssize_t n, cap
+
+
 cdef inline bint _b_lt(const BEntry *a, const BEntry *b) noexcept nogil:
     if a.key != b.key:
         return a.key < b.key
@@ -751,10 +756,82 @@ cdef inline bint _b_lt(const BEntry *a, const BEntry *b) noexcept nogil:
     return a.ver < b.ver
 
 
+cdef int _hp_push(BHeap *h, double key, int g, long long ver) except -1:
+    """heappush: the new entry climbs from the end while less than its parent."""
+    cdef Py_ssize_t i, parent, cap
+    cdef BEntry e
+    cdef BEntry *grown
+    if h.n == h.cap:
+        cap = 2 * h.cap if h.cap else 64
+        grown = <BEntry *>realloc(h.a, cap * sizeof(BEntry))
+        if grown == NULL:
+            raise MemoryError()
+        h.a = grown
+        h.cap = cap
+    e.key = key
+    e.g = g
+    e.ver = ver
+    i = h.n
+    h.n += 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _b_lt(&e, &h.a[parent]):
+            break
+        h.a[i] = h.a[parent]
+        i = parent
+    h.a[i] = e
+    return 0
+
+
+cdef void _hp_sift(BHeap *h, BEntry e) noexcept:
+    """The root's slot takes e, which sinks below every smaller child (heapreplace)."""
+    cdef Py_ssize_t i = 0, c, n = h.n
+    cdef BEntry *a = h.a
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _b_lt(&a[c + 1], &a[c]):
+            c += 1
+        if not _b_lt(&a[c], &e):
+            break
+        a[i] = a[c]
+        i = c
+    a[i] = e
+
+
+cdef BEntry _hp_pop(BHeap *h) noexcept:
+    """heappop (the heap is not empty)."""
+    cdef BEntry top = h.a[0]
+    h.n -= 1
+    if h.n > 0:
+        _hp_sift(h, h.a[h.n])
+    return top
+
+
+cdef int _seq_compact(list heaps, int[:] where, long long[:] seq, int q) except -1:
+    """SeqQueues._compact: queue q's heap keeps its live entries only (a new list)."""
+    cdef list h = []
+    cdef long long e
+    cdef Py_ssize_t b
+    for x in <list>heaps[q]:
+        e = x
+        b = e & SEQ_MASK
+        if where[b] == q and seq[b] == e >> SEQ_SHIFT:
+            h.append(x)
+    _heapify(h)
+    heaps[q] = h
+    return 0
+
+
 cdef class PrefixShieldView:
     """prefixshield's per-block and per-victim paths over the policy's own state: its
     arrays are read and written in place and its heaps are the same lists, pushed and
-    popped by heapq, so the Python methods and these interleave freely. What is rare
+    popped by heapq, so the Python methods and these interleave freely. The exception is
+    the heaps of groups (the batch heap and the per-k heaps), held here as C structs:
+    the Python methods that read or write them (_relist, _ranked, _evicted's responsible
+    half, _end_batch) call this view's forms while one is bound, and the policy's
+    batch_heap and kheaps are None. What is rare
     (ranking the groups when the cache is cold, ties, the global fallback, a heap
     compaction, a group relisted) calls the policy's own Python method. Built by
     PrefixShield.bind for the classes whose hooks it mirrors; a subclass that overrides
@@ -763,8 +840,12 @@ cdef class PrefixShieldView:
     cdef int[:] where
     cdef long long[:] seq
     cdef list heaps, live, num_eligible, gver
-    cdef BEntry *bh             # the batch heap (PrefixShield.batch_heap's entries)
-    cdef Py_ssize_t bh_n, bh_cap
+    cdef BHeap bh               # the batch heap (PrefixShield.batch_heap's entries)
+    # the per-k heaps (PrefixShield.kheaps): slot j holds k = kval[j]'s, slots in the
+    # order the dict's keys were first set (which decides between k's tied on P)
+    cdef BHeap *kh
+    cdef long long *kval
+    cdef Py_ssize_t num_k
     cdef int[:] owner
     cdef signed char[:] cls
     cdef long long[:] freed_seq
@@ -781,7 +862,8 @@ cdef class PrefixShieldView:
     cdef double eps, min_rho
     cdef Py_ssize_t n
     cdef list S, k
-    cdef dict kheaps, batch_mod, debt_cache
+    cdef list bB, bt0, bzero_t, brho, bbeta, bw, group_buckets    # the buckets' lists
+    cdef dict batch_mod, debt_cache
     cdef list qnames, gnames, contract_names
     cdef tuple seg_names, class_names
     cdef signed char[:] contract
@@ -803,7 +885,13 @@ cdef class PrefixShieldView:
         self.pol = pol
         self.S = pol.S
         self.k = pol.k
-        self.kheaps = pol.kheaps
+        self.bB = pol.B
+        self.bt0 = pol.t0
+        self.bzero_t = pol.zero_t
+        self.brho = pol.bucket_rho
+        self.bbeta = pol.bucket_beta
+        self.bw = pol.bucket_w
+        self.group_buckets = pol.group_buckets
         self.batch_mod = pol.batch_mod
         self.debt_cache = pol._debt_cache
         self.qnames = pol.qnames
@@ -839,67 +927,42 @@ cdef class PrefixShieldView:
         self.glob_obj = False           # never the policy's: the first use syncs
         self.has_glob = False
         self.pend_g = -1
-        self.bh = NULL
-        self.bh_n = self.bh_cap = 0
+        self.bh.a = NULL
+        self.bh.n = self.bh.cap = 0
+        self.kh = NULL
+        self.kval = NULL
+        self.num_k = 0
 
     def __dealloc__(self):
-        free(self.bh)
+        cdef Py_ssize_t j
+        free(self.bh.a)
+        for j in range(self.num_k):
+            free(self.kh[j].a)
+        free(self.kh)
+        free(self.kval)
 
-    # -- the batch heap ------------------------------------------------------------------
-    cdef int _bh_push(self, double key, int g, long long ver) except -1:
-        """heappush: the new entry climbs from the end while less than its parent."""
-        cdef Py_ssize_t i, parent, cap
-        cdef BEntry e
-        cdef BEntry *grown
-        if self.bh_n == self.bh_cap:
-            cap = 2 * self.bh_cap if self.bh_cap else 64
-            grown = <BEntry *>realloc(self.bh, cap * sizeof(BEntry))
-            if grown == NULL:
-                raise MemoryError()
-            self.bh = grown
-            self.bh_cap = cap
-        e.key = key
-        e.g = g
-        e.ver = ver
-        i = self.bh_n
-        self.bh_n += 1
-        while i > 0:
-            parent = (i - 1) >> 1
-            if not _b_lt(&e, &self.bh[parent]):
-                break
-            self.bh[i] = self.bh[parent]
-            i = parent
-        self.bh[i] = e
-        return 0
-
-    cdef void _bh_sift(self, BEntry e) noexcept:
-        """The root's slot takes e, which sinks below every smaller child."""
-        cdef Py_ssize_t i = 0, c, n = self.bh_n
-        cdef BEntry *h = self.bh
-        while True:
-            c = 2 * i + 1
-            if c >= n:
-                break
-            if c + 1 < n and _b_lt(&h[c + 1], &h[c]):
-                c += 1
-            if not _b_lt(&h[c], &e):
-                break
-            h[i] = h[c]
-            i = c
-        h[i] = e
-
-    cdef BEntry _bh_pop(self) noexcept:
-        """heappop (the heap is not empty)."""
-        cdef BEntry top = self.bh[0]
-        self.bh_n -= 1
-        if self.bh_n > 0:
-            self._bh_sift(self.bh[self.bh_n])
-        return top
-
-    def batch_entries(self):
-        """The batch heap's entries as the Python reference's tuples, in order."""
-        return sorted((self.bh[i].key, self.bh[i].g, self.bh[i].ver)
-                      for i in range(self.bh_n))
+    cdef BHeap *_kheap(self, long long k) except NULL:
+        """k's heap, made (empty, in the next slot) on first use: kheaps.setdefault."""
+        cdef Py_ssize_t j
+        cdef BHeap *grown_h
+        cdef long long *grown_v
+        for j in range(self.num_k):
+            if self.kval[j] == k:
+                return &self.kh[j]
+        grown_h = <BHeap *>realloc(self.kh, (self.num_k + 1) * sizeof(BHeap))
+        if grown_h == NULL:
+            raise MemoryError()
+        self.kh = grown_h
+        grown_v = <long long *>realloc(self.kval, (self.num_k + 1) * sizeof(long long))
+        if grown_v == NULL:
+            raise MemoryError()
+        self.kval = grown_v
+        j = self.num_k
+        self.kh[j].a = NULL
+        self.kh[j].n = self.kh[j].cap = 0
+        self.kval[j] = k
+        self.num_k += 1
+        return &self.kh[j]
 
     cdef bint _sync_glob(self):
         """Whether the all-groups queues exist now (they are dropped and rebuilt). Only
@@ -915,6 +978,39 @@ cdef class PrefixShieldView:
                 self.gheaps = gl.heaps
                 self.glive = gl.live
         return self.has_glob
+
+    cdef tuple _debts(self, int g):
+        """PrefixShield._debts: (raw debt, normalized debt, W_g) at the batch's time, once
+        per batch. The same float operations in the same order: bhat's min, each owed
+        amount's max(0, -bhat), the sums from 0 and W_g as the first largest weight."""
+        cdef tuple d = self.debt_cache.get(g)
+        cdef double t, x, beta, owed, wi, w = 0.0, raw = 0.0, norm = 0.0
+        cdef bint has_w = False
+        cdef list buckets
+        cdef Py_ssize_t i
+        if d is not None:
+            return d
+        buckets = self.group_buckets[g]
+        if not buckets:
+            d = (0, 0, 1.0)                 # sum() of nothing is the int 0
+        else:
+            t = self.pol.now_s
+            for ib in buckets:
+                i = ib
+                x = <double>self.bB[i] + <double>self.brho[i] * (t - <double>self.bt0[i])
+                beta = self.bbeta[i]
+                if not x < beta:            # min(beta, x)
+                    x = beta
+                owed = -x if -x > 0.0 else 0.0
+                wi = self.bw[i]
+                raw += owed
+                norm += owed / wi
+                if <double>self.bzero_t[i] > t and (not has_w or wi > w):
+                    w = wi
+                    has_w = True
+            d = (raw, norm, w if has_w else 1.0)
+        self.debt_cache[g] = d
+        return d
 
     cdef int _push(self, int b) except -1:
         """PrefixShield._eligible_push."""
@@ -949,14 +1045,11 @@ cdef class PrefixShieldView:
             return 0
         p = self.batch_mod.get(g)
         if p is not None:
-            self._bh_push(-<double>p, g, ver)
+            _hp_push(&self.bh, -<double>p, g, ver)
         else:
             kg = self.k[g]
             if kg > 0:
-                h = self.kheaps.get(kg)
-                if h is None:
-                    h = self.kheaps[kg] = []
-                _heappush(h, (-self.S[g], g, ver))
+                _hp_push(self._kheap(kg), -<double>self.S[g], g, ver)
         return 0
 
     cdef inline bint _valid_b(self, const BEntry *e) except -1:
@@ -974,22 +1067,22 @@ cdef class PrefixShieldView:
         cdef double top_key = 0.0
         cdef int runner = -1
         cdef double runner_p = 0.0
-        while self.bh_n:
-            if self._valid_b(&self.bh[0]):
-                n = self.bh_n
+        while self.bh.n:
+            if self._valid_b(&self.bh.a[0]):
+                n = self.bh.n
                 if n == 1:
-                    return [self.bh[0].g], -self.bh[0].key, -1, 0.0
-                c = &self.bh[1] if n == 2 or _b_lt(&self.bh[1], &self.bh[2]) else &self.bh[2]
-                if self._valid_b(c) and c.key != self.bh[0].key:
-                    return [self.bh[0].g], -self.bh[0].key, c.g, -c.key
+                    return [self.bh.a[0].g], -self.bh.a[0].key, -1, 0.0
+                c = &self.bh.a[1] if n == 2 or _b_lt(&self.bh.a[1], &self.bh.a[2]) else &self.bh.a[2]
+                if self._valid_b(c) and c.key != self.bh.a[0].key:
+                    return [self.bh.a[0].g], -self.bh.a[0].key, c.g, -c.key
                 break
-            self._bh_pop()
+            _hp_pop(&self.bh)
         # ties at the top: valid entries pop in order until one below the top; all of
         # them go back (held in a list past the first two)
         top = []
         more = None
-        while self.bh_n:
-            e = self._bh_pop()
+        while self.bh.n:
+            e = _hp_pop(&self.bh)
             if not self._valid_b(&e):
                 continue
             if num_taken < 2:
@@ -1006,54 +1099,59 @@ cdef class PrefixShieldView:
                 runner, runner_p = e.g, -e.key
                 break
         for i in range(min(num_taken, 2)):
-            self._bh_push(taken[i].key, taken[i].g, taken[i].ver)
+            _hp_push(&self.bh, taken[i].key, taken[i].g, taken[i].ver)
         if more is not None:
             for item in more:
-                self._bh_push(item[0], item[1], item[2])
+                _hp_push(&self.bh, item[0], item[1], item[2])
         top.sort()
         return top, (-top_key if top else 0.0), runner, runner_p
 
-    cdef object _frontier(self, double *p_out):
-        """PrefixShield._frontier: k of the best group in the per-k heaps (its P in
-        p_out), or None."""
+    cdef Py_ssize_t _frontier(self, double *p_out) except -2:
+        """PrefixShield._frontier: the slot of the per-k heap whose head is the best
+        group (its P in p_out), or -1."""
         cdef double t = self.pol.now_s
         cdef double p, best_p = 0.0
-        cdef list h
-        cdef tuple e
-        best_k = None
-        for kk, hh in self.kheaps.items():
-            h = hh
-            while h:
-                e = h[0]
-                g = e[1]
-                if (e[2] == self.gver[g] and g not in self.batch_mod
+        cdef Py_ssize_t j, best = -1
+        cdef BHeap *h
+        cdef BEntry *e
+        cdef int g
+        for j in range(self.num_k):
+            h = &self.kh[j]
+            while h.n:
+                e = &h.a[0]
+                g = e.g
+                if (e.ver == <long long>self.gver[g] and g not in self.batch_mod
                         and self.num_eligible[g] > 0):
-                    p = self.min_rho * (-<double>e[0] - <long long>kk * t)
-                    if best_k is None or p > best_p:
-                        best_k = kk
+                    p = self.min_rho * (-e.key - <double>self.kval[j] * t)
+                    if best < 0 or p > best_p:
+                        best = j
                         best_p = p
                     break
-                _heappop(h)
+                _hp_pop(h)
         p_out[0] = best_p
-        return best_k
+        return best
 
     cdef tuple _ranked(self):
         """PrefixShield._ranked, with _pull inline."""
         cdef double fp
         cdef tuple ranked
+        cdef Py_ssize_t fj
+        cdef int g
         pol = self.pol
         while True:
             ranked = self._scan_batch()
-            fk = self._frontier(&fp)
-            if fk is None or (ranked[0] and fp < ranked[1] and ranked[2] >= 0
-                              and fp <= ranked[3]):
+            fj = self._frontier(&fp)
+            if fj < 0 or (ranked[0] and fp < ranked[1] and ranked[2] >= 0
+                          and fp <= ranked[3]):
                 return ranked
-            g = _heappop(self.kheaps[fk])[1]
-            p = pol._p(g)
+            g = _hp_pop(&self.kh[fj]).g
+            p = self.batch_mod.get(g)           # PrefixShield._p
+            if p is None:
+                p = self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>pol.now_s)
             self.batch_mod[g] = p
             ver = self.gver[g] + 1
             self.gver[g] = ver
-            self._bh_push(-<double>p, g, ver)
+            _hp_push(&self.bh, -<double>p, g, ver)
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
@@ -1069,7 +1167,7 @@ cdef class PrefixShieldView:
             lv = self.live[q] - 1
             self.live[q] = lv
             if len(<list>self.heaps[q]) > 2 * lv + 32:
-                self.gq._compact(q)
+                _seq_compact(self.heaps, self.where, self.seq, q)
             if self.has_glob:
                 q = self.gwhere[b]
                 if q < 0:
@@ -1078,7 +1176,7 @@ cdef class PrefixShieldView:
                 lv = self.glive[q] - 1
                 self.glive[q] = lv
                 if len(<list>self.gheaps[q]) > 2 * lv + 32:
-                    self.glob_obj._compact(q)
+                    _seq_compact(self.gheaps, self.gwhere, self.gseq, q)
             ne = self.num_eligible[g] - 1
             self.num_eligible[g] = ne
             if ne == 0:
@@ -1142,13 +1240,13 @@ cdef class PrefixShieldView:
         self.batch_mod[g] = p_after
         ver = self.gver[g] + num
         self.gver[g] = ver
-        if self.bh_n and self.bh[0].g == g:
+        if self.bh.n and self.bh.a[0].g == g:
             e.key = -<double>p_after
             e.g = g
             e.ver = ver
-            self._bh_sift(e)            # heapreplace
+            _hp_sift(&self.bh, e)            # heapreplace
         else:
-            self._bh_push(-<double>p_after, g, ver)
+            _hp_push(&self.bh, -<double>p_after, g, ver)
         if top is not None and p_after > runner_pd:
             self.pol._rank_cache = (top, p_after, runner, runner_p)
         else:
@@ -1235,7 +1333,7 @@ cdef class PrefixShieldView:
     def end_batch(self):
         """PrefixShield._end_batch."""
         cdef list mods
-        self.bh_n = 0
+        self.bh.n = 0
         if not self.batch_mod:
             return
         mods = list(self.batch_mod)
@@ -1270,10 +1368,7 @@ cdef class PrefixShieldView:
                     c = pol.cidx[req.contract]
                 if self.contract[b] != c or lprefix[b] != prefix or self.cls[b] == 2:
                     continue
-                debts = self.debt_cache.get(g)
-                if debts is None:
-                    pol.num_cand = self.num_cand
-                    debts = pol._debts(g)
+                debts = self._debts(g)
                 debt = debts[0]
                 if not pol.params["gate"] or debt <= self.eps:
                     self.cls[b] = 2
@@ -1340,9 +1435,7 @@ cdef class PrefixShieldView:
         cdef int q = 3 * g
         cdef int og = self.owner[b]
         live = self.live
-        debts = self.debt_cache.get(og)
-        if debts is None:
-            debts = self.pol._debts(og)
+        debts = self._debts(og)
         rank = {"segment": self.seg_names[seg], "class": self.class_names[self.cls[b]],
                 "freed_seq": self.freed_seq[b], "global_fallback": False,
                 "owner_contract": self.contract_names[self.contract[b]],
@@ -1411,9 +1504,7 @@ cdef class PrefixShieldView:
                         runner, runner_p = self.runner_g, cache[1]
                     p_before = cache[1]
                     top_p = p_before
-                    debts = self.debt_cache.get(g)
-                    if debts is None:
-                        debts = pol._debts(g)
+                    debts = self._debts(g)
                     w = 1.0 / <double>debts[2]
                 b = self._best_of(g, &seg)
                 if self.has_glob:

@@ -172,14 +172,14 @@ class PrefixShield(EvictionPolicy):
         self._rank_cache: tuple | None = None
         self._debt_cache: dict[int, tuple[float, float, float]] = {}
         # The compiled forms of on_free, evict_batch, on_cached and end_admit's class
-        # loop (psgate.core), over this state; only for the classes whose methods they
-        # mirror.
+        # loop (psgate.core), over this state (the group heaps are theirs while bound);
+        # only for the classes whose methods they mirror.
         kernels = core.get()
         self._view = (kernels.PrefixShieldView(self, Decision, SEGMENTS)
                       if kernels is not None and type(self) in _COMPILED else None)
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
-            self.batch_heap = None       # the view holds it, as C structs
+            self.batch_heap = self.kheaps = None     # the view holds them, as C structs
         else:
             self.__dict__.pop("on_cached", None)
 
