@@ -222,6 +222,62 @@ def test_replays_without_a_ledger_end_in_the_same_state(monkeypatch, tmp_path, p
             assert compiled[k] == python[k], f"{trace.name}: {k} differs"
 
 
+class _VictimLog:
+    """A recorder that looks at each eviction as it happens (``sequential``), so the
+    engine asks the policy one select_victim/on_evict at a time: prefixshield's Python
+    ranking, relist and eviction methods then run against the state its compiled batch
+    path holds (the heaps that rank the groups), interleaved with its compiled on_free
+    and hits."""
+
+    sequential = True
+
+    def __init__(self):
+        self.rows = []
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner):
+        self.rows.append((now_ns, block, owner, decision.responsible,
+                          decision.responsible_p_before, decision.responsible_p_after,
+                          decision.runner_up, decision.runner_up_p, decision.queue))
+
+    def admission(self, now_ns, req, hits, allocated, new_blocks, note):
+        self.rows.append((now_ns, "admit", json.dumps(note, sort_keys=True)))
+
+    def hit(self, now_ns, req, pos, block, hash_name, owner):
+        pass
+
+
+@pytest.mark.parametrize("policy", ["prefixshield", "prefixshield-noseg",
+                                    "prefixshield-nogate"])
+def test_one_victim_at_a_time_decides_as_the_python_engine(monkeypatch, tmp_path, policy):
+    from psgate.bench.traces import load, make_engine, write_debt_trace, write_reuse_trace
+    from psgate.policies import make_policy
+    _compiled()
+    traces = []
+    p = tmp_path / "debt.jsonl"
+    write_debt_trace(p, 1024, 8, 3.0, blocks=16)
+    traces.append((p, 1024))
+    p = tmp_path / "reuse.jsonl"
+    write_reuse_trace(p, 300, 24, 1024)
+    traces.append((p, 1024))
+    traces.append((_workload(tmp_path, "one-touch", attack_requests=60), 384))
+    for trace, cap in traces:
+        loaded = load(trace)
+        logs = {}
+        for mode in ("compiled", "python"):
+            if mode == "python":
+                monkeypatch.setenv("PSGATE_CORE", "0")
+            pol = make_policy(policy)
+            log = _VictimLog()
+            engine = make_engine(loaded, pol, cap, recorder=log)
+            assert not engine.batch_evictions
+            assert (pol._view is not None) == (mode == "compiled")
+            engine.run(loaded.events)
+            logs[mode] = log.rows
+            monkeypatch.delenv("PSGATE_CORE", raising=False)
+        assert sum(1 for r in logs["python"] if r[1] != "admit") > 500, trace.name
+        assert logs["compiled"] == logs["python"], trace.name
+
+
 @pytest.mark.parametrize("policy", ["prefixshield", "prefixshield-noseg",
                                     "prefixshield-nogate", "prefixshield-b"])
 def test_groups_tied_in_debt_give_the_same_bytes(monkeypatch, tmp_path, policy):
