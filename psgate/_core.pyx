@@ -1072,7 +1072,9 @@ cdef class PrefixShieldView:
                 n = self.bh.n
                 if n == 1:
                     return [self.bh.a[0].g], -self.bh.a[0].key, -1, 0.0
-                c = &self.bh.a[1] if n == 2 or _b_lt(&self.bh.a[1], &self.bh.a[2]) else &self.bh.a[2]
+                c = &self.bh.a[1]
+                if n > 2 and not _b_lt(c, &self.bh.a[2]):
+                    c = &self.bh.a[2]
                 if self._valid_b(c) and c.key != self.bh.a[0].key:
                     return [self.bh.a[0].g], -self.bh.a[0].key, c.g, -c.key
                 break
