@@ -863,7 +863,13 @@ cdef class PrefixShieldView:
     cdef Py_ssize_t n
     cdef list S, k
     cdef list bB, bt0, bzero_t, brho, bbeta, bw, group_buckets    # the buckets' lists
-    cdef dict batch_mod, debt_cache
+    cdef dict debt_cache
+    # PrefixShield.batch_mod, the groups this batch moved and their P: bm_in[g] and
+    # bm_p[g] for g below bm_cap, and the groups in the order they were first set
+    cdef unsigned char *bm_in
+    cdef double *bm_p
+    cdef int *bm_order
+    cdef Py_ssize_t bm_num, bm_cap
     cdef list qnames, gnames, contract_names
     cdef tuple seg_names, class_names
     cdef signed char[:] contract
@@ -892,7 +898,6 @@ cdef class PrefixShieldView:
         self.bbeta = pol.bucket_beta
         self.bw = pol.bucket_w
         self.group_buckets = pol.group_buckets
-        self.batch_mod = pol.batch_mod
         self.debt_cache = pol._debt_cache
         self.qnames = pol.qnames
         self.gnames = pol.gnames
@@ -932,6 +937,10 @@ cdef class PrefixShieldView:
         self.kh = NULL
         self.kval = NULL
         self.num_k = 0
+        self.bm_in = NULL
+        self.bm_p = NULL
+        self.bm_order = NULL
+        self.bm_num = self.bm_cap = 0
 
     def __dealloc__(self):
         cdef Py_ssize_t j
@@ -940,6 +949,48 @@ cdef class PrefixShieldView:
             free(self.kh[j].a)
         free(self.kh)
         free(self.kval)
+        free(self.bm_in)
+        free(self.bm_p)
+        free(self.bm_order)
+
+    cdef inline bint _moved(self, int g) noexcept:
+        """g in batch_mod."""
+        return g < self.bm_cap and self.bm_in[g]
+
+    cdef int _set_moved(self, int g, double p) except -1:
+        """batch_mod[g] = p."""
+        cdef Py_ssize_t cap, j
+        cdef void *grown
+        if g >= self.bm_cap:
+            cap = max(2 * self.bm_cap, g + 1, 64)
+            grown = realloc(self.bm_in, cap * sizeof(unsigned char))
+            if grown == NULL:
+                raise MemoryError()
+            self.bm_in = <unsigned char *>grown
+            grown = realloc(self.bm_p, cap * sizeof(double))
+            if grown == NULL:
+                raise MemoryError()
+            self.bm_p = <double *>grown
+            grown = realloc(self.bm_order, cap * sizeof(int))
+            if grown == NULL:
+                raise MemoryError()
+            self.bm_order = <int *>grown
+            for j in range(self.bm_cap, cap):
+                self.bm_in[j] = 0
+            self.bm_cap = cap
+        if not self.bm_in[g]:
+            self.bm_in[g] = 1
+            self.bm_order[self.bm_num] = g
+            self.bm_num += 1
+        self.bm_p[g] = p
+        return 0
+
+    def p(self, int g):
+        """PrefixShield._p."""
+        if self._moved(g):
+            return self.bm_p[g]
+        pol = self.pol
+        return self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>pol.now_s)
 
     cdef BHeap *_kheap(self, long long k) except NULL:
         """k's heap, made (empty, in the next slot) on first use: kheaps.setdefault."""
@@ -1043,9 +1094,8 @@ cdef class PrefixShieldView:
         pol._rank_cache = None
         if self.num_eligible[g] == 0:
             return 0
-        p = self.batch_mod.get(g)
-        if p is not None:
-            _hp_push(&self.bh, -<double>p, g, ver)
+        if self._moved(g):
+            _hp_push(&self.bh, -self.bm_p[g], g, ver)
         else:
             kg = self.k[g]
             if kg > 0:
@@ -1054,7 +1104,7 @@ cdef class PrefixShieldView:
 
     cdef inline bint _valid_b(self, const BEntry *e) except -1:
         cdef int g = e.g
-        return (e.ver == <long long>self.gver[g] and g in self.batch_mod
+        return (e.ver == <long long>self.gver[g] and self._moved(g)
                 and self.num_eligible[g] > 0)
 
     cdef tuple _scan_batch(self):
@@ -1122,7 +1172,7 @@ cdef class PrefixShieldView:
             while h.n:
                 e = &h.a[0]
                 g = e.g
-                if (e.ver == <long long>self.gver[g] and g not in self.batch_mod
+                if (e.ver == <long long>self.gver[g] and not self._moved(g)
                         and self.num_eligible[g] > 0):
                     p = self.min_rho * (-e.key - <double>self.kval[j] * t)
                     if best < 0 or p > best_p:
@@ -1147,10 +1197,11 @@ cdef class PrefixShieldView:
                           and fp <= ranked[3]):
                 return ranked
             g = _hp_pop(&self.kh[fj]).g
-            p = self.batch_mod.get(g)           # PrefixShield._p
-            if p is None:
+            if self._moved(g):                  # PrefixShield._p
+                p = self.bm_p[g]
+            else:
                 p = self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>pol.now_s)
-            self.batch_mod[g] = p
+            self._set_moved(g, p)
             ver = self.gver[g] + 1
             self.gver[g] = ver
             _hp_push(&self.bh, -<double>p, g, ver)
@@ -1239,7 +1290,7 @@ cdef class PrefixShieldView:
         cache kept (top still [g], at p_after) while p_after is above the runner-up's
         runner_pd, or dropped. top is None for a cache that g did not top alone."""
         cdef BEntry e
-        self.batch_mod[g] = p_after
+        self._set_moved(g, p_after)
         ver = self.gver[g] + num
         self.gver[g] = ver
         if self.bh.n and self.bh.a[0].g == g:
@@ -1334,12 +1385,15 @@ cdef class PrefixShieldView:
 
     def end_batch(self):
         """PrefixShield._end_batch."""
+        cdef Py_ssize_t j, num = self.bm_num
         cdef list mods
         self.bh.n = 0
-        if not self.batch_mod:
+        if not num:
             return
-        mods = list(self.batch_mod)
-        self.batch_mod.clear()
+        mods = [self.bm_order[j] for j in range(num)]
+        for j in range(num):
+            self.bm_in[self.bm_order[j]] = 0
+        self.bm_num = 0
         for mg in mods:
             self._relist(mg)
 

@@ -179,7 +179,8 @@ class PrefixShield(EvictionPolicy):
                       if kernels is not None and type(self) in _COMPILED else None)
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
-            self.batch_heap = self.kheaps = None     # the view holds them, as C structs
+            # the view holds these, as C structs
+            self.batch_heap = self.kheaps = self.batch_mod = None
         else:
             self.__dict__.pop("on_cached", None)
 
@@ -284,6 +285,8 @@ class PrefixShield(EvictionPolicy):
 
     # -- group ranking -----------------------------------------------------------
     def _p(self, g: int) -> float:
+        if self._view is not None:
+            return self._view.p(g)
         if g in self.batch_mod:
             return self.batch_mod[g]
         return self.min_rho * (self.S[g] - self.k[g] * self.now_s)
