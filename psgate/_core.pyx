@@ -1519,8 +1519,13 @@ cdef class PrefixShieldView:
         cdef int g, b, seg
         cdef double top_p, p_after, w
         cdef bint alone
+        # the policy's glob_budget, held here between calls into its Python (held true)
+        cdef long long budget
+        cdef bint held = False
         pol = self.pol
         self._sync_glob()
+        budget = pol.glob_budget
+        held = True
         try:
             for i in range(num_blocks):
                 if self.num_cand == 0:
@@ -1543,11 +1548,15 @@ cdef class PrefixShieldView:
                     top = cache[0]
                     if not (top and cache[1] > self.eps):
                         pol.num_cand = self.num_cand
+                        pol.glob_budget = budget
+                        held = False
                         choice = pol._choose()
                         self._sync_glob()
                         b = choice[0]
                         if decisions is not None:
                             decisions.append(pol._decision(choice))
+                        budget = pol.glob_budget
+                        held = True
                         self._evicted(b, choice[1], choice[3])
                         victims.append(b)
                         continue
@@ -1564,8 +1573,7 @@ cdef class PrefixShieldView:
                     w = 1.0 / <double>debts[2]
                 b = self._best_of(g, &seg)
                 if self.has_glob:
-                    budget = pol.glob_budget - 1
-                    pol.glob_budget = budget
+                    budget -= 1
                     if budget <= 0:
                         pol.glob = None
                         self._sync_glob()
@@ -1591,6 +1599,8 @@ cdef class PrefixShieldView:
                     self._evicted(b, g, p_after)
                 victims.append(b)
         finally:
+            if held:
+                pol.glob_budget = budget
             self._flush()
         return 0
 
