@@ -175,7 +175,7 @@ def test_a_real_trace_gives_the_same_bytes(monkeypatch, tmp_path):
 
 def _engine_state(loaded, policy: str, capacity: int, scheduler: str) -> dict:
     """One replay with no recorder (the policies' batch paths that build no decisions):
-    its result, the pool's final arrays and the policy's candidates."""
+    its result, the pool's final arrays, the policy's candidates and counters."""
     from dataclasses import asdict
 
     from psgate.bench.traces import make_engine
@@ -187,6 +187,11 @@ def _engine_state(loaded, policy: str, capacity: int, scheduler: str) -> dict:
     got["invariants"] = {k: (v.holds, v.violations) for k, v in result.invariants.items()}
     got["pool"] = (engine.key.tobytes(), engine.owner.tobytes(), bytes(engine.ref.tobytes()))
     got["candidates"] = pol.candidates()
+    # what only speed depends on, held in C during a batch and written back after it
+    got["policy"] = {k: getattr(pol, k) for k in ("num_cand", "free_seq", "glob_budget")
+                     if hasattr(pol, k)}
+    if hasattr(pol, "glob"):
+        got["policy"]["fallback_queues_kept"] = pol.glob is not None
     return got
 
 
