@@ -828,12 +828,12 @@ cdef class PrefixShieldView:
     """prefixshield's per-block and per-victim paths over the policy's own state: its
     arrays are read and written in place and its heaps are the same lists, pushed and
     popped by heapq, so the Python methods and these interleave freely. The exception is
-    the heaps of groups (the batch heap and the per-k heaps), held here as C structs:
-    the Python methods that read or write them (_relist, _ranked, _evicted's responsible
-    half, _end_batch) call this view's forms while one is bound, and the policy's
-    batch_heap and kheaps are None. What is rare
-    (ranking the groups when the cache is cold, ties, the global fallback, a heap
-    compaction, a group relisted) calls the policy's own Python method. Built by
+    what ranks the groups (the batch heap, the per-k heaps and batch_mod), held here as
+    C structs: the Python methods that read or write it (_relist, _ranked, _p,
+    _evicted's responsible half, _end_batch) call this view's forms while one is bound,
+    and the policy's batch_heap, kheaps and batch_mod are None. What is rare (the global fallback when
+    no group is in debt, a block outside the pool) calls the policy's own Python
+    method. Built by
     PrefixShield.bind for the classes whose hooks it mirrors; a subclass that overrides
     them (prefixshield-b) runs the Python ones."""
     cdef object pol, gq, tree
