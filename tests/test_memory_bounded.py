@@ -265,6 +265,19 @@ def test_import_stops_at_the_output_cap_naming_it():
     assert "max_output_bytes" not in capped[0]["import"]["options"]
 
 
+def test_import_limit_counts_only_the_kept_requests_against_the_cap():
+    """The cap's message offers --option limit=N: the limit must bring an import under it.
+    Only the kept requests are hashed, and they get the hashes of a whole-file import."""
+    cap = 2_000_000          # the head's first 20 requests fit (0.6 MB), the whole head not (9.3 MB)
+    with pytest.raises(InputError):
+        import_trace("mooncake", MOONCAKE_HEAD, block_size=16, max_output_bytes=cap)
+    head = import_trace("mooncake", MOONCAKE_HEAD, block_size=16, limit=20,
+                        max_output_bytes=cap)
+    whole = import_trace("mooncake", MOONCAKE_HEAD, block_size=16)
+    assert len(head) == 21 and head[1:] == whole[1:21]
+    assert sum(len(x["blocks"]) for x in head[1:]) * 35 <= cap
+
+
 def test_import_cli_exit_2_at_the_cap(tmp_path):
     out = tmp_path / "mc.jsonl"
     proc = subprocess.run([sys.executable, "-m", "psgate", "trace", "import",

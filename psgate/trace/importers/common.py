@@ -29,6 +29,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
@@ -169,6 +170,22 @@ def need_ids(obj: dict, key: str, where: Where) -> list[int]:
     return ids
 
 
+class PendingBlocks(NamedTuple):
+    """A checked request's blocks, hashed on demand: an import with ``limit`` hashes (and
+    counts against the output cap) only the requests it keeps."""
+
+    chainer: Chainer
+    hashspace: str
+    ids: list[int]
+    covered_last: int
+    uncovered: int
+    rid: str
+
+    def hashes(self) -> list[str]:
+        return self.chainer.hashes(self.hashspace, self.ids, self.covered_last,
+                                   self.uncovered, self.rid)
+
+
 class Chainer:
     """Source ids -> chained sub-block hashes, with the one-parent-per-id check."""
 
@@ -196,8 +213,12 @@ class Chainer:
 
     def blocks(self, space: str, hashspace: str, ids: list[int], covered_last: int,
                uncovered: int, rid: str, where: Where, seen_at: str, field: str
-               ) -> tuple[list[str], int]:
-        """Blocks and tail of one request.
+               ) -> tuple[PendingBlocks, int]:
+        """Blocks and tail of one request: the one-parent-per-id check now, in source
+        order, the hashes later (``PendingBlocks.hashes``), once ``finish`` knows which
+        requests the limit keeps. A sub-block's hash depends on its id's parent alone,
+        which this check makes one per id, so hashing the kept requests alone gives them
+        the hashes a whole-file import does.
 
         ``covered_last``: tokens the last id covers (``native`` for a full block);
         ``uncovered``: prompt tokens after the last id that no id covers.
@@ -206,14 +227,8 @@ class Chainer:
         if parent_map is None:
             parent_map = self.parent[space] = {}
             self.first_seen[space] = {}
-        cache = self.subs.get(hashspace)
-        if cache is None:
-            cache = self.subs[hashspace] = {}
         new = self._NEW
         get_parent = parent_map.get
-        get_subs = cache.get
-        out: list[str] = []
-        extend = out.extend
         tail = 0
         p = None
         fresh = []
@@ -225,32 +240,46 @@ class Chainer:
                 fresh.append(x)
             elif seen != p:
                 self._inconsistent(space, ids, x, seen, p, where, seen_at, field)
-            subs = get_subs(x)
-            if subs is None:
-                subs = cache[x] = self._subs(hashspace, x, bytes.fromhex(out[-1]) if out
-                                             else _ZERO)
-            extend(subs)
             p = x
         if fresh:
             fs = self.first_seen[space]
             for x in fresh:
                 fs[x] = seen_at
         if ids and covered_last < self.native:
-            del out[len(out) - self.k + covered_last // self.bs:]
             tail = covered_last % self.bs
         if uncovered:
-            extra = uncovered // self.bs
+            self.last_unidentified = uncovered // self.bs
+            tail = uncovered % self.bs
+        return PendingBlocks(self, hashspace, ids, covered_last, uncovered, rid), tail
+
+    def hashes(self, hashspace: str, ids: list[int], covered_last: int, uncovered: int,
+               rid: str) -> list[str]:
+        """The chained sub-block hashes of a request that ``blocks`` checked, counted
+        against the output cap."""
+        cache = self.subs.get(hashspace)
+        if cache is None:
+            cache = self.subs[hashspace] = {}
+        get_subs = cache.get
+        out: list[str] = []
+        extend = out.extend
+        for x in ids:
+            subs = get_subs(x)
+            if subs is None:
+                subs = cache[x] = self._subs(hashspace, x, bytes.fromhex(out[-1]) if out
+                                             else _ZERO)
+            extend(subs)
+        if ids and covered_last < self.native:
+            del out[len(out) - self.k + covered_last // self.bs:]
+        if uncovered:
             prev = bytes.fromhex(out[-1]) if out else _ZERO
-            for j in range(extra):
+            for j in range(uncovered // self.bs):
                 h = hashlib.blake2b(prev + f"{hashspace}\x00~{rid}\x00{j}\x00{self.bs}".encode(),
                                     digest_size=16).digest()
                 out.append(h.hex())
                 prev = h
-            self.last_unidentified = extra
-            tail = uncovered % self.bs
         if self.cap is not None:
             self.cap.add(len(out))
-        return out, tail
+        return out
 
     def _inconsistent(self, space, ids, x, seen, p, where, seen_at, field):
         i = next(i for i, y in enumerate(ids)
@@ -283,7 +312,7 @@ class Req:
     rid: str
     group: str
     scope: str
-    blocks: list[str]
+    blocks: PendingBlocks
     tail: int
     out: int
     unidentified: int = 0     # of its blocks, those no source id covers
@@ -422,7 +451,7 @@ def finish(fmt: str, reqs: list[Req], opts: dict, *, bs: int, native: int, sourc
     for r in reqs:
         lines.append({"t": r.t, "op": "request", "id": r.rid, "group": r.group,
                       "contract": contract_of(r.group), "scope": r.scope,
-                      "blocks": r.blocks, "tail": r.tail, "out": r.out})
+                      "blocks": r.blocks.hashes(), "tail": r.tail, "out": r.out})
     return lines
 
 
