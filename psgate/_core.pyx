@@ -831,11 +831,10 @@ cdef class PrefixShieldView:
     what ranks the groups (the batch heap, the per-k heaps and batch_mod), held here as
     C structs: the Python methods that read or write it (_relist, _ranked, _p,
     _evicted's responsible half, _end_batch) call this view's forms while one is bound,
-    and the policy's batch_heap, kheaps and batch_mod are None. What is rare (the global fallback when
-    no group is in debt, a block outside the pool) calls the policy's own Python
-    method. Built by
-    PrefixShield.bind for the classes whose hooks it mirrors; a subclass that overrides
-    them (prefixshield-b) runs the Python ones."""
+    and the policy's batch_heap, kheaps and batch_mod are None. What is rare (the global
+    fallback when no group is in debt, a block outside the pool) calls the policy's own
+    Python method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a
+    subclass that overrides them (prefixshield-b) runs the Python ones."""
     cdef object pol, gq, tree
     cdef int[:] where
     cdef long long[:] seq
@@ -985,12 +984,15 @@ cdef class PrefixShieldView:
         self.bm_p[g] = p
         return 0
 
-    def p(self, int g):
-        """PrefixShield._p."""
+    cdef double _p(self, int g) except? -1.0:
+        """PrefixShield._p: g's P in this batch, or its kinetic one."""
         if self._moved(g):
             return self.bm_p[g]
-        pol = self.pol
-        return self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>pol.now_s)
+        return self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>self.pol.now_s)
+
+    def p(self, int g):
+        """PrefixShield._p."""
+        return self._p(g)
 
     cdef BHeap *_kheap(self, long long k) except NULL:
         """k's heap, made (empty, in the next slot) on first use: kheaps.setdefault."""
@@ -1185,11 +1187,10 @@ cdef class PrefixShieldView:
 
     cdef tuple _ranked(self):
         """PrefixShield._ranked, with _pull inline."""
-        cdef double fp
+        cdef double fp, p
         cdef tuple ranked
         cdef Py_ssize_t fj
         cdef int g
-        pol = self.pol
         while True:
             ranked = self._scan_batch()
             fj = self._frontier(&fp)
@@ -1197,10 +1198,7 @@ cdef class PrefixShieldView:
                           and fp <= ranked[3]):
                 return ranked
             g = _hp_pop(&self.kh[fj]).g
-            if self._moved(g):                  # PrefixShield._p
-                p = self.bm_p[g]
-            else:
-                p = self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>pol.now_s)
+            p = self._p(g)
             self._set_moved(g, p)
             ver = self.gver[g] + 1
             self.gver[g] = ver
@@ -1330,8 +1328,8 @@ cdef class PrefixShieldView:
             self._batch_state(g, p_after, 1, None, None, None, 0.0)
         return 0
 
-    # The Python reference's methods that read or write the batch heap call these while
-    # the view holds it (one victim at a time: select_victim, on_evict, a relist).
+    # The Python reference's methods that read or write the group ranking call these
+    # while the view holds it (one victim at a time: select_victim, on_evict, a relist).
     def responsible(self, int g, p_after):
         """PrefixShield._evicted's half for the responsible group g."""
         self._responsible(g, p_after)
