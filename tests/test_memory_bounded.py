@@ -23,6 +23,7 @@ from psgate import api
 from psgate.bench.traces import INSTANT, write_tiny_trace
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, Tee)
+from psgate.engines import engine_class
 from psgate.engines.sim import SimEngine
 from psgate.engines.step_cost import StepCostModel
 from psgate.errors import InputError
@@ -71,6 +72,35 @@ def test_replay_memory_per_request_does_not_grow_with_the_trace(tmp_path, schedu
     peaks = [_traced_peak(replay(small)), _traced_peak(replay(large))]
     per_request = (peaks[1] - peaks[0]) / 6_000
     assert per_request < 300, per_request
+
+
+def test_prefixshield_debt_heap_stays_bounded_while_tenants_stay_in_debt(tmp_path):
+    """Every charge of a bucket in debt pushes its new clearing time; the entry it replaces
+    stays in the heap until time reaches it, which for a tenant charged by every request
+    is never. The heap is compacted: at most two entries per bucket and a fixed slack,
+    however long the trace (uncompacted, 6,000 tiny requests left 592 entries for 4 buckets)."""
+    from psgate.policies.prefixshield import _ZHEAP_SLACK
+    path = tmp_path / "tiny.jsonl"
+    write_tiny_trace(path, 6_000)
+    header, summary, hashes, events = _loaded(path)
+    pol = make_policy("prefixshield")
+    most = {"len": 0, "charges": 0}
+    charge = pol._charge
+
+    def counted(*args):
+        b = charge(*args)
+        most["len"] = max(most["len"], len(pol.zheap))
+        most["charges"] += 1
+        return b
+
+    pol._charge = counted
+    # the step scheduler caches each request's full output block: a new block, charged
+    engine_class("sim", "step")(
+        header=header, hashes=hashes, capacity=256, policy=pol, contracts=CONTRACTS,
+        done_ids=summary.done_ids, cost=INSTANT, step_cost=INSTANT_STEPS,
+        groups=summary.groups).run(events)
+    assert most["charges"] > 1_000
+    assert 0 < most["len"] <= 2 * len(pol.bver) + _ZHEAP_SLACK + 1, most
 
 
 def _loaded(path: Path):

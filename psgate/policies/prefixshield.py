@@ -56,6 +56,7 @@ from psgate.policies.queues import LeafTracker, SeqQueues
 NS_PER_S = 1_000_000_000
 _SHIFT = SeqQueues.SHIFT
 SEGMENTS = ("probationary", "normal", "reuse")
+_ZHEAP_SLACK = 64          # stale zheap entries tolerated beyond two per bucket
 PROBATIONARY, NORMAL, REUSE = 0, 1, 2
 
 
@@ -156,6 +157,10 @@ class PrefixShield(EvictionPolicy):
         self.k: list[int] = []
         self.gver: list[int] = []
         self.kheaps: dict[int, list] = {}
+        # (z, bucket, version) for each debt's clearing time; a charge pushes a new entry
+        # and leaves the bucket's older one stale, so the heap is compacted when stale
+        # entries outnumber the buckets (a tenant deep in debt is charged by every request
+        # long before time reaches its z: uncompacted, this grew with the trace)
         self.zheap: list = []
         # per batch
         self.now_s = 0.0
@@ -247,7 +252,13 @@ class PrefixShield(EvictionPolicy):
         if z > t:
             self.S[g] += z
             self.k[g] += 1
-            heappush(self.zheap, (z, i, self.bver[i]))
+            zh = self.zheap
+            heappush(zh, (z, i, self.bver[i]))
+            if len(zh) > 2 * len(self.bver) + _ZHEAP_SLACK:
+                # entries are unique tuples, so the pop order does not depend on the layout
+                bver = self.bver
+                zh[:] = [e for e in zh if e[2] == bver[e[1]]]
+                heapify(zh)
         if self.k[g] == 0:
             self.S[g] = 0.0
         self._relist(g)
