@@ -78,9 +78,10 @@ def checker_cached(checker, list cached):
 
 
 def checker_evicted(checker, blocks, Py_ssize_t start):
-    """InvariantChecker.evicted_many's loop for victims that were candidates and whose
-    keys the parent table covers, from ``start``. Returns (how many it took, the index it
-    stopped at): the first block that is not such a victim, or len(blocks)."""
+    """InvariantChecker.evicted_many's loop for victims that were candidates, from
+    ``start`` (a key the parent table does not cover through the checker's _drop_copy).
+    Returns (how many it took, the index it stopped at): the first block that is not such
+    a victim, or len(blocks)."""
     cdef long long[:] key = checker.key
     cdef int[:] ref = checker.ref
     cdef long long[:] table = checker._parent
@@ -103,8 +104,19 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
         if not 0 < b < n:
             break
         k = key[b]
-        if ref[b] != 0 or k == NO_KEY or (not all_tabled and k >= opaque):
+        if ref[b] != 0 or k == NO_KEY:
             break
+        if not all_tabled and k >= opaque:
+            # a key kept outside the flat tables (a block of generated tokens): its
+            # general form, the counters handed over around the call
+            checker.num_orphans = orphans
+            checker.orphans_created = created
+            checker._drop_copy(k)
+            orphans = checker.num_orphans
+            created = checker.orphans_created
+            key[b] = NO_KEY
+            i += 1
+            continue
         h = k & mask
         ns = k >> shift
         p = table[h]

@@ -187,6 +187,13 @@ def _engine_state(loaded, policy: str, capacity: int, scheduler: str) -> dict:
     got["invariants"] = {k: (v.holds, v.violations) for k, v in result.invariants.items()}
     got["pool"] = (engine.key.tobytes(), engine.owner.tobytes(), bytes(engine.ref.tobytes()))
     got["candidates"] = pol.candidates()
+    # the invariant checker's own counts (a key kept outside its flat tables, such as a
+    # block of generated tokens, through its dict): a divergence here is a verdict
+    # waiting to differ on a longer trace
+    ck = engine.checker
+    got["checker"] = (sorted(ck.res.items()), ck.res_ns.tobytes(), ck.res_cnt.tobytes(),
+                      ck.num_orphans, ck.orphans_created, ck.num_candidates,
+                      ck.num_resident)
     # what only speed depends on, held in C during a batch and written back after it
     got["policy"] = {k: getattr(pol, k) for k in ("num_cand", "free_seq", "glob_budget")
                      if hasattr(pol, k)}

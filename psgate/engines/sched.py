@@ -506,7 +506,9 @@ class StepSimEngine(ReplayEngine):
         blocks, its own output blocks)."""
         base = r.ns << KEY_SHIFT
         evb = r.ev.blocks
-        keys = [base | evb[pos] if pos < len(evb) else output_key(r.preq.index, pos)
-                for pos in range(len(hits))]
+        num_hits = len(hits)
+        keys = [base | h for h in (evb[:num_hits] if num_hits < len(evb) else evb)]
+        if num_hits > len(evb):
+            keys += [output_key(r.preq.index, pos) for pos in range(len(evb), num_hits)]
         self.check_batch(r, keys, hits, (r.num_tokens - 1) // self.bs, new, cached_now,
                           r.preq.num_new_full_blocks)
