@@ -734,6 +734,119 @@ def step_computed(list scheduled, list num_new, Py_ssize_t i):
     return num
 
 
+def step_grow(eng, r, long long num_new_tokens):
+    """StepSimEngine._allocate for a running request (no hits, no admission check):
+    ``num_new_tokens`` more tokens need their slots, and the blocks they fill are cached.
+    Most steps of a running request take one new block (from the free queue or the
+    policy's victims, through get_new_blocks) or cache one full block of generated
+    tokens; this is that batch with its invariant checks, the policy's hooks called as
+    the Python form calls them. Returns False, with nothing changed, when the blocks are
+    not there."""
+    cdef long long bs = eng.bs
+    cdef list blocks = r.blocks
+    cdef long long num_computed = r.num_computed, num_tokens = r.num_tokens
+    cdef long long need_slot = num_computed + num_new_tokens
+    cdef long long num_cached = r.num_cached_blocks
+    cdef long long num_full = (need_slot if need_slot < num_tokens else num_tokens) // bs
+    cdef Py_ssize_t num_held = len(blocks)
+    cdef long long num_new = (need_slot + bs - 1) // bs - num_held
+    if num_new <= 0 and num_full <= num_cached:
+        return True
+    if num_new < 0:
+        num_new = 0
+    policy = eng.policy
+    free = eng.free
+    if num_new > len(free) + <Py_ssize_t>policy.num_candidates:
+        return False
+    now = eng.now
+    preq = r.preq
+    preq.num_new_full_blocks = 0
+    hook = eng.on_admit_fn
+    if hook is not None:
+        hook(preq, now)
+    cdef list new = []
+    if num_new:
+        new = eng.get_new_blocks(r, num_new)
+        blocks.extend(new)
+    cdef list cached_now = []
+    cdef long long recompute = 0, k, index
+    cdef Py_ssize_t pos, start, stop, num_prompt
+    cdef long long[:] key
+    cdef list evb
+    if num_full > num_cached:
+        preq.num_new_full_blocks = num_full - num_cached
+        on_cached = eng.on_cached_fn
+        evb = r.ev.blocks
+        num_prompt = len(evb)
+        start = num_cached
+        if start < num_prompt:
+            stop = num_full if num_full < num_prompt else num_prompt
+            recompute = pool_cache(eng, blocks, evb, start, stop, r.ns, bs, cached_now,
+                                   on_cached, preq)
+            start = stop
+        if start < num_full:
+            key = eng.key
+            index_add = eng.index_add
+            index = preq.index
+            for pos in range(start, num_full):
+                b = blocks[pos]
+                k = OUT_BIT | (index << 24) | pos          # trace.keys.output_key
+                index_add(k, b)
+                key[<Py_ssize_t>b] = k
+                cached_now.append((b, k))
+                if on_cached is not None:
+                    on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+        r.num_cached_blocks = num_full
+    hook = eng.end_admit_fn
+    note = hook(preq, now) if hook is not None else None
+    if recompute and not r.started:
+        r.outcome.recompute_tokens += recompute
+    checker = eng.checker
+    if eng.auditors or checker.paranoid or not _grow_checked(eng, checker, r, new, cached_now,
+                                                             num_tokens, bs):
+        eng._checked(r, [], new, cached_now)
+    if eng.records:
+        eng.recorder.admission(now, preq, 0, len(new), preq.num_new_full_blocks, note)
+    return True
+
+
+cdef long long OUT_BIT = 1LL << 62
+
+
+cdef bint _grow_checked(eng, checker, r, list new, list cached_now, long long num_tokens,
+                        long long bs) except -1:
+    """check_batch for a batch with no hits, when every check passes: the verdicts
+    counted as InvariantChecker.admitted and check_accounting count them. False, with
+    nothing changed, where a check would fail (the Python form then records it)."""
+    cdef int[:] ref = checker.ref
+    cdef long long[:] key = checker.key
+    cdef Py_ssize_t n = len(checker.ref), b, num_new = len(new)
+    cdef Py_ssize_t resident, usable = checker.num_usable
+    if checker._parent is None:
+        return False
+    for b in new:
+        if not (0 <= b < n and ref[b] == 0 and key[b] == NO_KEY):
+            return False
+    resident = checker.num_resident + num_new
+    num_candidates = eng.policy.num_candidates
+    if not (resident <= usable and len(eng.free) == usable - resident
+            and num_candidates == checker.num_candidates):
+        return False
+    for b in new:
+        ref[b] += 1
+    checker.num_resident = resident
+    verdicts = checker.verdicts
+    verdicts["hits_contiguous_in_namespace"].checks += 1     # no hits: nothing past max
+    verdicts["capacity_and_accounting"].checks += num_new + 1
+    if cached_now:
+        if len(checker._parent) > len(checker.res_ns):
+            checker._grow()
+        checker_cached(checker, cached_now)
+        if checker.num_orphans > checker.max_orphans:
+            checker.max_orphans = checker.num_orphans
+    return True
+
+
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
 
 from heapq import heappush as _heappush, heappop as _heappop, heapify as _heapify

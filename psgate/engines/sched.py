@@ -221,8 +221,9 @@ class StepSimEngine(ReplayEngine):
             if n <= 0:
                 i += 1
                 continue
+            grow = kernels.step_grow if kernels is not None and r.status == RUNNING else None
             while True:
-                ok = self._allocate(r, n, None)
+                ok = grow(self, r, n) if grow is not None else self._allocate(r, n, None)
                 if ok:
                     break
                 victim = running.pop()
