@@ -9,6 +9,8 @@ are the modules' own ``array.array`` objects, read and written in place: ``i`` a
 are C ints, ``q`` arrays C long longs.
 """
 
+from cpython cimport array as carray
+
 cdef class PrefixShieldView               # below, with prefixshield's paths
 
 cdef long long COPIES = (1 << 32) - 1
@@ -626,6 +628,69 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     return num
 
 
+cpdef list pool_new_blocks(eng, r, Py_ssize_t num_new):
+    """ReplayEngine.get_new_blocks for a policy without reclaim_first/on_allocated hooks
+    that evicts in batches: truly free blocks from the front of the queue, then the
+    policy's victims (checked, and their content dropped, here when no ledger records
+    them), each pinned by r and charged to its group. Anything else, get_new_blocks."""
+    free = eng.free
+    if not (eng.plain_allocation and eng.batch_evictions and type(free) is carray.array
+            and free.typecode == "i"):
+        return eng.get_new_blocks(r, num_new)
+    cdef carray.array fa = free
+    cdef int *fv = fa.data.as_ints
+    cdef Py_ssize_t num_free = len(free), take = num_new if num_new < num_free else num_free
+    cdef Py_ssize_t i, num_evict = num_new - take
+    cdef list new = [fv[num_free - 1 - i] for i in range(take)]    # the front is the end
+    if take:
+        del free[num_free - take:]
+    if num_evict:
+        preq = r.preq
+        decisions = [] if eng.records else None
+        victims = eng.policy.evict_batch(preq, eng.now, num_evict, decisions)
+        if decisions is None and type(victims) is list:
+            _evicted_batch(eng, r, victims, num_evict)
+        else:
+            eng.evicted_batch(r, victims, decisions, num_evict)
+        new += victims
+    cdef int g = r.gid
+    pool_pinned(eng, new, g)
+    eng.occ_add(g, num_new)
+    return new
+
+
+cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
+    """ReplayEngine.evicted_batch with no ledger: the checker's evicted_many, then each
+    victim's content dropped and counted. A victim that was no candidate is the Python
+    form's PolicyFault, with what was evicted before it counted."""
+    checker = eng.checker
+    num_ok, start = checker_evicted(checker, victims, 0)
+    checker.verdicts["no_pinned_eviction"].checks += num_ok
+    cdef Py_ssize_t num_valid = num_ok
+    if start < len(victims):        # the rest in the Python form (it records a violation)
+        num_valid += checker.evicted_many(eng.where_fn(r), victims[start:])
+    cdef dict num_by_owner = {}
+    names = eng.hashes.names
+    gnames = eng.group_names
+    cdef Py_ssize_t stop = pool_evicted(eng, victims, num_valid, None, None, names, gnames,
+                                        num_by_owner)
+    row = eng.evict_matrix[r.gid]
+    for og, num in num_by_owner.items():
+        eng.occ_add(og, -num)
+        row[og] += num
+        eng.num_evictions += num
+    if stop < len(victims):
+        from psgate.engines.base import PolicyFault
+        raise PolicyFault(f"{eng.where(r)}: policy '{eng.policy.name}' chose block "
+                               f"{victims[stop]}, which is not an eviction candidate "
+                               f"(pinned or holding no content)")
+    if len(victims) != num_asked:
+        from psgate.engines.base import PolicyFault
+        raise PolicyFault(f"{eng.where(r)}: policy '{eng.policy.name}' evicted "
+                               f"{len(victims)} blocks where {num_asked} were asked for")
+    return 0
+
+
 # The key layout these loops assume (psgate/trace/keys.py); psgate.core checks it.
 KEY_SHIFT = 32
 OUTPUT_KEY_BIT = 1 << 62
@@ -678,39 +743,6 @@ def pool_touch(pool, list hits, queues, on_touch):
 
 # -- the step scheduler (psgate/engines/sched.py) --------------------------------------
 
-def step_decodes(list running, Py_ssize_t i, long long budget, long long bs,
-                 list scheduled, list num_new, list work):
-    """StepSimEngine._step's decode fast path, from running[i]: each request with exactly
-    one token to compute whose slot is already allocated and cached is scheduled for it
-    (budget permitting). Stops at the first other request; returns (its index, budget).
-    ``work`` holds [num_p, num_c, num_d, num_k], updated in place."""
-    cdef Py_ssize_t num = len(running)
-    cdef long long before, num_p = work[0], num_c = work[1], num_d = work[2], num_k = work[3]
-    cdef object r
-    while i < num and budget > 0:
-        r = running[i]
-        before = r.num_computed
-        if r.num_tokens - before != 1:
-            break
-        if not (before // bs < len(r.blocks) and (before + 1) // bs <= r.num_cached_blocks):
-            break
-        scheduled.append(r)
-        num_new.append(1)
-        budget -= 1
-        i += 1
-        if r.num_output:
-            num_d += 1
-            num_k += before
-        else:
-            num_p += 1
-            num_c += before
-    work[0] = num_p
-    work[1] = num_c
-    work[2] = num_d
-    work[3] = num_k
-    return i, budget
-
-
 def step_computed(list scheduled, list num_new, Py_ssize_t i):
     """StepSimEngine._step's update_from_output, from scheduled[i]: tokens computed, and a
     token sampled where they caught up, for requests that neither sample their first
@@ -734,43 +766,135 @@ def step_computed(list scheduled, list num_new, Py_ssize_t i):
     return num
 
 
-def step_grow(eng, r, long long num_new_tokens):
-    """StepSimEngine._allocate for a running request (no hits, no admission check):
-    ``num_new_tokens`` more tokens need their slots, and the blocks they fill are cached.
-    Most steps of a running request take one new block (from the free queue or the
-    policy's victims, through get_new_blocks) or cache one full block of generated
-    tokens; this is that batch with its invariant checks, the policy's hooks called as
-    the Python form calls them. Returns False, with nothing changed, when the blocks are
-    not there."""
+# The request states of psgate/engines/sched.py (WAITING, RUNNING, PREEMPTED).
+STEP_STATES = (1, 2, 3)
+cdef int S_RUNNING = 2, S_PREEMPTED = 3
+
+
+def step_running(eng, list running, long long budget, long long bs, long long thr,
+                 list scheduled, list num_new, list work):
+    """StepSimEngine._step's pass over the running requests, in order: a decode whose
+    slot is already there is scheduled at once; any other request gets its (chunked)
+    tokens through step_allocate, preempting from the back of the queue until they fit.
+    ``work`` holds [num_p, num_c, num_d, num_k], the cost model's inputs of every request
+    scheduled here, updated in place. Returns (budget left, whether any was preempted)."""
+    cdef Py_ssize_t i = 0
+    cdef long long before, n, num_p = work[0], num_c = work[1], num_d = work[2], num_k = work[3]
+    cdef bint preempted = False, ok = False
+    cdef object r, victim
+    while i < len(running) and budget > 0:
+        r = running[i]
+        before = r.num_computed
+        n = r.num_tokens - before
+        if n == 1 and before // bs < len(r.blocks) and (before + 1) // bs <= r.num_cached_blocks:
+            scheduled.append(r)            # a decode, the common case
+            num_new.append(1)
+            budget -= 1
+            i += 1
+            if r.num_output:
+                num_d += 1
+                num_k += before
+            else:
+                num_p += 1
+                num_c += before
+            continue
+        if 0 < thr < n:
+            n = thr
+        if n > budget:
+            n = budget
+        if n <= 0:
+            i += 1
+            continue
+        while True:
+            ok = step_allocate(eng, r, n, None)
+            if ok:
+                break
+            victim = running.pop()
+            eng._preempt(victim)
+            preempted = True
+            if victim is r:
+                break
+        if not ok:
+            break
+        scheduled.append(r)
+        num_new.append(n)
+        budget -= n
+        i += 1
+        if n == 1 and r.num_output and before == r.num_tokens - 1:
+            num_d += 1
+            num_k += before
+        else:
+            num_p += n
+            num_c += before
+    work[0] = num_p
+    work[1] = num_c
+    work[2] = num_d
+    work[3] = num_k
+    return budget, preempted
+
+
+def step_allocate(eng, r, long long num_new_tokens, list hits):
+    """StepSimEngine._allocate: ``allocate_slots`` for ``num_new_tokens`` more tokens
+    (``hits`` for a request being scheduled from the waiting queue), the blocks they fill
+    cached, the batch's invariant checks and ledger row; the policy's hooks are called
+    as the Python form calls them. False, with nothing changed, when the blocks are not
+    there."""
     cdef long long bs = eng.bs
     cdef list blocks = r.blocks
     cdef long long num_computed = r.num_computed, num_tokens = r.num_tokens
-    cdef long long need_slot = num_computed + num_new_tokens
-    cdef long long num_cached = r.num_cached_blocks
-    cdef long long num_full = (need_slot if need_slot < num_tokens else num_tokens) // bs
-    cdef Py_ssize_t num_held = len(blocks)
-    cdef long long num_new = (need_slot + bs - 1) // bs - num_held
-    if num_new <= 0 and num_full <= num_cached:
-        return True
-    if num_new < 0:
-        num_new = 0
+    cdef long long need_slot, num_new, num_full, num_free, watermark = 0
+    cdef Py_ssize_t num_hits = 0, evictable = 0, num_held, b
+    cdef int status = r.status
+    cdef int[:] ref
+    if hits is None:        # running: most steps are a decode that needs nothing new
+        need_slot = num_computed + num_new_tokens
+        if ((need_slot + bs - 1) // bs <= len(blocks)
+                and (need_slot if need_slot < num_tokens else num_tokens) // bs
+                <= r.num_cached_blocks):
+            return True
+    else:
+        num_hits = len(hits)
+        ref = eng.ref
+        for b in hits:
+            if ref[b] == 0:
+                evictable += 1
     policy = eng.policy
     free = eng.free
-    if num_new > len(free) + <Py_ssize_t>policy.num_candidates:
+    num_free = len(free) + <Py_ssize_t>policy.num_candidates
+    if status != S_RUNNING and eng.running:
+        watermark = eng.watermark_blocks
+    num_held = len(blocks) + num_hits
+    if status != S_RUNNING:          # the whole sequence must fit (scheduler_reserve_full_isl)
+        num_new = (num_tokens + bs - 1) // bs - num_held
+        if (num_new if num_new > 0 else 0) + evictable + watermark > num_free:
+            return False
+    need_slot = num_computed + num_hits * bs + num_new_tokens
+    num_new = (need_slot + bs - 1) // bs - num_held
+    if num_new < 0:
+        num_new = 0
+    if num_new + evictable + watermark > num_free:
         return False
+    num_full = (need_slot if need_slot < num_tokens else num_tokens) // bs
+    if not (num_hits or num_new or num_full > r.num_cached_blocks):
+        return True         # nothing to take, allocate or cache: no batch at all
     now = eng.now
     preq = r.preq
     preq.num_new_full_blocks = 0
     hook = eng.on_admit_fn
     if hook is not None:
         hook(preq, now)
+    if num_hits:
+        eng.touch(r, hits)
+        blocks.extend(hits)
+        r.num_cached_blocks = num_hits
     cdef list new = []
     if num_new:
-        new = eng.get_new_blocks(r, num_new)
+        new = pool_new_blocks(eng, r, num_new)
         blocks.extend(new)
     cdef list cached_now = []
     cdef long long recompute = 0, k, index
     cdef Py_ssize_t pos, start, stop, num_prompt
+    cdef long long num_cached = r.num_cached_blocks
     cdef long long[:] key
     cdef list evb
     if num_full > num_cached:
@@ -792,29 +916,35 @@ def step_grow(eng, r, long long num_new_tokens):
                 b = blocks[pos]
                 k = OUT_BIT | (index << 24) | pos          # trace.keys.output_key
                 index_add(k, b)
-                key[<Py_ssize_t>b] = k
+                key[b] = k
                 cached_now.append((b, k))
                 if on_cached is not None:
                     on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
         r.num_cached_blocks = num_full
     hook = eng.end_admit_fn
     note = hook(preq, now) if hook is not None else None
+    if status == S_PREEMPTED:
+        # A resumed request's lookup: the ledger marks it, as a request's first row
+        # needs no mark, so that explain knows its hits are a new lookup.
+        note = {**(note or {}), "resumed": True}
     if recompute and not r.started:
         r.outcome.recompute_tokens += recompute
     checker = eng.checker
-    if eng.auditors or checker.paranoid or not _grow_checked(eng, checker, r, new, cached_now,
-                                                             num_tokens, bs):
-        eng._checked(r, [], new, cached_now)
+    if (num_hits or eng.auditors or checker.paranoid
+            or not _grow_checked(eng, checker, new, cached_now)):
+        eng._checked(r, hits if num_hits else [], new, cached_now)
     if eng.records:
-        eng.recorder.admission(now, preq, 0, len(new), preq.num_new_full_blocks, note)
+        eng.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
+                               note)
+    if num_hits and eng.records_hits:
+        eng.record_hits(r, hits)
     return True
 
 
 cdef long long OUT_BIT = 1LL << 62
 
 
-cdef bint _grow_checked(eng, checker, r, list new, list cached_now, long long num_tokens,
-                        long long bs) except -1:
+cdef bint _grow_checked(eng, checker, list new, list cached_now) except -1:
     """check_batch for a batch with no hits, when every check passes: the verdicts
     counted as InvariantChecker.admitted and check_accounting count them. False, with
     nothing changed, where a check would fail (the Python form then records it)."""
@@ -1730,7 +1860,6 @@ cdef class PrefixShieldView:
 
 # -- prefixshield's admission history (psgate/policies/history.py) ---------------------
 
-from cpython cimport array as carray
 
 cdef long long OPAQUE_FROM = <long long>1 << 62   # history.OPAQUE_KEYS_FROM
 OPAQUE_KEYS_FROM = OPAQUE_FROM

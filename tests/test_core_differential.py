@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 from helpers import random_traces, write, write_lines
 from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
-from psgate.policies import policy_names
+from psgate.policies import policy_names, register, unregister
 from psgate.policies.base import Decision
+from psgate.policies.lru import LRUPolicy
 from psgate.receipt.compact import open_compact
 from psgate.receipt.ledger import LedgerWriter, csv_field, csv_json
 from psgate.workloads import generate
@@ -232,6 +233,55 @@ def test_replays_without_a_ledger_end_in_the_same_state(monkeypatch, tmp_path, p
         assert compiled["evictions"] > 0 or python["evictions"] == 0
         for k in compiled:
             assert compiled[k] == python[k], f"{trace.name}: {k} differs"
+
+
+class _RepeatInBatch(LRUPolicy):
+    """Names its first victim again in place of its second (no longer a candidate)."""
+
+    name = "test-core-repeat-in-batch"
+    defaults = {}
+
+    def evict_batch(self, req, now_ns, num_blocks, decisions):
+        victims = super().evict_batch(req, now_ns, num_blocks, decisions)
+        if len(victims) > 1:
+            victims[1] = victims[0]
+        return victims
+
+
+class _ShortBatch(LRUPolicy):
+    """Hands back one victim fewer than it was asked for."""
+
+    name = "test-core-short-batch"
+    defaults = {}
+
+    def evict_batch(self, req, now_ns, num_blocks, decisions):
+        victims = super().evict_batch(req, now_ns, num_blocks, decisions)
+        return victims[:-1] if len(victims) > 1 else victims
+
+
+@pytest.mark.parametrize("broken", [_RepeatInBatch, _ShortBatch])
+@pytest.mark.parametrize("scheduler", ["step", "service"])
+def test_a_faulty_batch_without_a_ledger_aborts_as_in_python(monkeypatch, tmp_path, broken,
+                                                            scheduler):
+    """A policy's bad batch, with no recorder (the compiled allocation path checks and
+    drops the victims itself): the same violation, the same abort message, and what
+    was evicted before the fault counted the same."""
+    from psgate.bench.traces import load, write_reuse_trace
+    _compiled()
+    trace = tmp_path / "reuse.jsonl"
+    write_reuse_trace(trace, 300, 24, 1024)
+    register(broken)
+    try:
+        loaded = load(trace)
+        compiled = _engine_state(loaded, broken.name, 1024, scheduler)
+        monkeypatch.setenv("PSGATE_CORE", "0")
+        python = _engine_state(loaded, broken.name, 1024, scheduler)
+    finally:
+        unregister(broken.name)
+    assert python["aborted"] and ("not an eviction candidate" in python["aborted"]
+                                  or "were asked for" in python["aborted"])
+    for k in compiled:
+        assert compiled[k] == python[k], f"{k} differs"
 
 
 class _VictimLog:
@@ -525,6 +575,8 @@ def test_the_core_reads_keys_as_the_trace_lays_them_out():
     assert mod.SEQ_SHIFT == SeqQueues.SHIFT
     assert (mod.OPAQUE_KEYS_FROM, mod.HISTORY_COMPACT_MIN) == (history.OPAQUE_KEYS_FROM,
                                                                history._COMPACT_MIN)
+    from psgate.engines import sched
+    assert mod.STEP_STATES == (sched.WAITING, sched.RUNNING, sched.PREEMPTED)
 
 
 def test_a_missing_core_is_said_once_and_the_python_engine_replays(monkeypatch, tmp_path,

@@ -139,6 +139,12 @@ class ReplayEngine(BlockPool):
         self.on_admit_fn = None if cls.on_admit is EvictionPolicy.on_admit else policy.on_admit
         self.end_admit_fn = (None if cls.end_admit is EvictionPolicy.end_admit
                              else policy.end_admit)
+        # get_new_blocks without a policy's reclaim_first/on_allocated: the compiled
+        # core's pool_new_blocks may take it whole.
+        self.plain_allocation = (cls.reclaim_first is EvictionPolicy.reclaim_first
+                                 and cls.on_allocated is EvictionPolicy.on_allocated
+                                 and type(self).get_new_blocks is ReplayEngine.get_new_blocks
+                                 and type(self).evicted_batch is ReplayEngine.evicted_batch)
         # A recorder that reads the pool at each eviction (``sequential``) needs it as it
         # was just before that one: one select_victim/on_evict at a time then.
         self.batch_evictions = (cls.batches_evictions()

@@ -190,14 +190,13 @@ class StepSimEngine(ReplayEngine):
         preempted = False
         i = 0
         kernels = self.kernels
+        if kernels is not None:      # the pass below, compiled
+            work = [num_p, num_c, num_d, num_k]
+            budget, preempted = kernels.step_running(self, running, budget, bs, thr,
+                                                     scheduled, num_new, work)
+            num_p, num_c, num_d, num_k = work
+            i = len(running)
         while i < len(running) and budget > 0:
-            if kernels is not None:
-                work = [num_p, num_c, num_d, num_k]
-                i, budget = kernels.step_decodes(running, i, budget, bs, scheduled, num_new,
-                                                 work)
-                num_p, num_c, num_d, num_k = work
-                if not (i < len(running) and budget > 0):
-                    break
             r = running[i]
             before = r.num_computed
             n = r.num_tokens - before
@@ -221,9 +220,8 @@ class StepSimEngine(ReplayEngine):
             if n <= 0:
                 i += 1
                 continue
-            grow = kernels.step_grow if kernels is not None and r.status == RUNNING else None
             while True:
-                ok = grow(self, r, n) if grow is not None else self._allocate(r, n, None)
+                ok = self._allocate(r, n, None)
                 if ok:
                     break
                 victim = running.pop()
@@ -255,7 +253,8 @@ class StepSimEngine(ReplayEngine):
                 if not self._admission_allowed(r, hits):
                     skipped.append(waiting.popleft())     # vLLM's skip_request
                     continue
-                if not self._allocate(r, n, hits):
+                if not (self._allocate(r, n, hits) if kernels is None
+                        else kernels.step_allocate(self, r, n, hits)):
                     break
                 waiting.popleft()
                 running.append(r)

@@ -188,7 +188,8 @@ class SimEngine(ReplayEngine):
         policy = self.policy
         policy.on_admit(preq, now)
         self.touch(r, hits)
-        new = self.get_new_blocks(r, num_new)
+        new = (self.get_new_blocks(r, num_new) if kernels is None
+               else kernels.pool_new_blocks(self, r, num_new))
         blocks = hits + new
         r.blocks = blocks
         key = self.key
