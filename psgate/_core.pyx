@@ -929,10 +929,19 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
         note = {**(note or {}), "resumed": True}
     if recompute and not r.started:
         r.outcome.recompute_tokens += recompute
-    checker = eng.checker
-    if (num_hits or eng.auditors or checker.paranoid
-            or not _grow_checked(eng, checker, new, cached_now)):
-        eng._checked(r, hits if num_hits else [], new, cached_now)
+    cdef list keys = []
+    cdef long long base
+    if num_hits:            # the content each hit must hold: its trace block, then output
+        evb = r.ev.blocks
+        base = (<long long>r.ns) << 32
+        index = preq.index
+        for pos in range(num_hits):
+            keys.append(base | <long long>evb[pos] if pos < len(evb)
+                        else OUT_BIT | (index << 24) | pos)
+    else:
+        hits = keys
+    if not batch_checked(eng, keys, hits, (num_tokens - 1) // bs, new, cached_now):
+        eng._checked(r, hits, new, cached_now)
     if eng.records:
         eng.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
                                note)
@@ -944,36 +953,61 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
 cdef long long OUT_BIT = 1LL << 62
 
 
-cdef bint _grow_checked(eng, checker, list new, list cached_now) except -1:
-    """check_batch for a batch with no hits, when every check passes: the verdicts
-    counted as InvariantChecker.admitted and check_accounting count them. False, with
-    nothing changed, where a check would fail (the Python form then records it)."""
+def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list cached_now):
+    """ReplayEngine.check_batch when every check passes and nothing else audits the batch:
+    InvariantChecker.admitted and check_accounting over ``keys`` (the content each hit
+    must hold), the hits, the new blocks and the blocks cached now. False, with nothing
+    changed, where any check would fail: the Python form then runs and records it."""
+    checker = eng.checker
+    if checker.paranoid or eng.auditors or checker._parent is None:
+        return False
     cdef int[:] ref = checker.ref
     cdef long long[:] key = checker.key
-    cdef Py_ssize_t n = len(checker.ref), b, num_new = len(new)
+    cdef Py_ssize_t n = len(checker.ref), b, i, j
+    cdef Py_ssize_t num_hits = len(hits), num_new = len(new), num_unpinned = 0
     cdef Py_ssize_t resident, usable = checker.num_usable
-    if checker._parent is None:
-        return False
-    for b in new:
-        if not (0 <= b < n and ref[b] == 0 and key[b] == NO_KEY):
-            return False
-    resident = checker.num_resident + num_new
-    num_candidates = eng.policy.num_candidates
-    if not (resident <= usable and len(eng.free) == usable - resident
-            and num_candidates == checker.num_candidates):
-        return False
-    for b in new:
+    cdef bint ok = num_hits <= max_hits and num_hits <= len(keys)
+    i = 0
+    while ok and i < num_hits:      # each takes a reference, as admitted takes it
+        b = hits[i]
+        if not (0 <= b < n and key[b] == <long long>keys[i]):
+            ok = False
+            break
+        if ref[b] == 0:
+            num_unpinned += 1
         ref[b] += 1
+        i += 1
+    j = 0
+    while ok and j < num_new:       # after the hits: a new block must be free of both
+        b = new[j]
+        if not (0 <= b < n and ref[b] == 0 and key[b] == NO_KEY):
+            ok = False
+            break
+        ref[b] += 1
+        j += 1
+    resident = checker.num_resident + num_new
+    ok = ok and (resident <= usable and len(eng.free) == usable - resident
+                 and <Py_ssize_t>eng.policy.num_candidates
+                 == <Py_ssize_t>checker.num_candidates - num_unpinned)
+    if not ok:                      # undo: the Python form checks it all again
+        while j > 0:
+            j -= 1
+            ref[<Py_ssize_t>new[j]] -= 1
+        while i > 0:
+            i -= 1
+            ref[<Py_ssize_t>hits[i]] -= 1
+        return False
+    checker.num_candidates -= num_unpinned
     checker.num_resident = resident
     verdicts = checker.verdicts
-    verdicts["hits_contiguous_in_namespace"].checks += 1     # no hits: nothing past max
+    verdicts["hits_contiguous_in_namespace"].checks += 1
     verdicts["capacity_and_accounting"].checks += num_new + 1
     if cached_now:
         if len(checker._parent) > len(checker.res_ns):
             checker._grow()
         checker_cached(checker, cached_now)
-        if checker.num_orphans > checker.max_orphans:
-            checker.max_orphans = checker.num_orphans
+    if checker.num_orphans > checker.max_orphans:
+        checker.max_orphans = checker.num_orphans
     return True
 
 

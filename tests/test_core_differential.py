@@ -259,13 +259,24 @@ class _ShortBatch(LRUPolicy):
         return victims[:-1] if len(victims) > 1 else victims
 
 
-@pytest.mark.parametrize("broken", [_RepeatInBatch, _ShortBatch])
+class _LyingCount(LRUPolicy):
+    """Counts one candidate more than it holds: every batch's accounting check fails."""
+
+    name = "test-core-lying-count"
+    defaults = {}
+
+    @property
+    def num_candidates(self):
+        return self._q.sizes[0] + 1
+
+
+@pytest.mark.parametrize("broken", [_RepeatInBatch, _ShortBatch, _LyingCount])
 @pytest.mark.parametrize("scheduler", ["step", "service"])
 def test_a_faulty_batch_without_a_ledger_aborts_as_in_python(monkeypatch, tmp_path, broken,
                                                             scheduler):
     """A policy's bad batch, with no recorder (the compiled allocation path checks and
     drops the victims itself): the same violation, the same abort message, and what
-    was evicted before the fault counted the same."""
+    was evicted before the fault counted the same; a wrong count, the same verdicts."""
     from psgate.bench.traces import load, write_reuse_trace
     _compiled()
     trace = tmp_path / "reuse.jsonl"
@@ -278,8 +289,11 @@ def test_a_faulty_batch_without_a_ledger_aborts_as_in_python(monkeypatch, tmp_pa
         python = _engine_state(loaded, broken.name, 1024, scheduler)
     finally:
         unregister(broken.name)
-    assert python["aborted"] and ("not an eviction candidate" in python["aborted"]
-                                  or "were asked for" in python["aborted"])
+    if broken is _LyingCount:      # checked after each batch (the compiled check undone)
+        assert python["invariants"]["capacity_and_accounting"][1] > 1
+    else:
+        assert python["aborted"] and ("not an eviction candidate" in python["aborted"]
+                                      or "were asked for" in python["aborted"])
     for k in compiled:
         assert compiled[k] == python[k], f"{k} differs"
 

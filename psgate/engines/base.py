@@ -340,6 +340,9 @@ class ReplayEngine(BlockPool):
                       num_new_full: int) -> None:
         """After one allocation batch of r (``keys``: the content its hits must hold): the
         hard invariants, then the policy's own auditors. Every engine on this pool."""
+        if self.kernels is not None and self.kernels.batch_checked(self, keys, hits, max_hits,
+                                                                   new, cached_now):
+            return          # every check passed (the compiled form; it defers any other)
         where = self.where_fn(r)
         policy = self.policy
         self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
