@@ -682,12 +682,12 @@ cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
     if stop < len(victims):
         from psgate.engines.base import PolicyFault
         raise PolicyFault(f"{eng.where(r)}: policy '{eng.policy.name}' chose block "
-                               f"{victims[stop]}, which is not an eviction candidate "
-                               f"(pinned or holding no content)")
+                          f"{victims[stop]}, which is not an eviction candidate "
+                          f"(pinned or holding no content)")
     if len(victims) != num_asked:
         from psgate.engines.base import PolicyFault
         raise PolicyFault(f"{eng.where(r)}: policy '{eng.policy.name}' evicted "
-                               f"{len(victims)} blocks where {num_asked} were asked for")
+                          f"{len(victims)} blocks where {num_asked} were asked for")
     return 0
 
 
@@ -1893,7 +1893,6 @@ cdef class PrefixShieldView:
 
 
 # -- prefixshield's admission history (psgate/policies/history.py) ---------------------
-
 
 cdef long long OPAQUE_FROM = <long long>1 << 62   # history.OPAQUE_KEYS_FROM
 OPAQUE_KEYS_FROM = OPAQUE_FROM

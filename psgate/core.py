@@ -1,15 +1,16 @@
 """The compiled core, or None: which replay code runs.
 
 ``psgate/_core.pyx`` (Cython, built by ``pip install``) holds compiled forms of the
-replay's inner loops: the invariant checker's, the block pool's, lru's queue walks,
-prefixshield's victim choice and bookkeeping (``PrefixShieldView``, over the policy's own
-state), the admission history, the ledger's eviction rows and the compact ledger's coder
-(``CompactCoder``). Each loop's Python form stays where it was, as the readable reference,
-and runs wherever the core is absent or switched off; a differential test
-(tests/test_core_differential.py) holds both to byte-identical receipts and ledgers. A
-compiled loop takes the common case only and hands anything unusual (a violation, a key
-outside the flat tables) back to the Python form at the point where it stopped, so the two
-can only differ in speed.
+replay's inner loops: the invariant checker's, the block pool's (an allocation batch and
+its checks), the step scheduler's pass over running requests and its allocate_slots,
+lru's queue walks, prefixshield's victim choice and bookkeeping (``PrefixShieldView``,
+over the policy's own state), the admission history, the ledger's eviction rows and the
+compact ledger's coder (``CompactCoder``). Each loop's Python form stays where it was,
+as the readable reference, and runs wherever the core is absent or switched off; a
+differential test (tests/test_core_differential.py) holds both to byte-identical
+receipts and ledgers. A compiled loop takes the common case only and hands anything
+unusual (a violation, a key outside the flat tables) back to the Python form at the
+point where it stopped, so the two can only differ in speed.
 
 ``PSGATE_CORE=0`` switches the core off; a missing core is said once, in one line on
 stderr, the first time a replay asks for it.
