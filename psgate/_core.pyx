@@ -600,7 +600,6 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     cdef dict more = pool.more
     cdef object index_drop = pool.index_drop
     cdef Py_ssize_t nb = pool.num_blocks
-    cdef long long OUT = 1LL << 62
     cdef Py_ssize_t i, num = len(victims)
     cdef int v, og
     cdef long long k, h
@@ -614,10 +613,10 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
             return i
         og = owner[v]
         if named:
-            hash_names.append(names[k & 0xFFFFFFFF] if k < OUT else "")
+            hash_names.append(names[k & 0xFFFFFFFF] if k < OUT_BIT else "")
             owners.append(gnames[og])
         h = k & 0xFFFFFFFF
-        if k < OUT and slot_ns[h] == (k >> 32) and slot_blk[h] == v and (not more or k not in more):
+        if k < OUT_BIT and slot_ns[h] == (k >> 32) and slot_blk[h] == v and (not more or k not in more):
             slot_blk[h] = -1
             slot_lost[h] = 1
         else:
@@ -692,8 +691,9 @@ cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
 
 
 # The key layout these loops assume (psgate/trace/keys.py); psgate.core checks it.
+cdef long long OUT_BIT = 1LL << 62
 KEY_SHIFT = 32
-OUTPUT_KEY_BIT = 1 << 62
+OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
 
 
@@ -773,11 +773,8 @@ cdef int S_RUNNING = 2, S_PREEMPTED = 3
 
 def step_running(eng, list running, long long budget, long long bs, long long thr,
                  list scheduled, list num_new, list work):
-    """StepSimEngine._step's pass over the running requests, in order: a decode whose
-    slot is already there is scheduled at once; any other request gets its (chunked)
-    tokens through step_allocate, preempting from the back of the queue until they fit.
-    ``work`` holds [num_p, num_c, num_d, num_k], the cost model's inputs of every request
-    scheduled here, updated in place. Returns (budget left, whether any was preempted)."""
+    """StepSimEngine._schedule_running: the step's pass over the running requests, with
+    step_allocate for its allocations."""
     cdef Py_ssize_t i = 0
     cdef long long before, n, num_p = work[0], num_c = work[1], num_d = work[2], num_k = work[3]
     cdef bint preempted = False, ok = False
@@ -948,9 +945,6 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     if num_hits and eng.records_hits:
         eng.record_hits(r, hits)
     return True
-
-
-cdef long long OUT_BIT = 1LL << 62
 
 
 def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list cached_now):

@@ -182,60 +182,18 @@ class StepSimEngine(ReplayEngine):
         # the cost model's inputs (a decode computes exactly the token sampled last step).
         scheduled: list[StepRequest] = []
         num_new: list[int] = []
-        num_p = num_c = num_d = num_k = 0
-        slow: list[tuple[StepRequest, int, int]] = []    # scheduled off the decode fast path
+        work = [0, 0, 0, 0]             # num_p, num_c, num_d, num_k
+        slow: list[tuple[StepRequest, int, int]] = []    # admitted from the waiting queue
         thr = sched.long_prefill_token_threshold
         if len(running) + len(waiting) <= 1:
             thr = 0
-        preempted = False
-        i = 0
         kernels = self.kernels
-        if kernels is not None:      # the pass below, compiled
-            work = [num_p, num_c, num_d, num_k]
+        if kernels is not None:
             budget, preempted = kernels.step_running(self, running, budget, bs, thr,
                                                      scheduled, num_new, work)
-            num_p, num_c, num_d, num_k = work
-            i = len(running)
-        while i < len(running) and budget > 0:
-            r = running[i]
-            before = r.num_computed
-            n = r.num_tokens - before
-            if n == 1 and budget:           # a decode, the common case
-                if (before // bs < len(r.blocks)             # _allocate's fast path, inline
-                        and (before + 1) // bs <= r.num_cached_blocks):
-                    scheduled.append(r)
-                    num_new.append(1)
-                    budget -= 1
-                    i += 1
-                    if r.num_output:
-                        num_d += 1
-                        num_k += before
-                    else:
-                        num_p += 1
-                        num_c += before
-                    continue
-            if 0 < thr < n:
-                n = thr
-            n = min(n, budget)
-            if n <= 0:
-                i += 1
-                continue
-            while True:
-                ok = self._allocate(r, n, None)
-                if ok:
-                    break
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is r:
-                    break
-            if not ok:
-                break
-            scheduled.append(r)
-            num_new.append(n)
-            budget -= n
-            i += 1
-            slow.append((r, n, before))
+        else:
+            budget, preempted = self._schedule_running(budget, thr, scheduled, num_new, work)
+        num_p, num_c, num_d, num_k = work
         if not preempted:
             skipped: list[StepRequest] = []
             while budget > 0 and waiting:
@@ -270,7 +228,7 @@ class StepSimEngine(ReplayEngine):
         if not scheduled:     # no step ran; a preemption freed blocks: schedule again
             return preempted
 
-        for r, n, before in slow:       # the cost model's inputs of the rest
+        for r, n, before in slow:       # the cost model's inputs of the admitted ones
             if n == 1 and r.num_output and before == r.num_tokens - 1:
                 num_d += 1
                 num_k += before
@@ -291,6 +249,65 @@ class StepSimEngine(ReplayEngine):
         for r, n in zip(scheduled[start:], num_new[start:]):
             self._computed(r, n, now)
         return True
+
+    def _schedule_running(self, budget: int, thr: int, scheduled: list[StepRequest],
+                          num_new: list[int], work: list[int]) -> tuple[int, bool]:
+        """The step's pass over the running requests, in order: a decode whose slot is
+        already there is scheduled at once; any other request gets its (chunked) tokens
+        through _allocate, preempting from the back of the queue until they fit. ``work``
+        holds [num_p, num_c, num_d, num_k], the cost model's inputs of every request
+        scheduled here, updated in place. Returns (budget left, whether any was
+        preempted). Compiled: psgate._core.step_running."""
+        running, bs = self.running, self.bs
+        num_p, num_c, num_d, num_k = work
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            before = r.num_computed
+            n = r.num_tokens - before
+            if n == 1 and (before // bs < len(r.blocks)         # _allocate's fast path
+                           and (before + 1) // bs <= r.num_cached_blocks):
+                scheduled.append(r)          # a decode, the common case
+                num_new.append(1)
+                budget -= 1
+                i += 1
+                if r.num_output:
+                    num_d += 1
+                    num_k += before
+                else:
+                    num_p += 1
+                    num_c += before
+                continue
+            if 0 < thr < n:
+                n = thr
+            n = min(n, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                ok = self._allocate(r, n, None)
+                if ok:
+                    break
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if not ok:
+                break
+            scheduled.append(r)
+            num_new.append(n)
+            budget -= n
+            i += 1
+            if n == 1 and r.num_output and before == r.num_tokens - 1:
+                num_d += 1
+                num_k += before
+            else:
+                num_p += n
+                num_c += before
+        work[:] = [num_p, num_c, num_d, num_k]
+        return budget, preempted
 
     def _computed(self, r: StepRequest, n: int, now: int) -> None:
         """update_from_output for one scheduled request: n more tokens computed, and a
