@@ -938,7 +938,9 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     else:
         hits = keys
     if not batch_checked(eng, keys, hits, (num_tokens - 1) // bs, new, cached_now):
-        eng._checked(r, hits, new, cached_now)
+        eng._checked(r, hits, new, cached_now)          # the hard checks and the auditors
+    elif eng.auditors:
+        eng.audit_batch(r, cached_now, preq.num_new_full_blocks)
     if eng.records:
         eng.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
                                note)
@@ -948,12 +950,13 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
 
 
 def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list cached_now):
-    """ReplayEngine.check_batch when every check passes and nothing else audits the batch:
-    InvariantChecker.admitted and check_accounting over ``keys`` (the content each hit
-    must hold), the hits, the new blocks and the blocks cached now. False, with nothing
-    changed, where any check would fail: the Python form then runs and records it."""
+    """ReplayEngine.check_batch's hard checks when every one passes: InvariantChecker.admitted
+    and check_accounting over ``keys`` (the content each hit must hold), the hits, the new
+    blocks and the blocks cached now. False, with nothing changed, where any check would
+    fail: the Python form then runs and records it. The policy's auditors (I1, I2) are the
+    caller's, after this."""
     checker = eng.checker
-    if checker.paranoid or eng.auditors or checker._parent is None:
+    if checker.paranoid or checker._parent is None:
         return False
     cdef int[:] ref = checker.ref
     cdef long long[:] key = checker.key

@@ -340,22 +340,29 @@ class ReplayEngine(BlockPool):
                       num_new_full: int) -> None:
         """After one allocation batch of r (``keys``: the content its hits must hold): the
         hard invariants, then the policy's own auditors. Every engine on this pool."""
-        if self.kernels is not None and self.kernels.batch_checked(self, keys, hits, max_hits,
-                                                                   new, cached_now):
-            return          # every check passed (the compiled form; it defers any other)
-        where = self.where_fn(r)
-        policy = self.policy
-        self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
-        self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
-                                      policy)
+        if self.kernels is None or not self.kernels.batch_checked(self, keys, hits, max_hits,
+                                                                  new, cached_now):
+            # the Python form: every check again, recording any that fails (the compiled
+            # one passes only batches whose checks all hold, and changes nothing otherwise)
+            where = self.where_fn(r)
+            policy = self.policy
+            self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
+            self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
+                                          policy)
         if self.auditors:
-            audit = policy.audit()
-            ev = r.ev
-            # blocks of generated tokens among the new ones (output keys: engine-side fact)
-            num_output = sum(1 for _, k in cached_now if k >= OUTPUT_KEY_BIT)
-            for auditor in self.auditors:
-                auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
-                                 audit, num_output)
+            self.audit_batch(r, cached_now, num_new_full)
+
+    def audit_batch(self, r: RequestState, cached_now: list[tuple[int, int]],
+                    num_new_full: int) -> None:
+        """The policy's auditors over one allocation batch of r, after the hard checks."""
+        audit = self.policy.audit()
+        ev = r.ev
+        where = self.where_fn(r)
+        # blocks of generated tokens among the new ones (output keys: engine-side fact)
+        num_output = sum(1 for _, k in cached_now if k >= OUTPUT_KEY_BIT)
+        for auditor in self.auditors:
+            auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
+                             audit, num_output)
 
     def evicted_batch(self, r: RequestState, victims: list[int], decisions: list | None,
                  num_asked: int) -> None:

@@ -25,6 +25,7 @@ class BucketAudit:
         self.beta = {c: float(v[1]) for c, v in contracts.items()}
         self.eps = eps
         self.buckets: dict[tuple[str, str], tuple[float, float]] = {}   # -> (B, t0)
+        self._contracts: dict[str, list[str]] = {}     # group -> its buckets' contracts
         self.materialized: dict[str, int] = {}
         self.charged: dict[str, int] = {}
         self.verdicts = {name: Verdict(name, True) for name in claims}
@@ -34,14 +35,16 @@ class BucketAudit:
         return min(self.beta[c], b + self.rho[c] * (t - t0))
 
     def raw_debt(self, g: str, t: float) -> float:
-        return sum(max(0.0, -self._bhat(gg, c, t)) for (gg, c) in self.buckets if gg == g)
+        # g's buckets in the order they were made (the buckets dict's order, per group)
+        return sum(max(0.0, -self._bhat(g, c, t)) for c in self._contracts.get(g, ()))
 
     def admitted(self, where, group: str, contract: str, t: float, num_materialized: int,
                  audit: dict | None, num_output: int = 0) -> None:
         audit = audit or {}
-        if "I2" in self.verdicts:
+        verdicts = self.verdicts
+        v = verdicts.get("I2")
+        if v is not None:
             promoted = audit.get("promoted", 0)
-            v = self.verdicts["I2"]
             if promoted:
                 debt = self.raw_debt(group, t)
                 v.record(debt <= self.eps,
@@ -49,26 +52,33 @@ class BucketAudit:
                          f"while group '{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
             else:
                 v.checks += 1
-        if "I1" in self.verdicts:
+        v = verdicts.get("I1")
+        if v is not None:
             charged = audit.get("charged")
-            ok = (charged == num_materialized and audit.get("group") == group
-                  and audit.get("contract") == contract)
-            self.verdicts["I1"].record(
-                ok, lambda: f"{text_of(where)}: materialized {num_materialized} block(s) for "
-                f"{group}/{contract}; the policy charged {charged} to "
-                f"{audit.get('group')}/{audit.get('contract')}")
-            self.materialized[group] = self.materialized.get(group, 0) + num_materialized
+            if (charged == num_materialized and audit.get("group") == group
+                    and audit.get("contract") == contract):
+                v.checks += 1
+            else:
+                v.record(False, lambda: f"{text_of(where)}: materialized {num_materialized} "
+                         f"block(s) for {group}/{contract}; the policy charged {charged} to "
+                         f"{audit.get('group')}/{audit.get('contract')}")
+            materialized = self.materialized
+            materialized[group] = materialized.get(group, 0) + num_materialized
             if charged:
                 g2 = audit.get("group", group)
                 self.charged[g2] = self.charged.get(g2, 0) + charged
+        key = (group, contract)
         if num_materialized:
             w = self.output_weight
             amount = num_materialized if num_output == 0 or w == 1.0 else (
                 (num_materialized - num_output) + w * num_output)
             b = self._bhat(group, contract, t) - amount
-            self.buckets[(group, contract)] = (b, t)
-        elif (group, contract) not in self.buckets:
-            self.buckets[(group, contract)] = (self.beta[contract], t)
+            if key not in self.buckets:
+                self._contracts.setdefault(group, []).append(contract)
+            self.buckets[key] = (b, t)
+        elif key not in self.buckets:
+            self._contracts.setdefault(group, []).append(contract)
+            self.buckets[key] = (self.beta[contract], t)
 
     def finish(self) -> None:
         if "I1" in self.verdicts:
