@@ -10,6 +10,9 @@ are C ints, ``q`` arrays C long longs.
 """
 
 from cpython cimport array as carray
+from libc.stdlib cimport realloc, free
+from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
+                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
 
 cdef class PrefixShieldView               # below, with prefixshield's paths
 
@@ -289,13 +292,23 @@ cdef class JsonMemo:
     same sorted, each value with its text, and the whole field. Rows of one policy carry
     the same keys in the same order and mostly the same values (a segment's counts, an
     owner's debt), so a row checks its keys against the last one's instead of sorting
-    and vetting them, and formats only the values that changed."""
-    cdef list keys, order, values, parts
+    and vetting them, and formats only the values that changed. ``vtexts`` holds each
+    value's JSON text as a JSON reader gives it back (a string's quotes not doubled), for
+    the compact coder, and ``num_odd`` counts the values (and keys) whose text that
+    coder's own reader would not take (it then reads the field's text instead)."""
+    cdef list keys, order, values, parts, vtexts
+    cdef unsigned char *odd
+    cdef Py_ssize_t num_odd, odd_keys
     cdef object text
 
     def __init__(self):
         self.keys = None
         self.text = None
+        self.odd = NULL
+        self.num_odd = 0
+
+    def __dealloc__(self):
+        free(self.odd)
 
 
 cdef inline bint _same_value(object v, object pv):
@@ -312,18 +325,24 @@ cdef inline bint _same_value(object v, object pv):
     return False                        # True, False, None: only themselves
 
 
-cdef object _json_memo(JsonMemo m, object obj):
-    """_json_fast(obj), through m: the same text, or None where _json_fast gives None."""
-    cdef dict d
-    cdef Py_ssize_t i, n
+cdef inline bint _reads_back(object v, str s):
+    """The compact coder's JSON reader (_json_parse) takes s, the text _json_value gave
+    for v: a string without DEL, an integer of at most 18 digits (floats, booleans and
+    null always)."""
+    if type(v) is str:
+        return '\x7f' not in <str>v
+    if type(v) is int:
+        return PyUnicode_GET_LENGTH(s) - (1 if (<str>s)[0] == u'-' else 0) <= 18
+    return True
+
+
+cdef int _memo_update(JsonMemo m, dict d) except -2:
+    """m brought to d (not empty): 1, or 0 where _json_fast would give None (m then holds
+    nothing). The field's text is not built here (_json_memo builds it)."""
+    cdef Py_ssize_t i, n = len(d)
     cdef bint changed
     cdef object k, pk, v, s
-    if type(obj) is not dict:
-        return None
-    d = <dict>obj
-    n = len(d)
-    if n == 0:
-        return ""
+    cdef void *grown
     changed = m.keys is None or len(m.keys) != n
     if not changed:
         i = 0
@@ -336,11 +355,24 @@ cdef object _json_memo(JsonMemo m, object obj):
     if changed:
         for k in d:
             if type(k) is not str or not _plain_value(<str>k):
-                return None
+                m.keys = None
+                return 0
+        grown = realloc(m.odd, n * sizeof(unsigned char))
+        if grown == NULL:
+            raise MemoryError()
+        m.odd = <unsigned char *>grown
         m.keys = list(d)
         m.order = sorted(d)
         m.values = [_UNSET] * n
         m.parts = [None] * n
+        m.vtexts = [None] * n
+        m.odd_keys = 0
+        for k in d:
+            if '\x7f' in <str>k:
+                m.odd_keys += 1
+        m.num_odd = m.odd_keys
+        for i in range(n):
+            m.odd[i] = 0
         m.text = None
     for i in range(n):
         k = m.order[i]
@@ -350,12 +382,36 @@ cdef object _json_memo(JsonMemo m, object obj):
         m.text = None
         s = _json_value(v)
         if s is None:
-            return None
+            m.keys = None           # the next row starts afresh
+            return 0
         m.values[i] = v
         m.parts[i] = f'""{k}"":{s}'
+        if type(v) is str:
+            m.vtexts[i] = '"' + <str>v + '"'
+        else:
+            m.vtexts[i] = s
+        m.num_odd -= m.odd[i]
+        m.odd[i] = not _reads_back(v, s)
+        m.num_odd += m.odd[i]
+    return 1
+
+
+cdef str _memo_text(JsonMemo m):
+    """The field of the dict m was last brought to (_memo_update gave 1)."""
     if m.text is None:
         m.text = '"{' + ",".join(m.parts) + '}"'
     return m.text
+
+
+cdef object _json_memo(JsonMemo m, object obj):
+    """_json_fast(obj), through m: the same text, or None where _json_fast gives None."""
+    if type(obj) is not dict:
+        return None
+    if not obj:
+        return ""
+    if not _memo_update(m, <dict>obj):
+        return None
+    return _memo_text(m)
 
 
 cdef str _number(object p, object ff):
@@ -370,6 +426,30 @@ cdef str _number(object p, object ff):
     return ff[p]
 
 
+cdef int _evict_texts(list f, object d, object block, object hash_name, object owner,
+                      object q, object ff, object csv_field) except -1:
+    """An eviction row's fields from block to runner_up_p as _evict_fields formats them,
+    into f[8:19] (the ledger's columns)."""
+    cdef object nc = d.num_candidates, pos = d.position, queue = d.queue, x
+    f[8] = str(block) if type(block) is int else csv_field(block)
+    f[9] = _field(hash_name, csv_field)
+    f[10] = q[owner] if type(owner) is str else csv_field(owner)
+    f[11] = str(nc) if type(nc) is int else csv_field(nc)
+    f[12] = str(pos) if type(pos) is int else csv_field(pos)
+    f[13] = q[queue] if type(queue) is str else csv_field(queue)
+    x = d.responsible
+    f[14] = _field(x or '', csv_field)
+    x = d.responsible_p_before
+    f[15] = '' if x is None else _number(x, ff)
+    x = d.responsible_p_after
+    f[16] = '' if x is None else _number(x, ff)
+    x = d.runner_up
+    f[17] = _field(x or '', csv_field)
+    x = d.runner_up_p
+    f[18] = '' if x is None else _number(x, ff)
+    return 0
+
+
 def eviction_rows(list rows, list decisions, list blocks, list hash_names, list owners,
                   str head, Py_ssize_t seq, str lead, object q, object ff,
                   object csv_field, object csv_json, JsonMemo seg_memo=None,
@@ -379,33 +459,14 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
     ``q`` and ``ff`` are the writer's caches of string and number fields; the memos,
     kept by the writer from batch to batch, the last segments and rank written."""
     cdef Py_ssize_t i, num = len(decisions)
-    cdef object d, block, owner, nc, pos, queue, x, p1, p2, p3, seg, rank
-    cdef str f_block, f_owner, f_nc, f_pos, f_queue, f_resp, f_run, f_p1, f_p2, f_p3
+    cdef object d, seg, rank
     cdef object f_seg, f_rank
+    cdef list f = [None] * 19
     if len(blocks) < num or len(hash_names) < num or len(owners) < num:
         num = min(num, len(blocks), len(hash_names), len(owners))
     for i in range(num):
         d = decisions[i]
-        block = blocks[i]
-        owner = owners[i]
-        nc = d.num_candidates
-        pos = d.position
-        queue = d.queue
-        f_block = str(block) if type(block) is int else csv_field(block)
-        f_owner = q[owner] if type(owner) is str else csv_field(owner)
-        f_nc = str(nc) if type(nc) is int else csv_field(nc)
-        f_pos = str(pos) if type(pos) is int else csv_field(pos)
-        f_queue = q[queue] if type(queue) is str else csv_field(queue)
-        x = d.responsible
-        f_resp = _field(x or '', csv_field)
-        p1 = d.responsible_p_before
-        p2 = d.responsible_p_after
-        p3 = d.runner_up_p
-        f_p1 = '' if p1 is None else _number(p1, ff)
-        f_p2 = '' if p2 is None else _number(p2, ff)
-        x = d.runner_up
-        f_run = _field(x or '', csv_field)
-        f_p3 = '' if p3 is None else _number(p3, ff)
+        _evict_texts(f, d, blocks[i], hash_names[i], owners[i], q, ff, csv_field)
         seg = d.segments
         if not seg:
             f_seg = ""
@@ -421,9 +482,8 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
         if f_rank is None:
             f_rank = csv_json(rank)
         seq += 1
-        rows.append(f"{head}{seq},{lead}{f_block},{_field(hash_names[i], csv_field)},"
-                    f"{f_owner},{f_nc},{f_pos},{f_queue},{f_resp},{f_p1},{f_p2},{f_run},"
-                    f"{f_p3},{f_seg},,,,{f_rank}\n")
+        rows.append(f"{head}{seq},{lead}{f[8]},{f[9]},{f[10]},{f[11]},{f[12]},{f[13]},"
+                    f"{f[14]},{f[15]},{f[16]},{f[17]},{f[18]},{f_seg},,,,{f_rank}\n")
     return seq
 
 
@@ -1015,7 +1075,6 @@ from heapq import heappush as _heappush, heappop as _heappop, heapify as _heapif
 SEQ_SHIFT = 22                  # SeqQueues.SHIFT: entries are seq << 22 | block
 cdef long long SEQ_MASK = (<long long>1 << 22) - 1
 
-from libc.stdlib cimport realloc, free
 
 
 # The batch heap: the Python reference's entries (-P, g, version) as C structs, ordered as
@@ -2040,8 +2099,6 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
 
 # -- the compact ledger's coder (psgate/receipt/compact.py) ----------------------------
 
-from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
-                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
 from libc.string cimport memcmp
 
 cdef enum:
@@ -2370,6 +2427,18 @@ cdef object _json_parse(str text, list pkeys, list pvalues):
     return keys, values
 
 
+cdef str _csv_line(list codes):
+    """A row of codes as csv.writer writes it (quoted where a field holds a comma, a quote
+    or a line break, quotes doubled), without its line end."""
+    cdef Py_ssize_t i
+    cdef str c
+    for i in range(len(codes)):
+        c = codes[i]
+        if c and _needs_quotes(c):
+            codes[i] = '"' + c.replace('"', '""') + '"'
+    return ",".join(codes)
+
+
 cdef class CompactCoder:
     """compact.CompactEncoder.encode, compiled, with its own prediction state: rows of the
     CSV ledger (each with its "\\n") in, compact rows out. Splitting, prediction, integer
@@ -2387,11 +2456,12 @@ cdef class CompactCoder:
     cdef Py_ssize_t own_c[_MAX_FIELDS]
     cdef Py_ssize_t json_c[_MAX_FIELDS]
     cdef Py_ssize_t num_shared, num_own, num_json
-    cdef bint fast
+    cdef bint fast, ledger_layout
     cdef Py_ssize_t num_hashes, hash_limit
     cdef object split_py, json_py, code_py, dumps
 
-    def __init__(self, enc, split_py, json_py, code_py, dumps, Py_ssize_t hash_limit):
+    def __init__(self, enc, split_py, json_py, code_py, dumps, Py_ssize_t hash_limit,
+                 bint ledger_layout=False):
         self.shared_cols = list(enc.shared_cols)
         self.own_cols = list(enc.own_cols)
         self.json_cols = list(enc.json_cols)
@@ -2418,6 +2488,8 @@ cdef class CompactCoder:
         self.num_hashes = 0
         self.hash_limit = hash_limit
         self.split_py, self.json_py, self.code_py, self.dumps = split_py, json_py, code_py, dumps
+        # the columns are LedgerWriter's (encode_evictions codes its rows from their fields)
+        self.ledger_layout = ledger_layout and self.fast and self.json_cols == [19, 23]
 
     cdef str _code_field(self, str line, Py_ssize_t a, Py_ssize_t b, str p, list out):
         """The field line[a:b] coded against its prediction p and appended to out (empty
@@ -2447,20 +2519,63 @@ cdef class CompactCoder:
         of each, written as csv.writer(lineterminator="\\r\\n") writes a row of two or more
         fields (quoted where a field holds a comma, a quote or a line break, quotes
         doubled)."""
-        cdef str row, c
-        cdef list codes, lines = []
-        cdef Py_ssize_t i
+        cdef str row
+        cdef list lines = []
         for row in rows:
-            codes = self.encode(row[:len(row) - 1])
-            for i in range(len(codes)):
-                c = codes[i]
-                if c and _needs_quotes(c):
-                    codes[i] = '"' + c.replace('"', '""') + '"'
-            lines.append(",".join(codes))
+            lines.append(_csv_line(self.encode(row[:len(row) - 1])))
         if not lines:
             return ""
         lines.append("")
         return "\r\n".join(lines)
+
+    def encode_evictions(self, list decisions, list blocks, list hash_names, list owners,
+                         tuple lead, Py_ssize_t seq, object q, object ff, object csv_field,
+                         object csv_json, JsonMemo seg_memo, JsonMemo rank_memo):
+        """encode_text of the rows eviction_rows formats for one batch, coded from each
+        row's fields without making the row: the JSON columns' keys and value texts are
+        the memos' (a field they do not give, or whose text the reader here would not
+        take back, is coded from its text). ``lead``: the rows' run, policy, time, kind,
+        request, group and contract fields. Returns (text, the last seq)."""
+        cdef Py_ssize_t i, num = len(decisions)
+        cdef list f, lines = [], jp = [None, None]
+        cdef object d, x
+        cdef int k
+        cdef JsonMemo m
+        if not self.ledger_layout:
+            rows = []
+            seq = eviction_rows(rows, decisions, blocks, hash_names, owners,
+                                f"{lead[0]},{lead[1]},", seq,
+                                f"{lead[2]},{lead[3]},{lead[4]},{lead[5]},{lead[6]},", q, ff,
+                                csv_field, csv_json, seg_memo, rank_memo)
+            return self.encode_text(rows), seq
+        if len(blocks) < num or len(hash_names) < num or len(owners) < num:
+            num = min(num, len(blocks), len(hash_names), len(owners))
+        f = [lead[0], lead[1], None, lead[2], lead[3], lead[4], lead[5], lead[6]]
+        f += [None] * 11                 # block .. runner_up_p: _evict_texts
+        f += [None, "", "", "", None]    # segments, hits, allocated, new_blocks, rank
+        for i in range(num):
+            d = decisions[i]
+            seq += 1
+            f[2] = str(seq)
+            _evict_texts(f, d, blocks[i], hash_names[i], owners[i], q, ff, csv_field)
+            for k in range(2):
+                x = d.segments if k == 0 else d.rank
+                m = seg_memo if k == 0 else rank_memo
+                jp[k] = None
+                if not x:
+                    f[19 + 4 * k] = ""
+                elif type(x) is dict and _memo_update(m, <dict>x):
+                    if m.num_odd:
+                        f[19 + 4 * k] = _memo_text(m)
+                    else:
+                        jp[k] = m
+                else:
+                    f[19 + 4 * k] = csv_json(x)
+            lines.append(_csv_line(self._encode_fields(f, jp)))
+        if not lines:
+            return "", seq
+        lines.append("")
+        return "\r\n".join(lines), seq
 
     cdef int _json_col(self, list out, Py_ssize_t i, tuple pj, str text,
                        dict json_now) except -1:
@@ -2479,8 +2594,16 @@ cdef class CompactCoder:
             out.append("!" + text)
             json_now[i] = (text, pkeys, pvalues, False)
             return 0
-        keys = parsed[0]
-        values = parsed[1]
+        self._json_known(out, pj, parsed[0], parsed[1])
+        json_now[i] = (text, parsed[0], parsed[1], True)
+        return 0
+
+    cdef int _json_known(self, list out, tuple pj, list keys, list values) except -1:
+        """The codes of a JSON column read as ``keys`` and ``values`` (value texts)
+        against its prediction pj."""
+        cdef list pkeys = pj[1], pvalues = pj[2]
+        cdef Py_ssize_t j
+        cdef str c, p
         if keys is pkeys or keys == pkeys:
             out.append("")
             for j in range(len(values)):
@@ -2491,7 +2614,6 @@ cdef class CompactCoder:
             out.append("=" + self.dumps(keys).decode())
             for c in values:
                 out.append("=" + c)
-        json_now[i] = (text, keys, values, True)
         return 0
 
     cpdef list encode(self, str line):
@@ -2555,7 +2677,7 @@ cdef class CompactCoder:
             pj = prev_json[i]
             a = fs[i]
             b = fe[i]
-            if pj[3] and _region_eq(line, a, b, <str>pj[0]):
+            if pj[3] and pj[0] is not None and _region_eq(line, a, b, <str>pj[0]):
                 out.append("")
                 out.extend([""] * len(<list>pj[1]))
                 continue
@@ -2564,14 +2686,18 @@ cdef class CompactCoder:
         self.by_kind[kind] = (tuple(own), json_now)
         return out
 
-    cdef list _encode_fields(self, list fields):
-        """encode() of a row already split into its fields."""
+    cdef list _encode_fields(self, list fields, list parsed=None):
+        """encode() of a row already split into its fields. ``parsed``, where given, holds
+        per JSON column (json_cols' order) None, for a column read from its field, or a
+        JsonMemo whose sorted keys and value texts are the field's (the field is then not
+        looked at: the column's prediction keeps no text, only keys and values)."""
         cdef Py_ssize_t i, j
         cdef str kind, c, p
         cdef tuple prev, prev_own, cur, own, pj
         cdef dict prev_json, json_now
         cdef list out
         cdef Py_ssize_t hid
+        cdef JsonMemo m
         if len(fields) != self.num_cols:
             raise ValueError(f"{len(fields)} fields, the header has {self.num_cols}")
         kind = fields[self.kind_col]
@@ -2598,9 +2724,15 @@ cdef class CompactCoder:
             if hid >= 0 and out[self.hash_at]:
                 out[self.hash_at] = f"#{hid}"
         json_now = dict(prev_json)
-        for i in self.json_cols:
+        for j in range(len(self.json_cols)):
+            i = self.json_cols[j]
             pj = prev_json[i]
-            if pj[3] and fields[i] == pj[0]:
+            if parsed is not None and parsed[j] is not None:
+                m = parsed[j]
+                self._json_known(out, pj, m.order, m.vtexts)
+                json_now[i] = (None, m.order, list(m.vtexts), True)
+                continue
+            if pj[3] and pj[0] is not None and fields[i] == pj[0]:
                 out.append("")
                 out.extend([""] * len(<list>pj[1]))
                 continue

@@ -38,7 +38,7 @@ import orjson
 
 from psgate import core
 from psgate.errors import InputError
-from psgate.receipt.ledger import GZIP_LEVEL, fmt_t, gzip_writer
+from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
 VERSION = "1"
@@ -318,7 +318,7 @@ def compiled_coder(enc: CompactEncoder):
     if kernels is None:
         return None
     return kernels.CompactCoder(enc, split_row, _json_fields, _code, orjson.dumps,
-                                HashIds.LIMIT)
+                                HashIds.LIMIT, tuple(enc.columns) == LEDGER_COLUMNS)
 
 
 class CompactLedgerFile:
@@ -352,6 +352,19 @@ class CompactLedgerFile:
             return
         encode = self._enc.encode
         w.writerows(encode(row[:-1]) for row in rows)
+
+    @property
+    def codes_evictions(self) -> bool:
+        """Whether write_evictions may be called: the header is written and the compiled
+        coder is here."""
+        return self._coder is not None
+
+    def write_evictions(self, *batch) -> int:
+        """LedgerWriter.eviction_batch's rows of one batch, coded from their fields by the
+        compiled coder (``batch``: encode_evictions' arguments); returns the last seq."""
+        text, seq = self._coder.encode_evictions(*batch)
+        self._fh.write(text)
+        return seq
 
     def close(self) -> None:
         self._fh.close()

@@ -205,7 +205,9 @@ class LedgerWriter:
         self.policy = ""
         self.seq = 0
         self._head = ","                 # "run,policy," quoted as csv would
+        self._run_f = self._policy_f = ""
         self._req = None                 # the request whose fields _req_s holds
+        self._req_f = ("", "", "")
         self._req_s = ""
         self._t_ns = None
         self._t_s = ""
@@ -219,7 +221,8 @@ class LedgerWriter:
     def start_run(self, run: str, policy: str) -> None:
         self.run, self.policy = run, policy
         self.seq = 0
-        self._head = f"{csv_field(run)},{csv_field(policy)},"
+        self._run_f, self._policy_f = csv_field(run), csv_field(policy)
+        self._head = f"{self._run_f},{self._policy_f},"
         self._req = None
 
     def _prefix(self, now_ns, kind, req) -> str:
@@ -229,8 +232,8 @@ class LedgerWriter:
             self._t_ns, self._t_s = now_ns, fmt_t(now_ns)
         if req is not self._req:
             self._req = req
-            self._req_s = (f"{csv_field(req.id)},{csv_field(req.group)},"
-                           f"{csv_field(req.contract)}")
+            self._req_f = (csv_field(req.id), csv_field(req.group), csv_field(req.contract))
+            self._req_s = ",".join(self._req_f)
         return f"{self._head}{self.seq},{self._t_s},{kind},{self._req_s}"
 
     def _flush(self) -> None:
@@ -270,9 +273,20 @@ class LedgerWriter:
         """eviction() for each of one allocation's victims, in order, in one call."""
         self._prefix(now_ns, "evict", req)          # the batch's time and request fields
         self.seq -= 1
+        seq = self.seq
+        compact = self._compact
+        if compact is not None and self._core is not None:
+            if self._buf:            # the rows before these first (and the header)
+                self._flush()
+            if compact.codes_evictions:
+                # coded from the rows' fields, without making the CSV rows
+                self.seq = compact.write_evictions(
+                    decisions, blocks, hash_names, owners,
+                    (self._run_f, self._policy_f, self._t_s, "evict", *self._req_f), seq,
+                    self._q, self._ff, csv_field, csv_json, *self._memos)
+                return
         lead = f"{self._t_s},evict,{self._req_s},"
         head = self._head
-        seq = self.seq
         rows = []
         if self._core is not None:
             seq = self._core.eviction_rows(rows, decisions, blocks, hash_names, owners, head,
