@@ -1070,10 +1070,9 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
 
-from heapq import heappush as _heappush, heappop as _heappop, heapify as _heapify
-
-SEQ_SHIFT = 22                  # SeqQueues.SHIFT: entries are seq << 22 | block
+cdef int SHIFT_C = 22           # SeqQueues.SHIFT: entries are seq << 22 | block
 cdef long long SEQ_MASK = (<long long>1 << 22) - 1
+SEQ_SHIFT = SHIFT_C
 
 
 
@@ -1154,19 +1153,228 @@ cdef BEntry _hp_pop(BHeap *h) noexcept:
     return top
 
 
-cdef int _seq_compact(list heaps, int[:] where, long long[:] seq, int q) except -1:
-    """SeqQueues._compact: queue q's heap keeps its live entries only (a new list)."""
-    cdef list h = []
-    cdef long long e
-    cdef Py_ssize_t b
-    for x in <list>heaps[q]:
-        e = x
-        b = e & SEQ_MASK
-        if where[b] == q and seq[b] == e >> SEQ_SHIFT:
-            h.append(x)
-    _heapify(h)
-    heaps[q] = h
+ctypedef struct QHeap:
+    long long *a                # entries seq << SHIFT_C | block, a binary min-heap
+    Py_ssize_t n, cap
+    Py_ssize_t live             # entries whose block is still in this queue at that seq
+
+
+cdef int _q_push(QHeap *h, long long e) except -1:
+    cdef Py_ssize_t i, parent, cap
+    cdef long long *grown
+    if h.n == h.cap:
+        cap = 2 * h.cap if h.cap else 16
+        grown = <long long *>realloc(h.a, cap * sizeof(long long))
+        if grown == NULL:
+            raise MemoryError()
+        h.a = grown
+        h.cap = cap
+    i = h.n
+    h.n += 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        if h.a[parent] <= e:
+            break
+        h.a[i] = h.a[parent]
+        i = parent
+    h.a[i] = e
     return 0
+
+
+cdef void _q_sift(long long *a, Py_ssize_t n, Py_ssize_t i, long long e) noexcept:
+    """Slot i takes e, which sinks below every smaller child."""
+    cdef Py_ssize_t c
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and a[c + 1] < a[c]:
+            c += 1
+        if a[c] >= e:
+            break
+        a[i] = a[c]
+        i = c
+    a[i] = e
+
+
+cdef inline void _q_pop(QHeap *h) noexcept:
+    h.n -= 1
+    if h.n > 0:
+        _q_sift(h.a, h.n, 0, h.a[h.n])
+
+
+cdef class LiveCounts:
+    """SeqHeaps.live: each queue's number of live entries, by index (SeqQueues.live)."""
+    cdef SeqHeaps qs
+
+    def __cinit__(self, SeqHeaps qs):
+        self.qs = qs
+
+    def __len__(self):
+        return self.qs.num_q
+
+    def __getitem__(self, Py_ssize_t q):
+        if q < 0:
+            q += self.qs.num_q
+        if not 0 <= q < self.qs.num_q:
+            raise IndexError("queue index out of range")
+        return self.qs.qs[q].live
+
+
+cdef class SeqHeaps:
+    """SeqQueues (psgate/policies/queues.py) with each queue's heap a C array of the same
+    entries, ``seq << 22 | block``, removed lazily and compacted by the same rule. Entries
+    are whole numbers compared as numbers, so a queue's head is the same block whatever
+    either heap's layout: prefixshield's compiled view keeps its queues here, and its
+    Python methods reach them through this API (push, remove, head, live) while the view
+    is bound."""
+
+    SHIFT = SHIFT_C
+    MASK = SEQ_MASK
+    cdef readonly object where, seq
+    cdef int[:] wv
+    cdef long long[:] sv
+    cdef QHeap *qs
+    cdef Py_ssize_t num_q, cap_q, num_blocks
+
+    def __cinit__(self):
+        self.qs = NULL
+        self.num_q = self.cap_q = 0
+
+    def __init__(self, Py_ssize_t num_blocks, Py_ssize_t num_queues=0):
+        if num_blocks > SEQ_MASK:
+            raise ValueError(f"SeqQueues supports at most {SEQ_MASK} blocks")
+        self.num_blocks = num_blocks
+        self.where = carray.array("i", [-1]) * num_blocks
+        self.seq = carray.array("q", [0]) * num_blocks
+        self.wv = self.where
+        self.sv = self.seq
+        for _ in range(num_queues):
+            self._add()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t q
+        for q in range(self.num_q):
+            free(self.qs[q].a)
+        free(self.qs)
+
+    cdef Py_ssize_t _add(self) except -1:
+        cdef Py_ssize_t cap
+        cdef QHeap *grown
+        if self.num_q == self.cap_q:
+            cap = 2 * self.cap_q if self.cap_q else 16
+            grown = <QHeap *>realloc(self.qs, cap * sizeof(QHeap))
+            if grown == NULL:
+                raise MemoryError()
+            self.qs = grown
+            self.cap_q = cap
+        self.qs[self.num_q].a = NULL
+        self.qs[self.num_q].n = self.qs[self.num_q].cap = self.qs[self.num_q].live = 0
+        self.num_q += 1
+        return self.num_q - 1
+
+    cdef int _push(self, int q, int b, long long sq) except -1:
+        self.wv[b] = q
+        self.sv[b] = sq
+        _q_push(&self.qs[q], (sq << SHIFT_C) | b)
+        self.qs[q].live += 1
+        return 0
+
+    cdef int _remove(self, int b) except -1:
+        """b leaves its queue (it is in one)."""
+        cdef int q = self.wv[b]
+        cdef QHeap *h = &self.qs[q]
+        self.wv[b] = -1
+        h.live -= 1
+        if h.n > 2 * h.live + 32:
+            self._compact(q)
+        return 0
+
+    cdef void _compact(self, int q) noexcept:
+        """Queue q's heap keeps its live entries only."""
+        cdef QHeap *h = &self.qs[q]
+        cdef Py_ssize_t i, m = 0
+        cdef long long e
+        cdef int b
+        for i in range(h.n):
+            e = h.a[i]
+            b = <int>(e & SEQ_MASK)
+            if self.wv[b] == q and self.sv[b] == e >> SHIFT_C:
+                h.a[m] = e
+                m += 1
+        h.n = m
+        i = m // 2 - 1
+        while i >= 0:                   # heapify
+            _q_sift(h.a, m, i, h.a[i])
+            i -= 1
+
+    cdef int _head(self, int q) noexcept:
+        """The block at the head of queue q, -1 when it is empty (dropping dead entries
+        from the top, as SeqQueues.head pops them)."""
+        cdef QHeap *h = &self.qs[q]
+        cdef long long e
+        cdef int b
+        while h.n:
+            e = h.a[0]
+            b = <int>(e & SEQ_MASK)
+            if self.wv[b] == q and self.sv[b] == e >> SHIFT_C:
+                return b
+            _q_pop(h)
+        return -1
+
+    cdef inline bint _ok(self, Py_ssize_t q) noexcept:
+        return 0 <= q < self.num_q
+
+    def add_queue(self):
+        return self._add()
+
+    def push(self, int q, int b, long long seq):
+        if not self._ok(q) or not 0 <= b < self.num_blocks:
+            raise IndexError(f"queue {q} or block {b} out of range")
+        self._push(q, b, seq)
+
+    def remove(self, int b):
+        if not 0 <= b < self.num_blocks or self.wv[b] < 0:
+            raise ValueError(f"block {b} is in no queue")
+        self._remove(b)
+
+    def head(self, int q):
+        if not self._ok(q):
+            raise IndexError(f"queue {q} out of range")
+        return self._head(q)
+
+    def items(self, int q):
+        """The blocks of queue q in order."""
+        if not self._ok(q):
+            raise IndexError(f"queue {q} out of range")
+        cdef QHeap *h = &self.qs[q]
+        cdef Py_ssize_t i
+        cdef long long e
+        return [e & SEQ_MASK for e in sorted([h.a[i] for i in range(h.n)])
+                if self.wv[e & SEQ_MASK] == q and self.sv[e & SEQ_MASK] == e >> SHIFT_C]
+
+    def __contains__(self, int b):
+        return self.wv[b] != -1
+
+    @property
+    def live(self):
+        return LiveCounts(self)
+
+    def num_entries(self, int q):
+        """The entries queue q's heap holds, dead ones included (its size)."""
+        return self.qs[q].n if self._ok(q) else 0
+
+    def fill_global(self, SeqHeaps gq):
+        """PrefixShield.global_queues' rebuild: every block queued in gq (group queues,
+        q = 3 * g + segment), here in its segment's queue at its seq."""
+        cdef Py_ssize_t b
+        cdef int q
+        if gq.num_blocks != self.num_blocks or self.num_q < 3:
+            raise ValueError("not queues of the same pool")
+        for b in range(self.num_blocks):
+            q = gq.wv[b]
+            if q >= 0:
+                self._push(q % 3, <int>b, gq.sv[b])
 
 
 cdef class PrefixShieldView:
@@ -1180,10 +1388,10 @@ cdef class PrefixShieldView:
     fallback when no group is in debt, a block outside the pool) calls the policy's own
     Python method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a
     subclass that overrides them (prefixshield-b) runs the Python ones."""
-    cdef object pol, gq, tree
-    cdef int[:] where
-    cdef long long[:] seq
-    cdef list heaps, live, num_eligible, gver
+    cdef object pol, tree
+    cdef SeqHeaps gq            # the group queues, q = 3 * g + segment
+    cdef SeqHeaps gl            # the all-groups queues while has_glob
+    cdef list num_eligible, gver
     cdef BHeap bh               # the batch heap (PrefixShield.batch_heap's entries)
     # the per-k heaps (PrefixShield.kheaps): slot j holds k = kval[j]'s, slots in the
     # order the dict's keys were first set (which decides between k's tied on P)
@@ -1200,9 +1408,6 @@ cdef class PrefixShieldView:
     cdef int[:] t_children
     cdef bint segments, has_tree, has_glob
     cdef object glob_obj
-    cdef int[:] gwhere
-    cdef long long[:] gseq
-    cdef list gheaps, glive
     cdef double eps, min_rho
     cdef Py_ssize_t n
     cdef list S, k
@@ -1251,12 +1456,7 @@ cdef class PrefixShieldView:
         self.contract = pol.contract
         self.decision_cls = decision_cls
         self.min_rho = pol.min_rho
-        gq = pol.gq
-        self.gq = gq
-        self.where = gq.where
-        self.seq = gq.seq
-        self.heaps = gq.heaps
-        self.live = gq.live
+        self.gq = pol.gq
         self.num_eligible = pol.num_eligible
         self.gver = pol.gver
         self.owner = pol.owner
@@ -1370,11 +1570,7 @@ cdef class PrefixShieldView:
         if gl is not self.glob_obj:
             self.glob_obj = gl
             self.has_glob = gl is not None
-            if self.has_glob:
-                self.gwhere = gl.where
-                self.gseq = gl.seq
-                self.gheaps = gl.heaps
-                self.glive = gl.live
+            self.gl = gl
         return self.has_glob
 
     cdef tuple _debts(self, int g):
@@ -1415,17 +1611,9 @@ cdef class PrefixShieldView:
         cdef int g = self.owner[b]
         cdef int s = self.cls[b] if self.segments else 0
         cdef long long sq = self.freed_seq[b]
-        cdef object e = (sq << SEQ_SHIFT) | b
-        cdef int q = 3 * g + s
-        self.where[b] = q
-        self.seq[b] = sq
-        _heappush(self.heaps[q], e)
-        self.live[q] = self.live[q] + 1
+        self.gq._push(3 * g + s, b, sq)
         if self.has_glob:
-            self.gwhere[b] = s
-            self.gseq[b] = sq
-            _heappush(self.gheaps[s], e)
-            self.glive[s] = self.glive[s] + 1
+            self.gl._push(s, b, sq)
         ne = self.num_eligible[g] + 1
         self.num_eligible[g] = ne
         if ne == 1:
@@ -1551,28 +1739,17 @@ cdef class PrefixShieldView:
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
-        cdef int q, g
-        cdef Py_ssize_t lv
+        cdef int g
         pol = self.pol
         self.cand[b] = 0
         self.num_cand -= 1
-        q = self.where[b]
-        if q >= 0:
+        if self.gq.wv[b] >= 0:
             g = self.owner[b]
-            self.where[b] = -1
-            lv = self.live[q] - 1
-            self.live[q] = lv
-            if len(<list>self.heaps[q]) > 2 * lv + 32:
-                _seq_compact(self.heaps, self.where, self.seq, q)
+            self.gq._remove(b)
             if self.has_glob:
-                q = self.gwhere[b]
-                if q < 0:
+                if self.gl.wv[b] < 0:
                     raise RuntimeError(f"block {b} is queued by its group but not globally")
-                self.gwhere[b] = -1
-                lv = self.glive[q] - 1
-                self.glive[q] = lv
-                if len(<list>self.gheaps[q]) > 2 * lv + 32:
-                    _seq_compact(self.gheaps, self.gwhere, self.gseq, q)
+                self.gl._remove(b)
             ne = self.num_eligible[g] - 1
             self.num_eligible[g] = ne
             if ne == 0:
@@ -1583,19 +1760,12 @@ cdef class PrefixShieldView:
 
     cdef int _best_of(self, int g, int *seg) except -2:
         """PrefixShield._best_of: g's best eligible block (its segment in seg), or -1."""
-        cdef int s, q, b
-        cdef long long e
-        cdef list h
+        cdef int s, b
         for s in range(3):
-            q = 3 * g + s
-            h = self.heaps[q]
-            while h:
-                e = h[0]
-                b = <int>(e & SEQ_MASK)
-                if self.where[b] == q and self.seq[b] == e >> SEQ_SHIFT:
-                    seg[0] = s
-                    return b
-                _heappop(h)
+            b = self.gq._head(3 * g + s)
+            if b >= 0:
+                seg[0] = s
+                return b
         seg[0] = 3
         return -1
 
@@ -1606,7 +1776,7 @@ cdef class PrefixShieldView:
         cdef long long best_seq = 0, next_seq = 0, sq
         for g in top:
             b = self._best_of(g, &s)
-            sq = self.seq[b] if b >= 0 else 0
+            sq = self.gq.sv[b] if b >= 0 else 0
             if best_g < 0 or s < best_s or (s == best_s and sq < best_seq):
                 next_g, next_s, next_seq = best_g, best_s, best_seq
                 best_g, best_s, best_seq = g, s, sq
@@ -1682,6 +1852,25 @@ cdef class PrefixShieldView:
     def ranked(self):
         """PrefixShield._ranked."""
         return self._ranked()
+
+    def eligible(self, int b):
+        """PrefixShield._eligible_push: b (a candidate leaf) joins its queues."""
+        if not 0 <= b < self.n:
+            raise IndexError(f"block {b} is outside the pool")
+        self._sync_glob()
+        self._push(b)
+
+    def uncandidate(self, int b):
+        """PrefixShield.uncandidate."""
+        if not 0 <= b < self.n:
+            raise IndexError(f"block {b} is outside the pool")
+        pol = self.pol
+        self.num_cand = pol.num_cand
+        self._sync_glob()
+        try:
+            self._uncandidate(b)
+        finally:
+            pol.num_cand = self.num_cand
 
     def relist(self, int g):
         """PrefixShield._relist."""
@@ -1833,7 +2022,7 @@ cdef class PrefixShieldView:
         """PrefixShield._decision for a victim of responsible group g."""
         cdef int q = 3 * g
         cdef int og = self.owner[b]
-        live = self.live
+        cdef QHeap *qh = &self.gq.qs[q]
         debts = self._debts(og)
         rank = {"segment": self.seg_names[seg], "class": self.class_names[self.cls[b]],
                 "freed_seq": self.freed_seq[b], "global_fallback": False,
@@ -1843,7 +2032,7 @@ cdef class PrefixShieldView:
             b, self.num_cand, 0, self.qnames[q + seg], self.gnames[g], p_before, p_after,
             self.gnames[runner] if runner >= 0 else None,
             runner_p if runner >= 0 else None,
-            {"probationary": live[q], "normal": live[q + 1], "reuse": live[q + 2]}, rank)
+            {"probationary": qh[0].live, "normal": qh[1].live, "reuse": qh[2].live}, rank)
 
     def evict_batch(self, Py_ssize_t num_blocks, decisions=None):
         """PrefixShield.evict_batch: the victim of the groups in debt, with a warm ranking,

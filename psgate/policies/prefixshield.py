@@ -126,13 +126,18 @@ class PrefixShield(EvictionPolicy):
         self.num_cand = 0
         self.free_seq = 0
         self.tree = LeafTracker(n) if self.params["leaf_only"] else None
-        self.gq = SeqQueues(n)                   # per (group, segment): q = 3*g + s
+        # The compiled core's view (below) keeps the queues' heaps in C (SeqHeaps, the
+        # same API and heads); the Python methods reach them through that API.
+        kernels = core.get()
+        compiled = kernels is not None and type(self) in _COMPILED
+        self._queues = kernels.SeqHeaps if compiled else SeqQueues
+        self.gq = self._queues(n)                # per (group, segment): q = 3*g + s
         # All groups' eligible blocks per segment, for the fallback when nobody is in
         # debt. Kept up to date only while it may be needed: after a run of evictions
         # that never used it as long as the pool (debt picked every victim), it is
         # dropped (None), and the next fallback rebuilds it from the group queues, so its
         # upkeep costs nothing where debt decides and the rebuild is paid for by that run.
-        self.glob: SeqQueues | None = SeqQueues(n, 3)
+        self.glob: SeqQueues | None = self._queues(n, 3)
         self.glob_budget = self.glob_patience = n
         # groups
         self.groups = GroupIds()
@@ -179,9 +184,7 @@ class PrefixShield(EvictionPolicy):
         # The compiled forms of on_free, evict_batch, on_cached and end_admit's class
         # loop (psgate.core), over this state (the group heaps are theirs while bound);
         # only for the classes whose methods they mirror.
-        kernels = core.get()
-        self._view = (kernels.PrefixShieldView(self, Decision, SEGMENTS)
-                      if kernels is not None and type(self) in _COMPILED else None)
+        self._view = kernels.PrefixShieldView(self, Decision, SEGMENTS) if compiled else None
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
             # the view holds these, as C structs
@@ -406,6 +409,12 @@ class PrefixShield(EvictionPolicy):
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
         gq = self.gq
+        if self._view is not None:
+            for s in range(3):
+                b = gq.head(3 * g + s)
+                if b >= 0:
+                    return s, gq.seq[b], b
+            return 3, 0, -1
         heaps, where, seq, shift, mask = gq.heaps, gq.where, gq.seq, gq.SHIFT, gq.MASK
         for s in range(3):
             q = 3 * g + s
@@ -422,7 +431,10 @@ class PrefixShield(EvictionPolicy):
         """The all-groups queues, rebuilt if they were dropped; a use keeps them."""
         n = self.pool.num_blocks
         self.glob_budget = self.glob_patience
-        if self.glob is None:
+        if self.glob is None and self._view is not None:
+            self.glob = self._queues(n, 3)
+            self.glob.fill_global(self.gq)
+        elif self.glob is None:
             gl = SeqQueues(n, 3)
             where, seq = self.gq.where, self.gq.seq
             heaps = gl.heaps
@@ -500,6 +512,9 @@ class PrefixShield(EvictionPolicy):
         return self._view.touched if self._view is not None else None
 
     def _eligible_push(self, b: int) -> None:
+        if self._view is not None:
+            self._view.eligible(b)
+            return
         g, s = self.owner[b], (self.cls[b] if self._segments else 0)
         seq = self.freed_seq[b]
         e = (seq << _SHIFT) | b
@@ -520,6 +535,9 @@ class PrefixShield(EvictionPolicy):
             self._relist(g)
 
     def uncandidate(self, b: int) -> None:
+        if self._view is not None:
+            self._view.uncandidate(b)
+            return
         self.cand[b] = 0
         self.num_cand -= 1
         gq = self.gq
