@@ -757,6 +757,17 @@ OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
 
 
+def num_output_keys(list cached_now):
+    """How many of a batch's (block, key) pairs hold generated tokens (an output key):
+    ReplayEngine.audit_batch's count."""
+    cdef Py_ssize_t num = 0
+    cdef object bit = OUTPUT_KEY_BIT
+    for item in cached_now:
+        if (<tuple>item)[1] >= bit:
+            num += 1
+    return num
+
+
 def pool_pinned(pool, list new, int g):
     """ReplayEngine.get_new_blocks's loop over the blocks it hands out: each is pinned
     by the request and owned by its group g."""
@@ -1377,6 +1388,10 @@ cdef class SeqHeaps:
                 self._push(q % 3, <int>b, gq.sv[b])
 
 
+from heapq import heappush as _zpush, heapify as _zheapify
+cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
+
+
 cdef class PrefixShieldView:
     """prefixshield's per-block and per-victim paths over the policy's own state: its
     arrays are read and written in place and its heaps are the same lists, pushed and
@@ -1967,6 +1982,104 @@ cdef class PrefixShieldView:
                     pol.denied += 1
         finally:
             pol.num_cand = self.num_cand
+
+    cdef double _bhat(self, Py_ssize_t i, double t) except? -1.0:
+        """PrefixShield.bhat: min(beta, B + rho (t - t0)), as Python's min picks."""
+        cdef double x = <double>self.bB[i] + <double>self.brho[i] * (t - <double>self.bt0[i])
+        cdef double beta = self.bbeta[i]
+        return x if x < beta else beta
+
+    cdef double _charge(self, int g, Py_ssize_t i, double n, double t) except? -1.0:
+        """PrefixShield._charge of bucket i (g's): n blocks at time t; the new balance."""
+        pol = self.pol
+        cdef list zero_t = self.bzero_t, bver = pol.bver, S = self.S, k = self.k
+        cdef double old_z = zero_t[i]
+        cdef double b = self._bhat(i, t) - n
+        cdef double z
+        cdef list zh
+        self.bB[i] = b
+        self.bt0[i] = t
+        z = t - b / <double>self.brho[i] if b < 0 else float("-inf")
+        zero_t[i] = z
+        bver[i] = bver[i] + 1
+        if old_z > t:                # was counted in S_g / k_g
+            S[g] = <double>S[g] - old_z
+            k[g] = k[g] - 1
+        if z > t:
+            S[g] = <double>S[g] + z
+            k[g] = k[g] + 1
+            zh = pol.zheap
+            _zpush(zh, (z, i, bver[i]))
+            if len(zh) > 2 * len(bver) + ZHEAP_SLACK:
+                # entries are unique tuples, so the pop order does not depend on the layout
+                zh[:] = [e for e in zh if e[2] == bver[e[1]]]
+                _zheapify(zh)
+        if k[g] == 0:
+            S[g] = 0.0
+        self._relist(g)
+        return b
+
+    def end_admit(self, req):
+        """PrefixShield.end_admit: the batch ends, the group's bucket is charged for the
+        new blocks (generated-token blocks at output_weight each), the blocks get their
+        class, owner, contract and label, the admission history learns the prefix, and
+        the admission's note is returned."""
+        pol = self.pol
+        cdef int g = pol.gids[req.group]
+        cdef int c = pol.cidx[req.contract]
+        cdef list new_blocks = pol.new_blocks, keys, group_buckets
+        cdef Py_ssize_t n = len(new_blocks), j, i
+        cdef double t, raw = 0.0, x
+        cdef object n_out, ow, amount, balance, label
+        cdef tuple item
+        self.end_batch()
+        t = pol.now_s
+        n_out = pol.num_new_output
+        ow = pol.output_weight
+        amount = n if n_out == 0 or ow == 1.0 else ((n - n_out) + ow * n_out)
+        i = pol._bucket(g, c)
+        if n:
+            balance = self._charge(g, i, amount, t)
+        else:
+            balance = self._bhat(i, t)
+        promoted, denied = pol.promoted, pol.denied
+        pol.last_audit = {"group": req.group, "contract": req.contract, "charged": n,
+                          "promoted": promoted, "promotion_debt": pol.promotion_debt}
+        group_buckets = self.group_buckets[g]
+        for ib in group_buckets:         # raw_debt(g, t): the sum from 0, in bucket order
+            x = -self._bhat(ib, t)
+            raw += x if x > 0.0 else 0.0
+        note = {"charged": n, "balance": round(balance, 9),
+                "raw_debt": round(raw if group_buckets else 0, 9),
+                "promoted": promoted, "promotion_denied": denied}
+        if amount != n:
+            note["output_blocks"] = n_out
+            note["charge"] = round(amount, 9)
+        if denied:
+            note["denied_reason"] = "group in debt"
+        if not n:
+            return note
+        hist = pol.history
+        label = req.prefix
+        # "first admission" is judged against the history before this request
+        keys = []
+        for j in range(n):
+            item = new_blocks[j]
+            keys.append(item[1])
+        first_all = label is not None and not hist.contains(g, label)
+        seen = hist.contains_keys(g, keys) if label is None else None
+        classes = self.classify(new_blocks, seen, first_all, balance < -self.eps, g, c, label)
+        if label is not None:
+            hist.touch(g, label)
+        else:
+            hist.touch_keys(g, keys)
+        new_class = {}
+        for j in range(3):
+            if classes[j]:
+                new_class[self.class_names[j]] = classes[j]
+        note["new_class"] = new_class
+        pol.new_blocks = []
+        return note
 
     def classify(self, list new_blocks, list seen, bint first_all, bint in_debt, int g,
                  int c, label):

@@ -359,7 +359,8 @@ class ReplayEngine(BlockPool):
         ev = r.ev
         where = self.where_fn(r)
         # blocks of generated tokens among the new ones (output keys: engine-side fact)
-        num_output = sum(1 for _, k in cached_now if k >= OUTPUT_KEY_BIT)
+        num_output = (self.kernels.num_output_keys(cached_now) if self.kernels is not None
+                      else sum(1 for _, k in cached_now if k >= OUTPUT_KEY_BIT))
         for auditor in self.auditors:
             auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
                              audit, num_output)

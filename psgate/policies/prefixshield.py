@@ -714,6 +714,8 @@ class PrefixShield(EvictionPolicy):
             self.tree.cached(block, parent)
 
     def end_admit(self, req: PolicyRequest, now_ns: int) -> dict:
+        if self._view is not None:
+            return self._view.end_admit(req)
         g = self.gids[req.group]
         c = self.cidx[req.contract]
         self._end_batch()
