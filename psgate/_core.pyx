@@ -1214,6 +1214,16 @@ cdef inline void _q_pop(QHeap *h) noexcept:
         _q_sift(h.a, h.n, 0, h.a[h.n])
 
 
+ctypedef struct Rank:
+    # PrefixShield._ranked's (top, P, runner-up, its P) without Python objects: top_g is
+    # the top group when num_top is 1 (the tied groups, num_top > 1, are the view's ties)
+    int num_top
+    int top_g
+    double top_p
+    int runner_g                # -1: none
+    double runner_p
+
+
 cdef class LiveCounts:
     """SeqHeaps.live: each queue's number of live entries, by index (SeqQueues.live)."""
     cdef SeqHeaps qs
@@ -1446,10 +1456,11 @@ cdef class PrefixShieldView:
     # its batch state (batch_mod[g], gver[g], its batch-heap entry and the rank cache)
     # is written once, by _flush, when the run ends or before anything reads it, instead
     # of once per victim. pend_g is -1 outside a run; evict_batch never returns with one.
-    cdef int pend_g
-    cdef double pend_p, pend_runner_pd, pend_inv_w
+    cdef int pend_g, pend_runner
+    cdef double pend_p, pend_runner_p, pend_inv_w
     cdef Py_ssize_t pend_n
-    cdef object pend_top, pend_runner, pend_runner_p
+    cdef list ties              # _scan_c's tied top groups, sorted (num_top > 1)
+    cdef double now             # the policy's now_s, read once per ranking
 
     def __init__(self, pol, decision_cls, class_names):
         self.pol = pol
@@ -1548,10 +1559,11 @@ cdef class PrefixShieldView:
         """PrefixShield._p: g's P in this batch, or its kinetic one."""
         if self._moved(g):
             return self.bm_p[g]
-        return self.min_rho * (<double>self.S[g] - <long long>self.k[g] * <double>self.pol.now_s)
+        return self.min_rho * (<double>self.S[g] - <long long>self.k[g] * self.now)
 
     def p(self, int g):
         """PrefixShield._p."""
+        self.now = self.pol.now_s
         return self._p(g)
 
     cdef BHeap *_kheap(self, long long k) except NULL:
@@ -1657,32 +1669,42 @@ cdef class PrefixShieldView:
         return (e.ver == <long long>self.gver[g] and self._moved(g)
                 and self.num_eligible[g] > 0)
 
-    cdef tuple _scan_batch(self):
-        """PrefixShield._scan_batch."""
+    cdef int _scan_c(self, Rank *r) except -1:
+        """PrefixShield._scan_batch, into r."""
         cdef list top
         cdef BEntry e
         cdef BEntry *c
         cdef BEntry taken[2]
         cdef Py_ssize_t n, num_taken = 0, i
         cdef double top_key = 0.0
-        cdef int runner = -1
-        cdef double runner_p = 0.0
+        r.num_top = 0
+        r.top_g = -1
+        r.top_p = 0.0
+        r.runner_g = -1
+        r.runner_p = 0.0
         while self.bh.n:
             if self._valid_b(&self.bh.a[0]):
                 n = self.bh.n
+                r.num_top = 1
+                r.top_g = self.bh.a[0].g
+                r.top_p = -self.bh.a[0].key
                 if n == 1:
-                    return [self.bh.a[0].g], -self.bh.a[0].key, -1, 0.0
+                    return 0
                 c = &self.bh.a[1]
                 if n > 2 and not _b_lt(c, &self.bh.a[2]):
                     c = &self.bh.a[2]
                 if self._valid_b(c) and c.key != self.bh.a[0].key:
-                    return [self.bh.a[0].g], -self.bh.a[0].key, c.g, -c.key
+                    r.runner_g = c.g
+                    r.runner_p = -c.key
+                    return 0
                 break
             _hp_pop(&self.bh)
         # ties at the top: valid entries pop in order until one below the top; all of
         # them go back (held in a list past the first two)
         top = []
         more = None
+        r.runner_g = -1
+        r.runner_p = 0.0
         while self.bh.n:
             e = _hp_pop(&self.bh)
             if not self._valid_b(&e):
@@ -1698,7 +1720,8 @@ cdef class PrefixShieldView:
                 top.append(e.g)
                 top_key = e.key
             else:
-                runner, runner_p = e.g, -e.key
+                r.runner_g = e.g
+                r.runner_p = -e.key
                 break
         for i in range(min(num_taken, 2)):
             _hp_push(&self.bh, taken[i].key, taken[i].g, taken[i].ver)
@@ -1706,12 +1729,16 @@ cdef class PrefixShieldView:
             for item in more:
                 _hp_push(&self.bh, item[0], item[1], item[2])
         top.sort()
-        return top, (-top_key if top else 0.0), runner, runner_p
+        r.num_top = len(top)
+        r.top_g = top[0] if top else -1
+        r.top_p = -top_key if top else 0.0
+        self.ties = top
+        return 0
 
     cdef Py_ssize_t _frontier(self, double *p_out) except -2:
         """PrefixShield._frontier: the slot of the per-k heap whose head is the best
         group (its P in p_out), or -1."""
-        cdef double t = self.pol.now_s
+        cdef double t = self.now
         cdef double p, best_p = 0.0
         cdef Py_ssize_t j, best = -1
         cdef BHeap *h
@@ -1733,24 +1760,40 @@ cdef class PrefixShieldView:
         p_out[0] = best_p
         return best
 
-    cdef tuple _ranked(self):
-        """PrefixShield._ranked, with _pull inline."""
+    cdef int _ranked_c(self, Rank *r) except -1:
+        """PrefixShield._ranked, with _pull inline, into r."""
         cdef double fp, p
-        cdef tuple ranked
         cdef Py_ssize_t fj
         cdef int g
+        self.now = self.pol.now_s
         while True:
-            ranked = self._scan_batch()
+            self._scan_c(r)
             fj = self._frontier(&fp)
-            if fj < 0 or (ranked[0] and fp < ranked[1] and ranked[2] >= 0
-                          and fp <= ranked[3]):
-                return ranked
+            if fj < 0 or (r.num_top and fp < r.top_p and r.runner_g >= 0
+                          and fp <= r.runner_p):
+                return 0
             g = _hp_pop(&self.kh[fj]).g
             p = self._p(g)
             self._set_moved(g, p)
             ver = self.gver[g] + 1
             self.gver[g] = ver
             _hp_push(&self.bh, -<double>p, g, ver)
+
+    cdef tuple _rank_tuple(self, Rank *r):
+        """The rank cache's tuple for r: (top groups, P, runner-up or -1, its P)."""
+        if r.num_top == 1:
+            top = [r.top_g]
+        elif r.num_top > 1:
+            top = self.ties
+        else:
+            top = []
+        return top, r.top_p, r.runner_g, r.runner_p
+
+    cdef tuple _ranked(self):
+        """PrefixShield._ranked."""
+        cdef Rank r
+        self._ranked_c(&r)
+        return self._rank_tuple(&r)
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
@@ -1807,29 +1850,30 @@ cdef class PrefixShieldView:
         if g < 0:
             return 0
         self.pend_g = -1
-        self._batch_state(g, self.pend_p, self.pend_n, self.pend_top, self.pend_runner,
-                          self.pend_runner_p, self.pend_runner_pd)
+        self._batch_state(g, self.pend_p, self.pend_n, True, self.pend_runner,
+                          self.pend_runner_p)
         return 0
 
-    cdef int _batch_state(self, int g, object p_after, Py_ssize_t num, object top,
-                          object runner, object runner_p, double runner_pd) except -1:
+    cdef int _batch_state(self, int g, double p_after, Py_ssize_t num, bint keep,
+                          int runner, double runner_p) except -1:
         """_evicted's half for the responsible group g, after ``num`` victims of it: g at
         p_after in batch_mod and the batch heap, its version ``num`` on, and the rank
-        cache kept (top still [g], at p_after) while p_after is above the runner-up's
-        runner_pd, or dropped. top is None for a cache that g did not top alone."""
+        cache, ([g], P, runner, runner_p) before, kept ([g] at p_after) while p_after is
+        above the runner-up's runner_p, or dropped. keep is false for a cache that g
+        did not top alone."""
         cdef BEntry e
         self._set_moved(g, p_after)
         ver = self.gver[g] + num
         self.gver[g] = ver
         if self.bh.n and self.bh.a[0].g == g:
-            e.key = -<double>p_after
+            e.key = -p_after
             e.g = g
             e.ver = ver
             _hp_sift(&self.bh, e)            # heapreplace
         else:
-            _hp_push(&self.bh, -<double>p_after, g, ver)
-        if top is not None and p_after > runner_pd:
-            self.pol._rank_cache = (top, p_after, runner, runner_p)
+            _hp_push(&self.bh, -p_after, g, ver)
+        if keep and p_after > runner_p:
+            self.pol._rank_cache = ([g], p_after, runner, runner_p)
         else:
             self.pol._rank_cache = None
         return 0
@@ -1847,15 +1891,15 @@ cdef class PrefixShieldView:
             self._responsible(g, p_after)
         return self._evicted_tail(b)
 
-    cdef int _responsible(self, int g, object p_after) except -1:
+    cdef int _responsible(self, int g, double p_after) except -1:
         """_evicted's half for g, responsible for one victim and now projected at
         p_after."""
         cache = self.pol._rank_cache
         # g stays responsible while it is the only group above the runner-up
         if cache is not None and len(<list>cache[0]) == 1 and cache[0][0] == g:
-            self._batch_state(g, p_after, 1, cache[0], cache[2], cache[3], cache[3])
+            self._batch_state(g, p_after, 1, True, cache[2], cache[3])
         else:
-            self._batch_state(g, p_after, 1, None, None, None, 0.0)
+            self._batch_state(g, p_after, 1, False, -1, 0.0)
         return 0
 
     # The Python reference's methods that read or write the group ranking call these
@@ -2130,8 +2174,8 @@ cdef class PrefixShieldView:
         pol.free_seq = fs
         pol.num_cand = self.num_cand
 
-    cdef object _decision(self, int b, int g, int seg, object p_before, object p_after,
-                          object runner, object runner_p):
+    cdef object _decision(self, int b, int g, int seg, double p_before, double p_after,
+                          int runner, double runner_p):
         """PrefixShield._decision for a victim of responsible group g."""
         cdef int q = 3 * g
         cdef int og = self.owner[b]
@@ -2161,9 +2205,10 @@ cdef class PrefixShieldView:
 
     cdef int _take(self, Py_ssize_t num_blocks, list victims, object decisions) except -1:
         cdef Py_ssize_t i
-        cdef int g, b, seg
-        cdef double top_p, p_after, w
-        cdef bint alone
+        cdef int g, b, seg, runner
+        cdef double top_p, p_after, w, runner_p
+        cdef bint alone, fresh
+        cdef Rank r
         # the policy's glob_budget, held here between calls into its Python (held true)
         cdef long long budget
         cdef bint held = False
@@ -2177,11 +2222,11 @@ cdef class PrefixShieldView:
                     break
                 if i == 0:
                     pol.pending = None
+                fresh = False
                 if self.pend_g >= 0 and self.pend_p > self.eps:
                     # the run goes on: the rank cache would be ([g], pend_p, runner, ...)
                     g = self.pend_g
                     top_p = self.pend_p
-                    p_before = top_p
                     runner, runner_p = self.pend_runner, self.pend_runner_p
                     w = self.pend_inv_w
                     alone = True
@@ -2189,9 +2234,23 @@ cdef class PrefixShieldView:
                     self._flush()
                     cache = pol._rank_cache
                     if cache is None:
-                        cache = pol._rank_cache = self._ranked()
-                    top = cache[0]
-                    if not (top and cache[1] > self.eps):
+                        # A fresh ranking. Its cache tuple is made only for what reads it
+                        # (_choose, _responsible): a run's flush writes the cache before
+                        # anything else could.
+                        fresh = True
+                        self._ranked_c(&r)
+                    else:
+                        top = cache[0]
+                        r.num_top = len(<list>top)
+                        r.top_g = top[0] if r.num_top else -1
+                        r.top_p = cache[1]
+                        r.runner_g = cache[2]
+                        r.runner_p = cache[3]
+                        if r.num_top > 1:
+                            self.ties = top
+                    if not (r.num_top and r.top_p > self.eps):
+                        if fresh:
+                            pol._rank_cache = self._rank_tuple(&r)
                         pol.num_cand = self.num_cand
                         pol.glob_budget = budget
                         held = False
@@ -2205,15 +2264,17 @@ cdef class PrefixShieldView:
                         self._evicted(b, choice[1], choice[3])
                         victims.append(b)
                         continue
-                    alone = len(top) == 1
+                    alone = r.num_top == 1
                     if alone:
-                        g = top[0]
-                        runner, runner_p = cache[2], cache[3]
+                        g = r.top_g
+                        runner, runner_p = r.runner_g, r.runner_p
                     else:           # tied: sorted by best candidate, the second runs up
-                        g = self._first_of(top)
-                        runner, runner_p = self.runner_g, cache[1]
-                    p_before = cache[1]
-                    top_p = p_before
+                        if fresh:
+                            pol._rank_cache = self._rank_tuple(&r)
+                            fresh = False
+                        g = self._first_of(self.ties)
+                        runner, runner_p = self.runner_g, r.top_p
+                    top_p = r.top_p
                     debts = self._debts(g)
                     w = 1.0 / <double>debts[2]
                 b = self._best_of(g, &seg)
@@ -2224,23 +2285,23 @@ cdef class PrefixShieldView:
                         self._sync_glob()
                 p_after = top_p - w
                 if decisions is not None:
-                    decisions.append(self._decision(b, g, seg, p_before, p_after, runner,
+                    decisions.append(self._decision(b, g, seg, top_p, p_after, runner,
                                                     runner_p))
                 if alone and 0 <= b < self.n:
                     if self.pend_g < 0:     # a run starts: what its rank cache holds
                         self.pend_g = g
                         self.pend_n = 0
-                        self.pend_top = top
                         self.pend_runner = runner
                         self.pend_runner_p = runner_p
-                        self.pend_runner_pd = runner_p
                         self.pend_inv_w = w
                     self.pend_n += 1
                     self.pend_p = p_after
-                    if not p_after > self.pend_runner_pd:
+                    if not p_after > self.pend_runner_p:
                         self._flush()       # g meets the runner-up: the cache drops
                     self._evicted_tail(b)
                 else:
+                    if fresh:               # _responsible reads it
+                        pol._rank_cache = self._rank_tuple(&r)
                     self._evicted(b, g, p_after)
                 victims.append(b)
         finally:
