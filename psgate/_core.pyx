@@ -1633,6 +1633,23 @@ cdef class PrefixShieldView:
         self.debt_cache[g] = d
         return d
 
+    cdef double _inv_w(self, int g) except? -1.0:
+        """1 / W_g, W_g as _debts gives it (the largest weight among g's buckets in debt at
+        the batch's time, else 1), without the debts' tuple where _debts has not made it."""
+        cdef tuple d = self.debt_cache.get(g)
+        cdef double t = self.now, w = 0.0, wi
+        cdef bint has_w = False
+        cdef Py_ssize_t i
+        if d is not None:
+            return 1.0 / <double>d[2]
+        for ib in <list>self.group_buckets[g]:
+            i = ib
+            wi = self.bw[i]
+            if <double>self.bzero_t[i] > t and (not has_w or wi > w):
+                w = wi
+                has_w = True
+        return 1.0 / (w if has_w else 1.0)
+
     cdef int _push(self, int b) except -1:
         """PrefixShield._eligible_push."""
         cdef int g = self.owner[b]
@@ -2213,6 +2230,7 @@ cdef class PrefixShieldView:
         cdef long long budget
         cdef bint held = False
         pol = self.pol
+        self.now = pol.now_s
         self._sync_glob()
         budget = pol.glob_budget
         held = True
@@ -2275,8 +2293,7 @@ cdef class PrefixShieldView:
                         g = self._first_of(self.ties)
                         runner, runner_p = self.runner_g, r.top_p
                     top_p = r.top_p
-                    debts = self._debts(g)
-                    w = 1.0 / <double>debts[2]
+                    w = self._inv_w(g)
                 b = self._best_of(g, &seg)
                 if self.has_glob:
                     budget -= 1
