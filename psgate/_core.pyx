@@ -1398,7 +1398,8 @@ cdef class SeqHeaps:
                 self._push(q % 3, <int>b, gq.sv[b])
 
 
-from heapq import heappush as _zpush, heapify as _zheapify
+from heapq import heappush as _zpush, heappop as _zpop, heapify as _zheapify
+NS_PER_S = 1_000_000_000
 cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
 
 
@@ -2079,6 +2080,39 @@ cdef class PrefixShieldView:
             S[g] = 0.0
         self._relist(g)
         return b
+
+    def on_admit(self, req, now_ns):
+        """PrefixShield.on_admit: the last batch ends, buckets whose debt has cleared by
+        the admission's time leave their group's kinetic sums (_advance), the group gets
+        its id, and the batch's state starts afresh."""
+        pol = self.pol
+        cdef list zh = pol.zheap, bver = pol.bver, S = self.S, k = self.k
+        cdef list bucket_group = pol.bucket_group
+        cdef tuple e
+        cdef int g
+        self.end_batch()
+        t = now_ns / NS_PER_S
+        while zh and (<tuple>zh[0])[0] <= t:        # PrefixShield._advance
+            e = _zpop(zh)
+            i = e[1]
+            if e[2] != bver[i]:
+                continue
+            g = bucket_group[i]
+            S[g] = S[g] - e[0]
+            k[g] = k[g] - 1
+            if k[g] == 0:
+                S[g] = 0.0
+            bver[i] = bver[i] + 1
+            self._relist(g)
+        pol.now_s = t
+        if req.group not in pol.gids:
+            pol._gid(req.group)
+        pol.new_blocks = []
+        pol.num_new_output = 0
+        pol.promoted = pol.denied = 0
+        pol.promotion_debt = 0.0
+        pol._rank_cache = None
+        self.debt_cache.clear()
 
     def end_admit(self, req):
         """PrefixShield.end_admit: the batch ends, the group's bucket is charged for the

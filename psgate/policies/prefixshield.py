@@ -463,6 +463,9 @@ class PrefixShield(EvictionPolicy):
 
     # -- events -----------------------------------------------------------------
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
+        if self._view is not None:
+            self._view.on_admit(req, now_ns)
+            return
         self._end_batch()      # a select_victim outside a batch (a peek) may have left some
         self._advance(now_ns / NS_PER_S)
         self._gid(req.group)
