@@ -757,6 +757,71 @@ OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
 
 
+def bucket_admitted(audit, where, str group, str contract, double t,
+                    Py_ssize_t num_materialized, dict info, Py_ssize_t num_output):
+    """BucketAudit.admitted (psgate/invariants/prefixshield.py) when every check it makes
+    passes: the verdicts' counts, the totals and the auditor's own buckets, as its Python
+    form leaves them. False, with nothing changed, where a check fails or the audit is
+    not the common one (the Python form then runs and records it)."""
+    cdef dict verdicts = audit.verdicts, buckets = audit.buckets, beta_of = audit.beta
+    cdef dict rho_of = audit.rho
+    cdef object v1 = verdicts.get("I1"), v2 = verdicts.get("I2"), prev
+    cdef double debt = 0.0, x, beta, rho, b, t0, w
+    cdef tuple key = (group, contract)
+    cdef object promoted = info.get("promoted", 0), charged
+    if v2 is not None and promoted:
+        for c in (<dict>audit._contracts).get(group, ()):
+            prev = buckets.get((group, c))
+            beta = beta_of[c]
+            if prev is None:
+                x = beta
+            else:
+                x = <double>(<tuple>prev)[0] + <double>rho_of[c] * (t - <double>(<tuple>prev)[1])
+                if not x < beta:
+                    x = beta
+            debt += -x if -x > 0.0 else 0.0
+        if not debt <= <double>audit.eps:
+            return False
+    if v1 is not None:
+        charged = info.get("charged")
+        if not (charged == num_materialized and info.get("group") == group
+                and info.get("contract") == contract):
+            return False
+    if v2 is not None:
+        v2.checks += 1
+    if v1 is not None:
+        v1.checks += 1
+        materialized = audit.materialized
+        materialized[group] = materialized.get(group, 0) + num_materialized
+        if charged:
+            totals = audit.charged
+            g2 = info.get("group", group)
+            totals[g2] = totals.get(g2, 0) + charged
+    prev = buckets.get(key)
+    beta = beta_of[contract]
+    if num_materialized:
+        w = audit.output_weight
+        if prev is None:
+            x = beta                    # min(beta, beta + rho * 0)
+            if not x < beta:
+                x = beta
+        else:
+            x = <double>(<tuple>prev)[0] + <double>rho_of[contract] * (t - <double>(<tuple>prev)[1])
+            if not x < beta:
+                x = beta
+        if num_output == 0 or w == 1.0:
+            b = x - num_materialized
+        else:
+            b = x - ((num_materialized - num_output) + w * num_output)
+        if prev is None:
+            (<dict>audit._contracts).setdefault(group, []).append(contract)
+        buckets[key] = (b, t)
+    elif prev is None:
+        (<dict>audit._contracts).setdefault(group, []).append(contract)
+        buckets[key] = (beta, t)
+    return True
+
+
 def num_output_keys(list cached_now):
     """How many of a batch's (block, key) pairs hold generated tokens (an output key):
     ReplayEngine.audit_batch's count."""

@@ -14,6 +14,7 @@ I2: no promotion to Reuse while the group's raw debt exceeds eps. The checker
 
 from __future__ import annotations
 
+from psgate import core
 from psgate.invariants.checker import Verdict, text_of
 
 
@@ -29,6 +30,7 @@ class BucketAudit:
         self.materialized: dict[str, int] = {}
         self.charged: dict[str, int] = {}
         self.verdicts = {name: Verdict(name, True) for name in claims}
+        self._kernels = core.get()      # bucket_admitted: admitted when every check passes
 
     def _bhat(self, g: str, c: str, t: float) -> float:
         b, t0 = self.buckets.get((g, c), (self.beta[c], t))
@@ -40,6 +42,12 @@ class BucketAudit:
 
     def admitted(self, where, group: str, contract: str, t: float, num_materialized: int,
                  audit: dict | None, num_output: int = 0) -> None:
+        kernels = self._kernels
+        if (kernels is not None and type(audit) is dict and type(group) is str
+                and type(contract) is str and type(num_materialized) is int
+                and kernels.bucket_admitted(self, where, group, contract, t, num_materialized,
+                                            audit, num_output)):
+            return
         audit = audit or {}
         verdicts = self.verdicts
         v = verdicts.get("I2")
