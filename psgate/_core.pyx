@@ -593,11 +593,9 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
     cdef int b, o
     cdef Py_ssize_t pos, recompute = 0, num_prompt = 0
     cdef PrefixShieldView view = None
-    cdef list new_blocks = None
     if on_cached is not None and type(getattr(on_cached, "__self__", None)) is PrefixShieldView \
             and on_cached.__name__ == "cached":       # prefixshield's own: called in C
         view = on_cached.__self__
-        new_blocks = view.pol.new_blocks
         num_prompt = preq.num_prompt_blocks
     for pos in range(start, stop):
         b = blocks[pos]
@@ -614,7 +612,7 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
             recompute += block_size
         cached_now.append((b, k))
         if view is not None:
-            view._cached(b, pos, blocks[pos - 1] if pos else -1, k, new_blocks, num_prompt)
+            view._cached(b, pos, blocks[pos - 1] if pos else -1, k, num_prompt)
         elif on_cached is not None:
             on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
     return recompute
@@ -1526,6 +1524,11 @@ cdef class PrefixShieldView:
     cdef double pend_p, pend_runner_p, pend_inv_w
     cdef Py_ssize_t pend_n
     cdef list ties              # _scan_c's tied top groups, sorted (num_top > 1)
+    # the admission's new blocks (PrefixShield.new_blocks: blocks here, keys in nb_keys)
+    # and how many of them hold generated tokens (num_new_output)
+    cdef int *nb_b
+    cdef Py_ssize_t nb_n, nb_cap, nb_out
+    cdef list nb_keys
     cdef double now             # the policy's now_s, read once per ranking
 
     def __init__(self, pol, decision_cls, class_names):
@@ -1577,9 +1580,13 @@ cdef class PrefixShieldView:
         self.bm_p = NULL
         self.bm_order = NULL
         self.bm_num = self.bm_cap = 0
+        self.nb_b = NULL
+        self.nb_n = self.nb_cap = self.nb_out = 0
+        self.nb_keys = []
 
     def __dealloc__(self):
         cdef Py_ssize_t j
+        free(self.nb_b)
         free(self.bh.a)
         for j in range(self.num_k):
             free(self.kh[j].a)
@@ -2039,17 +2046,29 @@ cdef class PrefixShieldView:
 
     def cached(self, int block, req, Py_ssize_t pos, int parent, key=-1):
         """PrefixShield.on_cached."""
-        self._cached(block, pos, parent, key, self.pol.new_blocks, req.num_prompt_blocks)
+        self._cached(block, pos, parent, key, req.num_prompt_blocks)
 
     cdef int _cached(self, int block, Py_ssize_t pos, int parent, object key,
-                     list new_blocks, Py_ssize_t num_prompt_blocks) except -1:
-        """cached, with the admission's new_blocks list and its request's prompt blocks
-        looked up by the caller (pool_cache, once per request)."""
+                     Py_ssize_t num_prompt_blocks) except -1:
+        """cached, with its request's prompt blocks looked up by the caller (pool_cache,
+        once per request). The admission's new blocks are kept here (the policy's
+        new_blocks and num_new_output, which end_admit reads: the view's own)."""
+        cdef Py_ssize_t cap
+        cdef void *grown
         if not 0 <= block < self.n or parent >= self.n:
             raise IndexError(f"block {block} (parent {parent}) is outside the pool")
-        new_blocks.append((block, key))
+        if self.nb_n == self.nb_cap:
+            cap = 2 * self.nb_cap if self.nb_cap else 256
+            grown = realloc(self.nb_b, cap * sizeof(int))
+            if grown == NULL:
+                raise MemoryError()
+            self.nb_b = <int *>grown
+            self.nb_cap = cap
+        self.nb_b[self.nb_n] = block
+        self.nb_n += 1
+        self.nb_keys.append(key)
         if pos >= num_prompt_blocks:
-            self.pol.num_new_output += 1
+            self.nb_out += 1
         if self.has_tree:                # LeafTracker.cached
             self.t_parent[block] = parent
             self.t_children[block] = 0
@@ -2174,6 +2193,8 @@ cdef class PrefixShieldView:
             pol._gid(req.group)
         pol.new_blocks = []
         pol.num_new_output = 0
+        self.nb_n = self.nb_out = 0
+        self.nb_keys = []
         pol.promoted = pol.denied = 0
         pol.promotion_debt = 0.0
         pol._rank_cache = None
@@ -2187,14 +2208,14 @@ cdef class PrefixShieldView:
         pol = self.pol
         cdef int g = pol.gids[req.group]
         cdef int c = pol.cidx[req.contract]
-        cdef list new_blocks = pol.new_blocks, keys, group_buckets
-        cdef Py_ssize_t n = len(new_blocks), j, i
+        cdef list keys = self.nb_keys, group_buckets
+        cdef Py_ssize_t n = self.nb_n, j, i
         cdef double t, raw = 0.0, x
         cdef object n_out, ow, amount, balance, label
         cdef tuple item
         self.end_batch()
         t = pol.now_s
-        n_out = pol.num_new_output
+        n_out = self.nb_out
         ow = pol.output_weight
         amount = n if n_out == 0 or ow == 1.0 else ((n - n_out) + ow * n_out)
         i = pol._bucket(g, c)
@@ -2222,13 +2243,9 @@ cdef class PrefixShieldView:
         hist = pol.history
         label = req.prefix
         # "first admission" is judged against the history before this request
-        keys = []
-        for j in range(n):
-            item = new_blocks[j]
-            keys.append(item[1])
         first_all = label is not None and not hist.contains(g, label)
         seen = hist.contains_keys(g, keys) if label is None else None
-        classes = self.classify(new_blocks, seen, first_all, balance < -self.eps, g, c, label)
+        classes = self._classify(seen, first_all, balance < -self.eps, g, c, label)
         if label is not None:
             hist.touch(g, label)
         else:
@@ -2239,23 +2256,20 @@ cdef class PrefixShieldView:
                 new_class[self.class_names[j]] = classes[j]
         note["new_class"] = new_class
         pol.new_blocks = []
+        self.nb_n = self.nb_out = 0
+        self.nb_keys = []
         return note
 
-    def classify(self, list new_blocks, list seen, bint first_all, bint in_debt, int g,
-                 int c, label):
+    cdef list _classify(self, list seen, bint first_all, bint in_debt, int g, int c, label):
         """end_admit's loop over the new blocks: each one's class (Probationary if its
         prefix is new to g, per block in ``seen`` or for all in ``first_all``, or if g is
         in debt after the charge; else Normal), owner, contract and label. Returns the
         number of blocks per class."""
-        cdef Py_ssize_t i, b, n0 = 0, n1 = 0
-        cdef int cl
+        cdef Py_ssize_t i, n0 = 0, n1 = 0
+        cdef int b, cl
         cdef list lprefix = self.pol.lprefix
-        cdef tuple item
-        for i in range(len(new_blocks)):
-            item = new_blocks[i]
-            b = item[0]
-            if not 0 <= b < self.n:
-                raise IndexError(f"block {b} is outside the pool")
+        for i in range(self.nb_n):
+            b = self.nb_b[i]
             if in_debt or (first_all if seen is None else not seen[i]):
                 cl = 0
                 n0 += 1

@@ -746,24 +746,18 @@ class PrefixShield(EvictionPolicy):
         # "first admission" is judged against the history before this request
         keys = [k for _, k in self.new_blocks]
         in_debt = balance < -self.eps
-        if self._view is not None:
-            first_all = label is not None and not hist.contains(g, label)
-            seen = hist.contains_keys(g, keys) if label is None else None
-            classes = self._view.classify(self.new_blocks, seen, first_all, in_debt, g, c,
-                                          label)
+        if label is not None:
+            first = dict.fromkeys(keys, not hist.contains(g, label))
         else:
-            if label is not None:
-                first = dict.fromkeys(keys, not hist.contains(g, label))
-            else:
-                first = {k: not seen for k, seen in zip(keys, hist.contains_keys(g, keys))}
-            classes = [0, 0, 0]
-            for b, key in self.new_blocks:
-                cls = PROBATIONARY if first[key] or in_debt else NORMAL
-                self.cls[b] = cls
-                self.owner[b] = g
-                self.contract[b] = c
-                self.lprefix[b] = label
-                classes[cls] += 1
+            first = {k: not seen for k, seen in zip(keys, hist.contains_keys(g, keys))}
+        classes = [0, 0, 0]
+        for b, key in self.new_blocks:
+            cls = PROBATIONARY if first[key] or in_debt else NORMAL
+            self.cls[b] = cls
+            self.owner[b] = g
+            self.contract[b] = c
+            self.lprefix[b] = label
+            classes[cls] += 1
         if label is not None:
             hist.touch(g, label)
         else:
