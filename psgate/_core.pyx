@@ -1480,7 +1480,9 @@ cdef class PrefixShieldView:
     cdef object pol, tree
     cdef SeqHeaps gq            # the group queues, q = 3 * g + segment
     cdef SeqHeaps gl            # the all-groups queues while has_glob
-    cdef list num_eligible, gver
+    # the policy's num_eligible and gver, array('q')s that grow by a group at a time
+    # (read through their data pointer: no buffer is held, so they can grow)
+    cdef carray.array num_eligible, gver
     cdef BHeap bh               # the batch heap (PrefixShield.batch_heap's entries)
     # the per-k heaps (PrefixShield.kheaps): slot j holds k = kval[j]'s, slots in the
     # order the dict's keys were first set (which decides between k's tied on P)
@@ -1731,9 +1733,8 @@ cdef class PrefixShieldView:
         self.gq._push(3 * g + s, b, sq)
         if self.has_glob:
             self.gl._push(s, b, sq)
-        ne = self.num_eligible[g] + 1
-        self.num_eligible[g] = ne
-        if ne == 1:
+        self.num_eligible.data.as_longlongs[g] += 1
+        if self.num_eligible.data.as_longlongs[g] == 1:
             self._relist(g)
         return 0
 
@@ -1741,10 +1742,10 @@ cdef class PrefixShieldView:
         """PrefixShield._relist."""
         self._flush()
         pol = self.pol
-        ver = self.gver[g] + 1
-        self.gver[g] = ver
+        self.gver.data.as_longlongs[g] += 1
+        ver = self.gver.data.as_longlongs[g]
         pol._rank_cache = None
-        if self.num_eligible[g] == 0:
+        if self.num_eligible.data.as_longlongs[g] == 0:
             return 0
         if self._moved(g):
             _hp_push(&self.bh, -self.bm_p[g], g, ver)
@@ -1756,8 +1757,8 @@ cdef class PrefixShieldView:
 
     cdef inline bint _valid_b(self, const BEntry *e) except -1:
         cdef int g = e.g
-        return (e.ver == <long long>self.gver[g] and self._moved(g)
-                and self.num_eligible[g] > 0)
+        return (e.ver == self.gver.data.as_longlongs[g] and self._moved(g)
+                and self.num_eligible.data.as_longlongs[g] > 0)
 
     cdef int _scan_c(self, Rank *r) except -1:
         """PrefixShield._scan_batch, into r."""
@@ -1839,8 +1840,8 @@ cdef class PrefixShieldView:
             while h.n:
                 e = &h.a[0]
                 g = e.g
-                if (e.ver == <long long>self.gver[g] and not self._moved(g)
-                        and self.num_eligible[g] > 0):
+                if (e.ver == self.gver.data.as_longlongs[g] and not self._moved(g)
+                        and self.num_eligible.data.as_longlongs[g] > 0):
                     p = self.min_rho * (-e.key - <double>self.kval[j] * t)
                     if best < 0 or p > best_p:
                         best = j
@@ -1865,9 +1866,8 @@ cdef class PrefixShieldView:
             g = _hp_pop(&self.kh[fj]).g
             p = self._p(g)
             self._set_moved(g, p)
-            ver = self.gver[g] + 1
-            self.gver[g] = ver
-            _hp_push(&self.bh, -<double>p, g, ver)
+            self.gver.data.as_longlongs[g] += 1
+            _hp_push(&self.bh, -<double>p, g, self.gver.data.as_longlongs[g])
 
     cdef tuple _rank_tuple(self, Rank *r):
         """The rank cache's tuple for r: (top groups, P, runner-up or -1, its P)."""
@@ -1898,11 +1898,10 @@ cdef class PrefixShieldView:
                 if self.gl.wv[b] < 0:
                     raise RuntimeError(f"block {b} is queued by its group but not globally")
                 self.gl._remove(b)
-            ne = self.num_eligible[g] - 1
-            self.num_eligible[g] = ne
-            if ne == 0:
+            self.num_eligible.data.as_longlongs[g] -= 1
+            if self.num_eligible.data.as_longlongs[g] == 0:
                 self._flush()
-                self.gver[g] = self.gver[g] + 1
+                self.gver.data.as_longlongs[g] += 1
                 pol._rank_cache = None
         return 0
 
@@ -1953,8 +1952,8 @@ cdef class PrefixShieldView:
         did not top alone."""
         cdef BEntry e
         self._set_moved(g, p_after)
-        ver = self.gver[g] + num
-        self.gver[g] = ver
+        self.gver.data.as_longlongs[g] += num
+        ver = self.gver.data.as_longlongs[g]
         if self.bh.n and self.bh.a[0].g == g:
             e.key = -p_after
             e.g = g

@@ -144,7 +144,7 @@ class PrefixShield(EvictionPolicy):
         self.gids, self.gnames = self.groups.ids, self.groups.names
         self.qnames: list[str] = []              # "group/segment" for queue 3*g + s
         self.history = PrefixHistory(self.params["history_size"], pool.key_shift)
-        self.num_eligible: list[int] = []
+        self.num_eligible = array("q")           # per group (arrays: the core reads them)
         # buckets: (gid, contract idx) -> index
         self.bidx: dict[tuple[int, int], int] = {}
         self.B: list[float] = []
@@ -160,7 +160,7 @@ class PrefixShield(EvictionPolicy):
         # kinetic index of groups by normalized debt
         self.S: list[float] = []
         self.k: list[int] = []
-        self.gver: list[int] = []
+        self.gver = array("q")
         self.kheaps: dict[int, list] = {}
         # (z, bucket, version) for each debt's clearing time; a charge pushes a new entry
         # and leaves the bucket's older one stale, so the heap is compacted when stale
