@@ -414,15 +414,38 @@ cdef object _json_memo(JsonMemo m, object obj):
     return _memo_text(m)
 
 
+# The last floats _number formatted and their texts: a row's P before is the row before's
+# P after, and the runner-up's P repeats down a run. The text is a function of the value
+# alone (both zeros give "0"; a NaN never equals itself, so it is never found here).
+cdef double _num_v[4]
+cdef list _num_t = [None, None, None, None]
+cdef int _num_next = 0
+
+
 cdef str _number(object p, object ff):
     """ff[p] (fmt_f of a debt or probability), formatted here when the cache lacks it."""
-    cdef object s = (<dict>ff).get(p)
+    global _num_next
+    cdef object s
     cdef str t
+    cdef double v
+    cdef int j
+    if type(p) is float:
+        v = <double>p
+        for j in range(4):
+            if _num_v[j] == v and _num_t[j] is not None:
+                return _num_t[j]
+        s = (<dict>ff).get(p)
+        if s is not None:
+            return s
+        t = f"{p:.6f}".rstrip("0").rstrip(".")
+        t = "0" if t == "-0" or t == "" else t
+        _num_v[_num_next] = v
+        _num_t[_num_next] = t
+        _num_next = (_num_next + 1) & 3
+        return t
+    s = (<dict>ff).get(p)
     if s is not None:
         return s
-    if type(p) is float:
-        t = f"{p:.6f}".rstrip("0").rstrip(".")
-        return "0" if t == "-0" or t == "" else t
     return ff[p]
 
 
