@@ -1490,16 +1490,17 @@ cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
 
 
 cdef class PrefixShieldView:
-    """prefixshield's per-block and per-victim paths over the policy's own state: its
-    arrays are read and written in place and its heaps are the same lists, pushed and
-    popped by heapq, so the Python methods and these interleave freely. The exception is
-    what ranks the groups (the batch heap, the per-k heaps and batch_mod), held here as
-    C structs: the Python methods that read or write it (_relist, _ranked, _p,
-    _evicted's responsible half, _end_batch) call this view's forms while one is bound,
-    and the policy's batch_heap, kheaps and batch_mod are None. What is rare (the global
-    fallback when no group is in debt, a block outside the pool) calls the policy's own
-    Python method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a
-    subclass that overrides them (prefixshield-b) runs the Python ones."""
+    """prefixshield's per-request, per-block and per-victim paths over the policy's own
+    state: its arrays are read and written in place, and its queues are SeqHeaps (C
+    heaps with SeqQueues' API), so the Python methods and these interleave freely. What
+    ranks the groups (the batch heap, the per-k heaps and batch_mod) and an admission's
+    new blocks are held here as C structs: the Python methods that read or write them
+    (on_admit, end_admit, _relist, _ranked, _p, _evicted's responsible half, _end_batch,
+    _eligible_push, uncandidate) call this view's forms while one is bound, and the
+    policy's batch_heap, kheaps and batch_mod are None. What is rare (the global fallback
+    when no group is in debt, a block outside the pool) calls the policy's own Python
+    method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a subclass
+    that overrides them (prefixshield-b) runs the Python ones."""
     cdef object pol, tree
     cdef SeqHeaps gq            # the group queues, q = 3 * g + segment
     cdef SeqHeaps gl            # the all-groups queues while has_glob

@@ -181,9 +181,10 @@ class PrefixShield(EvictionPolicy):
         # valid for one batch (time and stored balances do not move inside it)
         self._rank_cache: tuple | None = None
         self._debt_cache: dict[int, tuple[float, float, float]] = {}
-        # The compiled forms of on_free, evict_batch, on_cached and end_admit's class
-        # loop (psgate.core), over this state (the group heaps are theirs while bound);
-        # only for the classes whose methods they mirror.
+        # The compiled forms of on_admit, on_free, evict_batch, on_cached and end_admit
+        # (psgate.core's PrefixShieldView), over this state (the group ranking and an
+        # admission's new blocks are the view's while bound); only for the classes whose
+        # methods they mirror.
         self._view = kernels.PrefixShieldView(self, Decision, SEGMENTS) if compiled else None
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
