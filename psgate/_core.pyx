@@ -1461,6 +1461,8 @@ cdef class SeqHeaps:
                 if self.wv[e & SEQ_MASK] == q and self.sv[e & SEQ_MASK] == e >> SHIFT_C]
 
     def __contains__(self, int b):
+        if not 0 <= b < self.num_blocks:
+            raise IndexError(f"block {b} out of range")
         return self.wv[b] != -1
 
     @property

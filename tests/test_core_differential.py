@@ -627,6 +627,45 @@ def test_the_fast_json_path_matches_csv_json_at_its_edges(tmp_path):
     w.close()
 
 
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "remove", "head", "add"]),
+                              st.integers(0, 3), st.integers(0, 15), st.integers(0, 6)),
+                    max_size=120))
+def test_the_c_heap_queues_are_seqqueues(ops):
+    """SeqHeaps (prefixshield's queues under the core) against SeqQueues: the same heads
+    (popping dead entries), items, live counts and membership after any sequence of
+    pushes (a block again, at an older or the same seq), removals and new queues, with
+    compactions along the way."""
+    from psgate.policies.queues import SeqQueues
+    mod = _compiled()
+    py, c = SeqQueues(16, 2), mod.SeqHeaps(16, 2)
+    for op, q, b, seq in ops:
+        q %= len(py.live)
+        if op == "add":
+            assert py.add_queue() == c.add_queue()
+        elif op == "push":
+            if b in py:                    # a queued block leaves first, as the policy does
+                py.remove(b)
+                c.remove(b)
+            py.push(q, b, seq)
+            c.push(q, b, seq)
+        elif op == "remove" and b in py:
+            py.remove(b)
+            c.remove(b)
+        elif op == "head":
+            assert py.head(q) == c.head(q)
+        assert (b in py) == (b in c)
+        assert list(py.live) == [c.live[i] for i in range(len(c.live))]
+    for q in range(len(py.live)):
+        assert py.items(q) == c.items(q)
+        assert py.head(q) == c.head(q)
+    assert py.where.tobytes() == c.where.tobytes() and py.seq.tobytes() == c.seq.tobytes()
+    with pytest.raises(ValueError):
+        c.remove(-1)
+    with pytest.raises(IndexError):
+        c.head(len(py.live))
+
+
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(bound=st.integers(1, 6), ops=st.lists(st.tuples(
