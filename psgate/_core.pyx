@@ -21,6 +21,62 @@ cdef long long CHILD = 1 << 32
 cdef long long NO_KEY = -1
 
 
+# -- trace reading (psgate/trace/reader.py) --------------------------------------------
+
+def first_bad_hash(list blocks):
+    """The index of the first element of ``blocks`` that is not a lowercase hex string of
+    1 to 128 characters (reader._HASH_RE), or -1 when all are."""
+    cdef Py_ssize_t i, j, n
+    cdef object h
+    cdef Py_UCS4 c
+    for i in range(len(blocks)):
+        h = blocks[i]
+        if type(h) is not str:
+            return i
+        n = PyUnicode_GET_LENGTH(<str>h)
+        if n < 1 or n > 128:
+            return i
+        for j in range(n):
+            c = (<str>h)[j]
+            if not (48 <= c <= 57 or 97 <= c <= 102):
+                return i
+    return -1
+
+
+def intern_chain(table, list hashes):
+    """HashTable.intern_chain when every hash's parent agrees with the one it was first
+    seen with: the ids. None where one does not (the hashes before it are interned, as
+    the Python form leaves them; it then runs again and raises)."""
+    cdef dict ids = table.ids
+    cdef list names = table.names
+    cdef carray.array parents = table.parent
+    cdef list out = []
+    cdef long long parent = -1, hid
+    cdef object v
+    for h in hashes:
+        v = ids.get(h)
+        if v is None:
+            hid = len(names)
+            ids[h] = hid
+            names.append(h)
+            _append_q(parents, parent)
+        else:
+            hid = v
+            if parents.data.as_longlongs[hid] != parent:
+                return None
+        out.append(hid)
+        parent = hid
+    return out
+
+
+def block_ids(dict ids, list hashes):
+    """[ids[h] for h in hashes] (KeyError for a hash the table lacks, as there)."""
+    cdef list out = []
+    for h in hashes:
+        out.append(ids[h])
+    return out
+
+
 # -- the invariant checker (psgate/invariants/checker.py) ------------------------------
 
 def checker_cached(checker, list cached):

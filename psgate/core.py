@@ -40,6 +40,19 @@ def get():
     return _state["mod"]
 
 
+def quiet():
+    """get() for code that also runs outside replays (reading a trace): the module or
+    None, and no notice where it is missing (the replay that asks for it says it)."""
+    if os.environ.get("PSGATE_CORE", "1") == "0":
+        return None
+    if "mod" in _state:
+        return _state["mod"]
+    try:
+        return importlib.import_module("psgate._core")
+    except ImportError:
+        return None
+
+
 def describe() -> str:
     """'compiled' or 'python', for the bench's and the receipt's environment notes."""
     return "python" if get() is None else "compiled"

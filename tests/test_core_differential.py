@@ -627,6 +627,48 @@ def test_the_fast_json_path_matches_csv_json_at_its_edges(tmp_path):
     w.close()
 
 
+_hash_like = st.one_of(st.sampled_from(["a", "0f", "ff00", "e3", "0" * 128, "0" * 129, "",
+                                         "A0", "g1", "0x1", " 1", "1\n", "\u0661"]),
+                       st.text(alphabet="0123456789abcdefG", min_size=0, max_size=5),
+                       st.integers(0, 9), st.none())
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks=st.lists(_hash_like, max_size=8))
+def test_the_hash_check_is_the_regex(blocks):
+    """first_bad_hash against reader._HASH_RE.fullmatch: the same first bad element."""
+    from psgate.trace.reader import _HASH_RE
+    mod = _compiled()
+    want = next((i for i, h in enumerate(blocks)
+                 if type(h) is not str or _HASH_RE.fullmatch(h) is None), -1)
+    assert mod.first_bad_hash(blocks) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains=st.lists(st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), max_size=5),
+                       max_size=8))
+def test_hash_interning_is_the_python_one(chains):
+    """intern_chain compiled (with the Python form run again where it returns None)
+    against HashTable.intern_chain alone: the same ids, table and parent errors."""
+    from psgate.trace.reader import HashTable
+    mod = _compiled()
+
+    def where(msg, field):
+        return ValueError(msg, field)
+
+    got = {}
+    for code in ("compiled", "python"):
+        table, trail = HashTable(), []
+        for chain in chains:
+            try:
+                ids = mod.intern_chain(table, chain) if code == "compiled" else None
+                trail.append(table.intern_chain(chain, where) if ids is None else ids)
+            except ValueError as exc:
+                trail.append(exc.args)
+        got[code] = (trail, table.ids, table.names, table.parent.tolist())
+    assert got["compiled"] == got["python"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "remove", "head", "add"]),
                               st.integers(0, 3), st.integers(0, 15), st.integers(0, 6)),

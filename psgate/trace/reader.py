@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 import rfc8785
 
+from psgate import core
 from psgate.errors import InputError
 from psgate.resources import BUNDLED_PREFIX, bundled_trace_names, bundled_trace_path
 from psgate.trace import jcs
@@ -363,6 +364,8 @@ class TraceReader:
     def _validated_events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
         """The events of a trace already validated by a full pass (see the class)."""
         fh, sha, ids = self._fh, self._file_sha, self.hashes.ids
+        kernels = core.quiet()
+        fast_ids = None if kernels is None or type(ids) is not dict else kernels.block_ids
         bs = self.header.block_size
         partial = self.header.partial
         known: set[str] = set()      # request ids, kept only where a partial trace needs them
@@ -384,7 +387,8 @@ class TraceReader:
                     t_ns = seconds_to_ns(t)
                     ev = RequestEvent(line=self._line, t_ns=t_ns, id=rid, group=obj["group"],
                                       contract=obj["contract"], scope=obj["scope"],
-                                      blocks=[ids[h] for h in blocks], tail=tail,
+                                      blocks=([ids[h] for h in blocks] if fast_ids is None
+                                              else fast_ids(ids, blocks)), tail=tail,
                                       out=obj["out"], prompt_tokens=len(blocks) * bs + tail)
                     num_fields = len(obj)     # 9 required; often done_t, seldom others
                     if num_fields == 10 and "done_t" in obj:
@@ -423,6 +427,9 @@ class TraceReader:
         n_req = n_cancel = n_done = n_skipped = 0
         err = self._err
         intern = self.hashes.intern_chain
+        # compiled forms of the hash checks and interning (the same results); the Python
+        # forms say what is wrong where they find something
+        kernels = core.quiet() if type(self.hashes) is HashTable else None
 
         while True:
             obj = self._next_object()
@@ -478,10 +485,12 @@ class TraceReader:
                     raise err(f"{len(blocks)} blocks in one request, more than the cap of "
                               f"{self.limits.max_blocks_per_request} (--max-blocks-per-request)",
                               "blocks")
-                for i, h in enumerate(blocks):
-                    if type(h) is not str or _HASH_RE.fullmatch(h) is None:
-                        raise err(f"element {i}: expected a lowercase hex string of 1-128 "
-                                  f"characters, found {h!r:.40}", "blocks")
+                bad = (-2 if kernels is None else kernels.first_bad_hash(blocks))
+                if bad != -1:
+                    for i, h in enumerate(blocks):
+                        if type(h) is not str or _HASH_RE.fullmatch(h) is None:
+                            raise err(f"element {i}: expected a lowercase hex string of "
+                                      f"1-128 characters, found {h!r:.40}", "blocks")
                 tail = obj["tail"]
                 if type(tail) is not int or not 0 <= tail < bs:
                     raise err(f"expected an integer in 0..{bs - 1} (block_size {bs}), found "
@@ -497,7 +506,8 @@ class TraceReader:
                                   contract=contract, scope=obj["scope"], blocks=[],
                                   tail=tail, out=out, prompt_tokens=prompt_tokens)
                 self._optional_fields(obj, ev, t, t_ns)
-                ev.blocks = intern(blocks, err)
+                ids = None if kernels is None else kernels.intern_chain(self.hashes, blocks)
+                ev.blocks = intern(blocks, err) if ids is None else ids
                 requests[rid] = ev.done_ns is not None
                 group_order.setdefault(group)
                 n_req += 1
