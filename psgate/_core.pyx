@@ -1608,6 +1608,15 @@ cdef class PrefixShieldView:
     cdef double pend_p, pend_runner_p, pend_inv_w
     cdef Py_ssize_t pend_n
     cdef list ties              # _scan_c's tied top groups, sorted (num_top > 1)
+    # PrefixShield._rank_cache, held here while the view is bound (the policy's stays
+    # None; its _choose asks rank_cache())
+    cdef object rcache
+    # 1 / W_g per group for the current batch (iw_e[g] == epoch: iw_v[g] holds it); the
+    # epoch moves on with each admission (on_admit), after which buckets may differ
+    cdef double *iw_v
+    cdef long long *iw_e
+    cdef Py_ssize_t iw_cap
+    cdef long long epoch
     # the admission's new blocks (PrefixShield.new_blocks: blocks here, keys in nb_keys)
     # and how many of them hold generated tokens (num_new_output)
     cdef int *nb_b
@@ -1667,10 +1676,16 @@ cdef class PrefixShieldView:
         self.nb_b = NULL
         self.nb_n = self.nb_cap = self.nb_out = 0
         self.nb_keys = []
+        self.iw_v = NULL
+        self.iw_e = NULL
+        self.iw_cap = 0
+        self.epoch = 1
 
     def __dealloc__(self):
         cdef Py_ssize_t j
         free(self.nb_b)
+        free(self.iw_v)
+        free(self.iw_e)
         free(self.bh.a)
         for j in range(self.num_k):
             free(self.kh[j].a)
@@ -1793,19 +1808,40 @@ cdef class PrefixShieldView:
     cdef double _inv_w(self, int g) except? -1.0:
         """1 / W_g, W_g as _debts gives it (the largest weight among g's buckets in debt at
         the batch's time, else 1), without the debts' tuple where _debts has not made it."""
-        cdef tuple d = self.debt_cache.get(g)
-        cdef double t = self.now, w = 0.0, wi
+        cdef tuple d
+        cdef double t = self.now, w = 0.0, wi, inv
         cdef bint has_w = False
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, cap, j
+        cdef void *grown
+        if g < self.iw_cap and self.iw_e[g] == self.epoch:
+            return self.iw_v[g]
+        d = self.debt_cache.get(g)
         if d is not None:
-            return 1.0 / <double>d[2]
-        for ib in <list>self.group_buckets[g]:
-            i = ib
-            wi = self.bw[i]
-            if <double>self.bzero_t[i] > t and (not has_w or wi > w):
-                w = wi
-                has_w = True
-        return 1.0 / (w if has_w else 1.0)
+            inv = 1.0 / <double>d[2]
+        else:
+            for ib in <list>self.group_buckets[g]:
+                i = ib
+                wi = self.bw[i]
+                if <double>self.bzero_t[i] > t and (not has_w or wi > w):
+                    w = wi
+                    has_w = True
+            inv = 1.0 / (w if has_w else 1.0)
+        if g >= self.iw_cap:
+            cap = max(2 * self.iw_cap, g + 1, 64)
+            grown = realloc(self.iw_v, cap * sizeof(double))
+            if grown == NULL:
+                raise MemoryError()
+            self.iw_v = <double *>grown
+            grown = realloc(self.iw_e, cap * sizeof(long long))
+            if grown == NULL:
+                raise MemoryError()
+            self.iw_e = <long long *>grown
+            for j in range(self.iw_cap, cap):
+                self.iw_e[j] = 0
+            self.iw_cap = cap
+        self.iw_v[g] = inv
+        self.iw_e[g] = self.epoch
+        return inv
 
     cdef int _push(self, int b) except -1:
         """PrefixShield._eligible_push."""
@@ -1826,7 +1862,7 @@ cdef class PrefixShieldView:
         pol = self.pol
         self.gver.data.as_longlongs[g] += 1
         ver = self.gver.data.as_longlongs[g]
-        pol._rank_cache = None
+        self.rcache = None
         if self.num_eligible.data.as_longlongs[g] == 0:
             return 0
         if self._moved(g):
@@ -1984,7 +2020,7 @@ cdef class PrefixShieldView:
             if self.num_eligible.data.as_longlongs[g] == 0:
                 self._flush()
                 self.gver.data.as_longlongs[g] += 1
-                pol._rank_cache = None
+                self.rcache = None
         return 0
 
     cdef int _best_of(self, int g, int *seg) except -2:
@@ -2044,9 +2080,9 @@ cdef class PrefixShieldView:
         else:
             _hp_push(&self.bh, -p_after, g, ver)
         if keep and p_after > runner_p:
-            self.pol._rank_cache = ([g], p_after, runner, runner_p)
+            self.rcache = ([g], p_after, runner, runner_p)
         else:
-            self.pol._rank_cache = None
+            self.rcache = None
         return 0
 
     cdef int _evicted(self, int b, int g, object p_after) except -1:
@@ -2065,7 +2101,7 @@ cdef class PrefixShieldView:
     cdef int _responsible(self, int g, double p_after) except -1:
         """_evicted's half for g, responsible for one victim and now projected at
         p_after."""
-        cache = self.pol._rank_cache
+        cache = self.rcache
         # g stays responsible while it is the only group above the runner-up
         if cache is not None and len(<list>cache[0]) == 1 and cache[0][0] == g:
             self._batch_state(g, p_after, 1, True, cache[2], cache[3])
@@ -2082,6 +2118,13 @@ cdef class PrefixShieldView:
     def ranked(self):
         """PrefixShield._ranked."""
         return self._ranked()
+
+    def rank_cache(self):
+        """PrefixShield._choose's ranking: the rank cache, made by _ranked where there is
+        none."""
+        if self.rcache is None:
+            self.rcache = self._ranked()
+        return self.rcache
 
     def eligible(self, int b):
         """PrefixShield._eligible_push: b (a candidate leaf) joins its queues."""
@@ -2256,6 +2299,7 @@ cdef class PrefixShieldView:
         cdef tuple e
         cdef int g
         self.end_batch()
+        self.epoch += 1                 # the buckets may have been charged since
         t = now_ns / NS_PER_S
         while zh and (<tuple>zh[0])[0] <= t:        # PrefixShield._advance
             e = _zpop(zh)
@@ -2278,7 +2322,7 @@ cdef class PrefixShieldView:
         self.nb_keys = []
         pol.promoted = pol.denied = 0
         pol.promotion_debt = 0.0
-        pol._rank_cache = None
+        self.rcache = None
         self.debt_cache.clear()
 
     def end_admit(self, req):
@@ -2444,7 +2488,7 @@ cdef class PrefixShieldView:
                     alone = True
                 else:
                     self._flush()
-                    cache = pol._rank_cache
+                    cache = self.rcache
                     if cache is None:
                         # A fresh ranking. Its cache tuple is made only for what reads it
                         # (_choose, _responsible): a run's flush writes the cache before
@@ -2462,7 +2506,7 @@ cdef class PrefixShieldView:
                             self.ties = top
                     if not (r.num_top and r.top_p > self.eps):
                         if fresh:
-                            pol._rank_cache = self._rank_tuple(&r)
+                            self.rcache = self._rank_tuple(&r)
                         pol.num_cand = self.num_cand
                         pol.glob_budget = budget
                         held = False
@@ -2482,7 +2526,7 @@ cdef class PrefixShieldView:
                         runner, runner_p = r.runner_g, r.runner_p
                     else:           # tied: sorted by best candidate, the second runs up
                         if fresh:
-                            pol._rank_cache = self._rank_tuple(&r)
+                            self.rcache = self._rank_tuple(&r)
                             fresh = False
                         g = self._first_of(self.ties)
                         runner, runner_p = self.runner_g, r.top_p
@@ -2512,7 +2556,7 @@ cdef class PrefixShieldView:
                     self._evicted_tail(b)
                 else:
                     if fresh:               # _responsible reads it
-                        pol._rank_cache = self._rank_tuple(&r)
+                        self.rcache = self._rank_tuple(&r)
                     self._evicted(b, g, p_after)
                 victims.append(b)
         finally:

@@ -595,9 +595,12 @@ class PrefixShield(EvictionPolicy):
     def _choose(self) -> tuple:
         """(victim, responsible gid or -1, its P before and after, segment, runner-up gid
         or -1, its P, ancestry fallback?): select_victim's choice before the Decision."""
-        cache = self._rank_cache
-        if cache is None:
-            cache = self._rank_cache = self._ranked()
+        if self._view is not None:       # the view holds the rank cache while bound
+            cache = self._view.rank_cache()
+        else:
+            cache = self._rank_cache
+            if cache is None:
+                cache = self._rank_cache = self._ranked()
         top, top_p, runner, runner_p = cache
         if top and top_p > self.eps:
             if len(top) > 1:     # equal P_g: best candidate's segment, then native order
