@@ -16,6 +16,17 @@ from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_
 
 cdef class PrefixShieldView               # below, with prefixshield's paths
 
+
+cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
+    """p (a C array of cap[0] items of ``item`` bytes, or NULL) reallocated at twice its
+    capacity (16 at first); cap[0] is updated."""
+    cdef Py_ssize_t c = 2 * cap[0] if cap[0] else 16
+    cdef void *q = realloc(p, c * item)
+    if q == NULL:
+        raise MemoryError()
+    cap[0] = c
+    return q
+
 cdef long long COPIES = (1 << 32) - 1
 cdef long long CHILD = 1 << 32
 cdef long long NO_KEY = -1
@@ -1255,16 +1266,10 @@ cdef inline bint _b_lt(const BEntry *a, const BEntry *b) noexcept nogil:
 
 cdef int _hp_push(BHeap *h, double key, int g, long long ver) except -1:
     """heappush: the new entry climbs from the end while less than its parent."""
-    cdef Py_ssize_t i, parent, cap
+    cdef Py_ssize_t i, parent
     cdef BEntry e
-    cdef BEntry *grown
     if h.n == h.cap:
-        cap = 2 * h.cap if h.cap else 64
-        grown = <BEntry *>realloc(h.a, cap * sizeof(BEntry))
-        if grown == NULL:
-            raise MemoryError()
-        h.a = grown
-        h.cap = cap
+        h.a = <BEntry *>_grown(h.a, &h.cap, sizeof(BEntry))
     e.key = key
     e.g = g
     e.ver = ver
@@ -1313,15 +1318,9 @@ ctypedef struct QHeap:
 
 
 cdef int _q_push(QHeap *h, long long e) except -1:
-    cdef Py_ssize_t i, parent, cap
-    cdef long long *grown
+    cdef Py_ssize_t i, parent
     if h.n == h.cap:
-        cap = 2 * h.cap if h.cap else 16
-        grown = <long long *>realloc(h.a, cap * sizeof(long long))
-        if grown == NULL:
-            raise MemoryError()
-        h.a = grown
-        h.cap = cap
+        h.a = <long long *>_grown(h.a, &h.cap, sizeof(long long))
     i = h.n
     h.n += 1
     while i > 0:
@@ -1422,15 +1421,8 @@ cdef class SeqHeaps:
         free(self.qs)
 
     cdef Py_ssize_t _add(self) except -1:
-        cdef Py_ssize_t cap
-        cdef QHeap *grown
         if self.num_q == self.cap_q:
-            cap = 2 * self.cap_q if self.cap_q else 16
-            grown = <QHeap *>realloc(self.qs, cap * sizeof(QHeap))
-            if grown == NULL:
-                raise MemoryError()
-            self.qs = grown
-            self.cap_q = cap
+            self.qs = <QHeap *>_grown(self.qs, &self.cap_q, sizeof(QHeap))
         self.qs[self.num_q].a = NULL
         self.qs[self.num_q].n = self.qs[self.num_q].cap = self.qs[self.num_q].live = 0
         self.num_q += 1
@@ -2177,17 +2169,10 @@ cdef class PrefixShieldView:
         """cached, with its request's prompt blocks looked up by the caller (pool_cache,
         once per request). The admission's new blocks are kept here (the policy's
         new_blocks and num_new_output, which end_admit reads: the view's own)."""
-        cdef Py_ssize_t cap
-        cdef void *grown
         if not 0 <= block < self.n or parent >= self.n:
             raise IndexError(f"block {block} (parent {parent}) is outside the pool")
         if self.nb_n == self.nb_cap:
-            cap = 2 * self.nb_cap if self.nb_cap else 256
-            grown = realloc(self.nb_b, cap * sizeof(int))
-            if grown == NULL:
-                raise MemoryError()
-            self.nb_b = <int *>grown
-            self.nb_cap = cap
+            self.nb_b = <int *>_grown(self.nb_b, &self.nb_cap, sizeof(int))
         self.nb_b[self.nb_n] = block
         self.nb_n += 1
         self.nb_keys.append(key)
