@@ -4,7 +4,7 @@ A room is a package under psgate/ or a top-level module. Each may import only th
 its row names (imports inside functions count: a lazy import is still a dependency).
 Bottom up: errors, contracts, resources, atomic and core (which of the replay's loops are
 compiled) need nothing, invariants only core;
-trace reads and writes traces; policies see contracts and their own invariant checkers,
+trace reads and writes traces (with core's compiled hash checks); policies see contracts and their own invariant checkers,
 never an engine; engines run policies through the interface and the registry, never a
 concrete policy or a family's checker (the policy hands those over), and never the receipt,
 the reports or the CLI; stats, workloads and the receipt see of the engines only their
@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str] | None] = {
     "atomic": set(),
     "core": set(),
     "invariants": {"core"},
-    "trace": {"resources", "atomic", "contracts"},
+    "trace": {"resources", "atomic", "contracts", "core"},
     "policies": {"contracts", "core", "invariants"},
     "engines": {"core", "resources", "trace", "invariants", "policies"},
     "stats": {"engines"},
