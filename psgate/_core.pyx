@@ -365,7 +365,7 @@ cdef class JsonMemo:
     coder's own reader would not take (it then reads the field's text instead)."""
     cdef list keys, order, values, parts, vtexts
     cdef unsigned char *odd
-    cdef Py_ssize_t num_odd, odd_keys
+    cdef Py_ssize_t num_odd
     cdef object text
 
     def __init__(self):
@@ -433,11 +433,10 @@ cdef int _memo_update(JsonMemo m, dict d) except -2:
         m.values = [_UNSET] * n
         m.parts = [None] * n
         m.vtexts = [None] * n
-        m.odd_keys = 0
+        m.num_odd = 0
         for k in d:
             if '\x7f' in <str>k:
-                m.odd_keys += 1
-        m.num_odd = m.odd_keys
+                m.num_odd += 1              # a key the coder's reader would not take
         for i in range(n):
             m.odd[i] = 0
         m.text = None
@@ -845,6 +844,16 @@ OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
 
 
+cdef inline double _audit_bhat(object prev, double beta, double rho, double t):
+    """BucketAudit._bhat of a bucket stored as prev = (B, t0), or None for one not made
+    yet (full: beta)."""
+    cdef double x
+    if prev is None:
+        return beta
+    x = <double>(<tuple>prev)[0] + rho * (t - <double>(<tuple>prev)[1])
+    return x if x < beta else beta
+
+
 def bucket_admitted(audit, where, str group, str contract, double t,
                     Py_ssize_t num_materialized, dict info, Py_ssize_t num_output):
     """BucketAudit.admitted (psgate/invariants/prefixshield.py) when every check it makes
@@ -854,20 +863,13 @@ def bucket_admitted(audit, where, str group, str contract, double t,
     cdef dict verdicts = audit.verdicts, buckets = audit.buckets, beta_of = audit.beta
     cdef dict rho_of = audit.rho
     cdef object v1 = verdicts.get("I1"), v2 = verdicts.get("I2"), prev
-    cdef double debt = 0.0, x, beta, rho, b, t0, w
+    cdef double debt = 0.0, x, beta, b, w
     cdef tuple key = (group, contract)
     cdef object promoted = info.get("promoted", 0), charged
     if v2 is not None and promoted:
         for c in (<dict>audit._contracts).get(group, ()):
-            prev = buckets.get((group, c))
-            beta = beta_of[c]
-            if prev is None:
-                x = beta
-            else:
-                x = <double>(<tuple>prev)[0] + <double>rho_of[c] * (t - <double>(<tuple>prev)[1])
-                if not x < beta:
-                    x = beta
-            debt += -x if -x > 0.0 else 0.0
+            x = -_audit_bhat(buckets.get((group, c)), beta_of[c], rho_of[c], t)
+            debt += x if x > 0.0 else 0.0
         if not debt <= <double>audit.eps:
             return False
     if v1 is not None:
@@ -889,14 +891,7 @@ def bucket_admitted(audit, where, str group, str contract, double t,
     beta = beta_of[contract]
     if num_materialized:
         w = audit.output_weight
-        if prev is None:
-            x = beta                    # min(beta, beta + rho * 0)
-            if not x < beta:
-                x = beta
-        else:
-            x = <double>(<tuple>prev)[0] + <double>rho_of[contract] * (t - <double>(<tuple>prev)[1])
-            if not x < beta:
-                x = beta
+        x = _audit_bhat(prev, beta, rho_of[contract], t)
         if num_output == 0 or w == 1.0:
             b = x - num_materialized
         else:
@@ -1517,10 +1512,6 @@ cdef class SeqHeaps:
     def live(self):
         return LiveCounts(self)
 
-    def num_entries(self, int q):
-        """The entries queue q's heap holds, dead ones included (its size)."""
-        return self.qs[q].n if self._ok(q) else 0
-
     def fill_global(self, SeqHeaps gq):
         """PrefixShield.global_queues' rebuild: every block queued in gq (group queues,
         q = 3 * g + segment), here in its segment's queue at its seq."""
@@ -1851,7 +1842,6 @@ cdef class PrefixShieldView:
     cdef int _relist(self, int g) except -1:
         """PrefixShield._relist."""
         self._flush()
-        pol = self.pol
         self.gver.data.as_longlongs[g] += 1
         ver = self.gver.data.as_longlongs[g]
         self.rcache = None
@@ -1998,7 +1988,6 @@ cdef class PrefixShieldView:
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
         cdef int g
-        pol = self.pol
         self.cand[b] = 0
         self.num_cand -= 1
         if self.gq.wv[b] >= 0:
@@ -2301,8 +2290,6 @@ cdef class PrefixShieldView:
         pol.now_s = t
         if req.group not in pol.gids:
             pol._gid(req.group)
-        pol.new_blocks = []
-        pol.num_new_output = 0
         self.nb_n = self.nb_out = 0
         self.nb_keys = []
         pol.promoted = pol.denied = 0
@@ -2322,7 +2309,6 @@ cdef class PrefixShieldView:
         cdef Py_ssize_t n = self.nb_n, j, i
         cdef double t, raw = 0.0, x
         cdef object n_out, ow, amount, balance, label
-        cdef tuple item
         self.end_batch()
         t = pol.now_s
         n_out = self.nb_out
@@ -2365,7 +2351,6 @@ cdef class PrefixShieldView:
             if classes[j]:
                 new_class[self.class_names[j]] = classes[j]
         note["new_class"] = new_class
-        pol.new_blocks = []
         self.nb_n = self.nb_out = 0
         self.nb_keys = []
         return note

@@ -25,19 +25,28 @@ import sys
 _state: dict = {}
 
 
+def _load():
+    """The module, imported once (None where it is not built; the error is kept)."""
+    if "mod" not in _state:
+        try:
+            _state["mod"] = importlib.import_module("psgate._core")
+        except ImportError as exc:
+            _state["mod"] = None
+            _state["error"] = exc
+    return _state["mod"]
+
+
 def get():
     """The ``psgate._core`` module, or None (switched off, or not built here)."""
     if os.environ.get("PSGATE_CORE", "1") == "0":
         return None
-    if "mod" not in _state:
-        try:
-            _core = importlib.import_module("psgate._core")
-        except ImportError as exc:
-            _core = None
-            sys.stderr.write(f"psgate: note: the compiled core is not built here ({exc}); "
-                             f"replaying with the Python engine (same results, slower)\n")
-        _state["mod"] = _core
-    return _state["mod"]
+    mod = _load()
+    if mod is None and not _state.get("said"):
+        _state["said"] = True
+        sys.stderr.write(f"psgate: note: the compiled core is not built here "
+                         f"({_state['error']}); replaying with the Python engine (same "
+                         f"results, slower)\n")
+    return mod
 
 
 def quiet():
@@ -45,12 +54,7 @@ def quiet():
     None, and no notice where it is missing (the replay that asks for it says it)."""
     if os.environ.get("PSGATE_CORE", "1") == "0":
         return None
-    if "mod" in _state:
-        return _state["mod"]
-    try:
-        return importlib.import_module("psgate._core")
-    except ImportError:
-        return None
+    return _load()
 
 
 def describe() -> str:
