@@ -2687,7 +2687,10 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
 
 # -- the compact ledger's coder (psgate/receipt/compact.py) ----------------------------
 
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
+from libc.stdio cimport snprintf
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
 cdef enum:
     _MAX_FIELDS = 64        # a row with more goes the field-list way
@@ -3027,6 +3030,60 @@ cdef str _csv_line(list codes):
     return ",".join(codes)
 
 
+cdef struct _RowBuf:
+    char *p
+    Py_ssize_t n, cap
+
+
+cdef long long _INT_BOUND = 100000000000000000   # 10**17: _is_int takes its text
+
+
+cdef int _buf_put(_RowBuf *b, const char *s, Py_ssize_t n) except -1:
+    cdef Py_ssize_t c
+    cdef void *grown
+    if b.n + n > b.cap:
+        c = max(2 * b.cap, b.n + n, 4096)
+        grown = realloc(b.p, c)
+        if grown == NULL:
+            raise MemoryError()
+        b.p = <char *>grown
+        b.cap = c
+    memcpy(b.p + b.n, s, n)
+    b.n += n
+    return 0
+
+
+cdef int _buf_str(_RowBuf *b, str s) except -1:
+    cdef Py_ssize_t n
+    cdef const char *u = PyUnicode_AsUTF8AndSize(s, &n)
+    return _buf_put(b, u, n)
+
+
+cdef int _buf_code(_RowBuf *b, str code) except -1:
+    """"," and one code as csv.writer writes it (_csv_line)."""
+    _buf_put(b, ",", 1)
+    if not code:
+        return 0
+    if _needs_quotes(code):
+        code = '"' + code.replace('"', '""') + '"'
+    return _buf_str(b, code)
+
+
+cdef int _buf_int(_RowBuf *b, long long v) except -1:
+    cdef char tmp[24]
+    cdef int n = snprintf(tmp, 24, "%lld", v)
+    return _buf_put(b, tmp, n)
+
+
+cdef inline str _cached_field(object q, object v, object csv_field):
+    """The writer's q[v] for a str v (its cache of quoted fields), else csv_field(v)."""
+    cdef object t
+    if type(v) is str:
+        t = (<dict>q).get(v)
+        return t if t is not None else q[v]
+    return csv_field(v)
+
+
 cdef class CompactCoder:
     """compact.CompactEncoder.encode, compiled, with its own prediction state: rows of the
     CSV ledger (each with its "\\n") in, compact rows out. Splitting, prediction, integer
@@ -3138,32 +3195,217 @@ cdef class CompactCoder:
             return self.encode_text(rows), seq
         if len(blocks) < num or len(hash_names) < num or len(owners) < num:
             num = min(num, len(blocks), len(hash_names), len(owners))
-        f = [lead[0], lead[1], None, lead[2], lead[3], lead[4], lead[5], lead[6]]
-        f += [None] * 11                 # block .. runner_up_p: _evict_texts
-        f += [None, "", "", "", None]    # segments, hits, allocated, new_blocks, rank
+        if num == 0:
+            return "", seq
+        cdef _RowBuf buf
+        buf.p = NULL
+        buf.n = buf.cap = 0
+        try:
+            seq = self._evict_rows(&buf, decisions, blocks, hash_names, owners, lead, seq,
+                                   num, q, ff, csv_field, csv_json, seg_memo, rank_memo)
+            return PyUnicode_DecodeUTF8(buf.p, buf.n, NULL), seq
+        finally:
+            free(buf.p)
+
+    cdef Py_ssize_t _evict_rows(self, _RowBuf *buf, list decisions, list blocks,
+                                list hash_names, list owners, tuple lead, Py_ssize_t seq,
+                                Py_ssize_t num, object q, object ff, object csv_field,
+                                object csv_json, JsonMemo seg_memo,
+                                JsonMemo rank_memo) except? -1:
+        """encode_evictions' rows, written to buf: what _encode_fields codes for each row's
+        fields, without making the fields. The rows share their run, policy, time, request
+        and kind, and seq counts up, so after the first row every shared column is its
+        prediction. The own columns' predictions are held here from row to row (an
+        integer field as its value, a number's text beside its value), and the batch's
+        last row is the prediction state afterwards, as _encode_fields leaves it."""
+        cdef Py_ssize_t i, j, k, nj
+        cdef object d, x, blk
+        cdef str kind = lead[3], t, c, p
+        cdef tuple prev, pj
+        cdef dict prev_json, json_now
+        cdef list ptext, shared, tmp = [], mv, vals
+        cdef list jtext = [None, None], jkeys = [None, None], jvals = [None, None]
+        cdef bint jok[2]
+        cdef long long pint[3]          # block, num_candidates, position (own 0, 3, 4)
+        cdef bint pint_live[3]
+        cdef double pflt[3]             # p_before, p_after, runner_up_p (own 7, 8, 10)
+        cdef bint pflt_live[3]
+        cdef Py_ssize_t hid
+        cdef JsonMemo m
+        prev = self.by_kind.get(kind) or self.blank
+        ptext = list(<tuple>prev[0])
+        prev_json = prev[1]
+        for k in range(2):
+            pj = prev_json[19 if k == 0 else 23]
+            jtext[k] = pj[0]
+            jkeys[k] = pj[1]
+            jvals[k] = list(<list>pj[2])
+            jok[k] = pj[3]
+        for k in range(3):
+            pint_live[k] = False
+            pflt_live[k] = False
         for i in range(num):
             d = decisions[i]
             seq += 1
-            f[2] = str(seq)
-            _evict_texts(f, d, blocks[i], hash_names[i], owners[i], q, ff, csv_field)
+            if _needs_quotes(kind):
+                _buf_str(buf, '"' + kind.replace('"', '""') + '"')
+            else:
+                _buf_str(buf, kind)
+            if i == 0:
+                # the shared columns against the previous row, its seq plus one
+                shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
+                for j in range(7):
+                    c = shared[j]
+                    p = self.last[j]
+                    if j == self.seq_at and _is_int(p):
+                        p = str(_int_of(p) + 1)
+                    _buf_code(buf, "" if c == p else _code_c(c, p, self.code_py))
+            else:
+                _buf_put(buf, ",,,,,,,", 7)
+            # own columns: block, hash, owner, num_candidates, position, queue,
+            # responsible, p before, p after, runner-up, runner-up p, hits, allocated,
+            # new blocks
+            blk = blocks[i]
+            self._int_col(buf, ptext, 0, blk, 0, pint, pint_live, csv_field)
+            t = _field(hash_names[i], csv_field)
+            hid = -1
+            if t:
+                hid = self._see(t)
+            p = ptext[1]
+            if t is p or t == p:
+                _buf_put(buf, ",", 1)
+            elif hid >= 0:
+                _buf_put(buf, ",#", 2)
+                _buf_int(buf, hid)
+            else:
+                _buf_code(buf, _code_c(t, p, self.code_py))
+            ptext[1] = t
+            x = owners[i]
+            self._text_col(buf, ptext, 2, _cached_field(q, x, csv_field))
+            self._int_col(buf, ptext, 3, d.num_candidates, 1, pint, pint_live, csv_field)
+            self._int_col(buf, ptext, 4, d.position, 2, pint, pint_live, csv_field)
+            self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
+            x = d.responsible
+            self._text_col(buf, ptext, 6, _field(x or '', csv_field))
+            self._num_col(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live, ff)
+            self._num_col(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live, ff)
+            x = d.runner_up
+            self._text_col(buf, ptext, 9, _field(x or '', csv_field))
+            self._num_col(buf, ptext, 10, d.runner_up_p, 2, pflt, pflt_live, ff)
+            for j in range(11, 14):
+                self._text_col(buf, ptext, j, "")
+            # the JSON columns, segments then rank
             for k in range(2):
                 x = d.segments if k == 0 else d.rank
                 m = seg_memo if k == 0 else rank_memo
-                jp[k] = None
+                t = None
                 if not x:
-                    f[19 + 4 * k] = ""
+                    t = ""
                 elif type(x) is dict and _memo_update(m, <dict>x):
                     if m.num_odd:
-                        f[19 + 4 * k] = _memo_text(m)
-                    else:
-                        jp[k] = m
+                        t = _memo_text(m)
                 else:
-                    f[19 + 4 * k] = csv_json(x)
-            lines.append(_csv_line(self._encode_fields(f, jp)))
-        if not lines:
-            return "", seq
-        lines.append("")
-        return "\r\n".join(lines), seq
+                    t = csv_json(x)
+                if t is None and (m.order is jkeys[k] or m.order == jkeys[k]):
+                    # coded by key, against the last row's values
+                    _buf_put(buf, ",", 1)
+                    mv = m.vtexts
+                    vals = jvals[k]
+                    nj = len(mv)
+                    for j in range(nj):
+                        c = mv[j]
+                        p = vals[j]
+                        if c is p or c == p:
+                            _buf_put(buf, ",", 1)
+                        else:
+                            _buf_code(buf, _code_c(c, p, self.code_py))
+                            vals[j] = c
+                    jkeys[k] = m.order
+                    jtext[k] = None
+                    jok[k] = True
+                    continue
+                pj = (jtext[k], jkeys[k], jvals[k], jok[k])
+                del tmp[:]
+                if t is None:
+                    self._json_known(tmp, pj, m.order, m.vtexts)
+                    jtext[k], jkeys[k], jvals[k], jok[k] = None, m.order, list(m.vtexts), True
+                elif jok[k] and jtext[k] is not None and t == jtext[k]:
+                    tmp.append("")
+                    tmp.extend([""] * len(jkeys[k]))
+                else:
+                    json_now = {}
+                    self._json_col(tmp, 19 if k == 0 else 23, pj, t, json_now)
+                    pj = json_now[19 if k == 0 else 23]
+                    jtext[k], jkeys[k], jvals[k], jok[k] = pj[0], pj[1], list(<list>pj[2]), pj[3]
+                for c in tmp:
+                    _buf_code(buf, c)
+            _buf_put(buf, "\r\n", 2)
+        for k in range(3):
+            if pint_live[k]:
+                ptext[(0, 3, 4)[k]] = str(pint[k])
+        self.last = (lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6])
+        self.by_kind[kind] = (tuple(ptext), {19: (jtext[0], jkeys[0], jvals[0], jok[0]),
+                                             23: (jtext[1], jkeys[1], jvals[1], jok[1])})
+        return seq
+
+    cdef int _text_col(self, _RowBuf *buf, list ptext, Py_ssize_t j, str t) except -1:
+        """Own column j's field t coded against the last row's text (then t)."""
+        cdef str p = ptext[j]
+        if t is p or t == p:
+            _buf_put(buf, ",", 1)
+        else:
+            _buf_code(buf, _code_c(t, p, self.code_py))
+            ptext[j] = t
+        return 0
+
+    cdef int _int_col(self, _RowBuf *buf, list ptext, Py_ssize_t j, object v, int k,
+                      long long *pint, bint *pint_live, object csv_field) except -1:
+        """Own column j's field for v (str(v) for an int, as _evict_texts writes it): an
+        integer the compact form codes by difference is compared as a number, and its text
+        is made only when the next field is not one (its value stays in pint[k])."""
+        cdef long long a
+        cdef int overflow = 0
+        cdef str p
+        if type(v) is int:
+            a = PyLong_AsLongLongAndOverflow(v, &overflow)
+            if not overflow and -_INT_BOUND < a < _INT_BOUND:
+                if pint_live[k]:
+                    if a == pint[k]:
+                        _buf_put(buf, ",", 1)
+                    else:
+                        _buf_put(buf, ",~", 2)
+                        _buf_int(buf, a - pint[k])
+                else:
+                    p = ptext[j]
+                    if _is_int(p):
+                        if a == _int_of(p):
+                            _buf_put(buf, ",", 1)
+                        else:
+                            _buf_put(buf, ",~", 2)
+                            _buf_int(buf, a - _int_of(p))
+                    else:
+                        _buf_code(buf, _code_c(str(v), p, self.code_py))
+                pint[k] = a
+                pint_live[k] = True
+                return 0
+        if pint_live[k]:
+            ptext[j] = str(pint[k])
+            pint_live[k] = False
+        self._text_col(buf, ptext, j, str(v) if type(v) is int else csv_field(v))
+        return 0
+
+    cdef int _num_col(self, _RowBuf *buf, list ptext, Py_ssize_t j, object x, int k,
+                      double *pflt, bint *pflt_live, object ff) except -1:
+        """Own column j's field for the number x (_number's text, '' for None): a float
+        equal to the last row's is its text (the text is a function of the value)."""
+        if type(x) is float and pflt_live[k] and <double>x == pflt[k]:
+            _buf_put(buf, ",", 1)
+            return 0
+        self._text_col(buf, ptext, j, '' if x is None else _number(x, ff))
+        pflt_live[k] = type(x) is float
+        if pflt_live[k]:
+            pflt[k] = <double>x
+        return 0
 
     cdef int _json_col(self, list out, Py_ssize_t i, tuple pj, str text,
                        dict json_now) except -1:
