@@ -11,6 +11,14 @@ are C ints, ``q`` arrays C long longs.
 
 from cpython cimport array as carray
 from libc.stdlib cimport realloc, free
+from libc.string cimport strlen
+from cpython.mem cimport PyMem_Free
+
+
+cdef extern from "Python.h":
+    char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
+                                int *ptype)
+    object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
 from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
                               PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
 
@@ -488,6 +496,26 @@ cdef list _num_t = [None, None, None, None]
 cdef int _num_next = 0
 
 
+cdef str _fmt6(double v):
+    """ledger.fmt_f(v): f"{v:.6f}" (Python's own formatter) without trailing zeros, "0"
+    for "-0" and ""."""
+    cdef char *t = PyOS_double_to_string(v, b'f', 6, 0, NULL)
+    cdef Py_ssize_t n
+    if t == NULL:
+        raise MemoryError()
+    try:
+        n = strlen(t)
+        while n and t[n - 1] == 48:
+            n -= 1
+        if n and t[n - 1] == 46:
+            n -= 1
+        if n == 0 or (n == 2 and t[0] == 45 and t[1] == 48):
+            return "0"
+        return PyUnicode_DecodeASCII(t, n, NULL)
+    finally:
+        PyMem_Free(t)
+
+
 cdef str _number(object p, object ff):
     """ff[p] (fmt_f of a debt or probability), formatted here when the cache lacks it."""
     global _num_next
@@ -503,8 +531,7 @@ cdef str _number(object p, object ff):
         s = (<dict>ff).get(p)
         if s is not None:
             return s
-        t = f"{p:.6f}".rstrip("0").rstrip(".")
-        t = "0" if t == "-0" or t == "" else t
+        t = _fmt6(v)
         _num_v[_num_next] = v
         _num_t[_num_next] = t
         _num_next = (_num_next + 1) & 3
@@ -2834,20 +2861,79 @@ cdef inline long long _seconds_ns(str s):
     return -2 if p == 10 else v
 
 
+cdef inline int _places(str s, long long *v):
+    """compact._places: the number of places of a decimal of at most 18 digits (v: its
+    digits as an integer, signed), or -1 when s is not one."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i = 0, j, point = -1
+    cdef unsigned int k = PyUnicode_KIND(s)
+    cdef void *d = PyUnicode_DATA(s)
+    cdef Py_UCS4 c
+    cdef long long x = 0
+    if n and PyUnicode_READ(k, d, 0) == 45:
+        i = 1
+    if n - i - 1 > 18 or n - i < 3:
+        return -1
+    for j in range(i, n):
+        c = PyUnicode_READ(k, d, j)
+        if c == 46:
+            if point >= 0:
+                return -1
+            point = j
+        elif 48 <= c <= 57:
+            x = x * 10 + (<long long>c - 48)
+        else:
+            return -1
+    # one digit or a leading 1-9 before the point, at least one after it
+    if point <= i or point == n - 1:
+        return -1
+    if point - i > 1 and PyUnicode_READ(k, d, i) == 48:
+        return -1
+    v[0] = -x if i else x
+    return <int>(n - 1 - point)
+
+
+cdef enum:
+    _VERBATIM, _INT_STEP, _TIME_STEP, _PLACE_STEP, _ASK_PYTHON
+
+cdef const char *_STEP_MARK = b"=~^%"
+
+
+cdef int _code_kind(str cur, str pred, long long *delta):
+    """Which code compact._code gives cur (!= pred): an integer, time or decimal step (its
+    difference in delta), the text itself, or _ASK_PYTHON for times with 10 digits before
+    the point (a long long might not hold them)."""
+    cdef long long a, b
+    cdef int pa, pb
+    if _is_int(cur) and _is_int(pred):
+        delta[0] = _int_of(cur) - _int_of(pred)
+        return _INT_STEP
+    a = _seconds_ns(cur)
+    if a != -1:
+        b = _seconds_ns(pred)
+        if b != -1:
+            if a == -2 or b == -2:
+                return _ASK_PYTHON
+            delta[0] = a - b
+            return _TIME_STEP
+    pa = _places(cur, &a)
+    if pa < 0:
+        return _VERBATIM
+    pb = _places(pred, &b)
+    if pb != pa or (a == 0 and PyUnicode_READ(PyUnicode_KIND(cur), PyUnicode_DATA(cur), 0) == 45):
+        return _VERBATIM
+    delta[0] = a - b
+    return _PLACE_STEP
+
+
 cdef str _code_c(str cur, str pred, object code_py):
     """compact._code(cur, pred) for cur != pred."""
-    cdef long long a, b
-    if _is_int(cur) and _is_int(pred):
-        return f"~{_int_of(cur) - _int_of(pred)}"
-    a = _seconds_ns(cur)
-    if a == -1:
+    cdef long long delta
+    cdef int kind = _code_kind(cur, pred, &delta)
+    if kind == _VERBATIM:
         return "=" + cur
-    b = _seconds_ns(pred)
-    if b == -1:
-        return "=" + cur
-    if a == -2 or b == -2:
+    if kind == _ASK_PYTHON:
         return code_py(cur, pred)
-    return f"^{a - b}"
+    return chr(_STEP_MARK[kind]) + str(delta)
 
 
 cdef list _split_row(str line, object split_py):
@@ -3069,6 +3155,21 @@ cdef int _buf_code(_RowBuf *b, str code) except -1:
     return _buf_str(b, code)
 
 
+cdef int _buf_code_c(_RowBuf *b, str cur, str pred, object code_py) except -1:
+    """"," and _code_c(cur, pred) (cur != pred), a step written without making it."""
+    cdef long long delta
+    cdef int kind = _code_kind(cur, pred, &delta)
+    cdef char mark[2]
+    if kind == _VERBATIM:
+        return _buf_code(b, "=" + cur)
+    if kind == _ASK_PYTHON:
+        return _buf_code(b, code_py(cur, pred))
+    mark[0] = 44
+    mark[1] = _STEP_MARK[kind]
+    _buf_put(b, mark, 2)
+    return _buf_int(b, delta)
+
+
 cdef int _buf_int(_RowBuf *b, long long v) except -1:
     cdef char tmp[24]
     cdef int n = snprintf(tmp, 24, "%lld", v)
@@ -3278,7 +3379,7 @@ cdef class CompactCoder:
                 _buf_put(buf, ",#", 2)
                 _buf_int(buf, hid)
             else:
-                _buf_code(buf, _code_c(t, p, self.code_py))
+                _buf_code_c(buf, t, p, self.code_py)
             ptext[1] = t
             x = owners[i]
             self._text_col(buf, ptext, 2, _cached_field(q, x, csv_field))
@@ -3318,7 +3419,7 @@ cdef class CompactCoder:
                         if c is p or c == p:
                             _buf_put(buf, ",", 1)
                         else:
-                            _buf_code(buf, _code_c(c, p, self.code_py))
+                            _buf_code_c(buf, c, p, self.code_py)
                             vals[j] = c
                     jkeys[k] = m.order
                     jtext[k] = None
@@ -3354,7 +3455,7 @@ cdef class CompactCoder:
         if t is p or t == p:
             _buf_put(buf, ",", 1)
         else:
-            _buf_code(buf, _code_c(t, p, self.code_py))
+            _buf_code_c(buf, t, p, self.code_py)
             ptext[j] = t
         return 0
 
@@ -3384,7 +3485,7 @@ cdef class CompactCoder:
                             _buf_put(buf, ",~", 2)
                             _buf_int(buf, a - _int_of(p))
                     else:
-                        _buf_code(buf, _code_c(str(v), p, self.code_py))
+                        _buf_code_c(buf, str(v), p, self.code_py)
                 pint[k] = a
                 pint_live[k] = True
                 return 0

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from psgate.policies import policy_names
 from psgate.receipt.compact import (CompactEncoder, CompactLedgerFile, compiled_coder, decode,
                                     open_compact, split_row)
-from psgate.receipt.ledger import LEDGER_COLUMNS, canonical, csv_field, open_text
+from psgate.receipt.ledger import LEDGER_COLUMNS, canonical, csv_field, fmt_f, open_text
 from psgate.errors import InputError
 
 from test_cli import GOLDEN_ARGS, assert_one_line_error, psgate
@@ -80,6 +80,7 @@ def test_awkward_rows_decode_byte_for_byte(tmp_path):
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 number = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=False, allow_infinity=False))
 field = st.one_of(text, st.integers(-5, 10**6).map(str), st.just(""),
+                  st.floats(-1e7, 1e7).map(fmt_f), st.floats(-1e7, 1e7).map(repr),
                   st.integers(0, 10**12).map(lambda ns: f"{ns // 10**9}.{ns % 10**9:09d}"),
                   st.dictionaries(st.sampled_from(["a", "b", "freed_seq", "class"]),
                                   st.one_of(number, text, st.booleans(), st.none()),
@@ -211,6 +212,39 @@ def test_bytes_per_eviction_beat_gzip_csv(tmp_path):
     assert sizes["compact"] < 0.7 * sizes["gzip"], sizes
 
 
+def test_decimals_are_coded_by_their_last_place(tmp_path):
+    """A probability or debt that moves from row to row is coded as its step in the last
+    place, and every decimal edge decodes to its text."""
+    from psgate.receipt.compact import _code, _uncode
+    assert _code("6817.914304", "6818.914304") == "%-1000000"
+    assert _code("-0.5", "0.5") == "%-10"
+    assert _code("0.5", "-0.0") == "%5"
+    for cur, pred in [("-0.0", "0.5"), ("1.5", "1.25"), ("01.5", "1.5"), ("1.5e3", "1.5"),
+                      ("123456789012345678.0", "1.0"), ("1.", "1.0")]:
+        assert _code(cur, pred) == "=" + cur
+    for cur in DECIMAL_EDGES:
+        for pred in DECIMAL_EDGES:
+            if cur != pred:
+                assert _uncode(_code(cur, pred), pred) == cur
+    rows = [row(run="candidate", policy="prefixshield", seq=i + 1, t="1.000000000",
+                kind="evict", block=i, responsible="g", responsible_p_before=fmt_f(30.123456 - i),
+                responsible_p_after=fmt_f(29.123456 - i)) for i in range(20)]
+    assert roundtrip(rows, tmp_path) == HEADER + "".join(rows)
+    text = gzip.decompress(compact_bytes(rows, tmp_path)).decode()
+    codes = [line.split(",")[16] for line in text.splitlines()[3:]]
+    assert codes == ["%-1000000"] * 19, codes
+
+
+def test_version_1_files_still_read():
+    """A compact ledger written before the "%" code (version 1) decodes as it did."""
+    from pathlib import Path
+    data = Path(__file__).parent / "data" / "compact_v1"
+    with gzip.open(data / "ledger.compact.csv.gz", "rt", encoding="utf-8", newline="") as fh:
+        assert fh.readline().startswith("psgate-compact-ledger,1")
+    got = "".join(open_compact(data / "ledger.compact.csv.gz"))
+    assert got.encode() == (data / "ledger.csv").read_bytes()
+
+
 def test_huge_ids_and_fields_round_trip(tmp_path):
     """Ids past Python's int-to-str limit are text, not numbers; fields past csv's default
     field size read back."""
@@ -257,6 +291,12 @@ TIME_EDGES = ["0.000000000", "9999999999.999999999", "1000000000.000000000",
               "999999999.999999999", "01.000000000", "1.00000000", "1.0000000000", "-1.000000000"]
 INT_EDGES = ["0", "-0", "00", "-1", "999999999999999999", "-999999999999999999",
              "1000000000000000000", "1" * 19, "+1", "1_0", "\u0661"]
+# "%" codes: the same number of places, at most 18 digits, not a negative zero
+DECIMAL_EDGES = ["6817.914304", "6818.914304", "-0.5", "0.5", "-0.0", "0.0", "1.25", "01.5",
+                 "1.", ".5", "-.5", "123456789012345678.0", "12345678901234567.8",
+                 "-12345678901234567.8", "-99999999999999999.9", "1.5e3", "0.000001",
+                 "-0.000001", "1.0", "1.00", "-", "-.", "0.", "1.2.3", "1..2", "\u0663.5",
+                 "3.\u0665", " 1.5", "1.5 "]
 
 
 def test_the_compiled_coder_writes_the_python_codes_at_its_edges():
@@ -268,6 +308,13 @@ def test_the_compiled_coder_writes_the_python_codes_at_its_edges():
     for i, (t, n) in enumerate(zip(TIME_EDGES * 3, INT_EDGES * 3)):
         lines.append(row(run="r", policy="p", seq=n, t=t, kind="admit", request=n, hits=t,
                          allocated=n, rank=canonical({"t": t, "n": n})))
+    for i, x in enumerate(DECIMAL_EDGES + DECIMAL_EDGES[::2] + DECIMAL_EDGES[::-1]):
+        y = DECIMAL_EDGES[(i * 5) % len(DECIMAL_EDGES)]
+        lines.append(row(run="r", policy="p", seq=i, t="2.000000000", kind="evict", block=i,
+                         responsible_p_before=x, responsible_p_after=y, runner_up_p=x,
+                         rank=canonical({"d": float(x) if x.strip() and x[-1:].isdigit()
+                                         and x.count(".") == 1 and "e" not in x
+                                         and x.strip() == x and x.isascii() else x})))
     lines.append(row(run="r", policy="p", seq="x", t="1.0", kind="evict", block='q"',
                      request="a\r\nb", rank='"{""a"":1}"'))
     assert _compiled_text(lines) == _python_text(lines)
@@ -277,7 +324,7 @@ def test_the_compiled_coder_writes_the_python_codes_at_its_edges():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["evict", "admit", "hit", "odd,kind"]),
                           st.lists(st.one_of(field, st.sampled_from(
-                              JSON_EDGES + TIME_EDGES + INT_EDGES)),
+                              JSON_EDGES + TIME_EDGES + INT_EDGES + DECIMAL_EDGES)),
                               min_size=len(LEDGER_COLUMNS) - 1,
                               max_size=len(LEDGER_COLUMNS) - 1)), max_size=12))
 def test_the_compiled_coder_writes_the_python_codes(rows):

@@ -10,6 +10,8 @@ form removes it first and gzips what is left:
     code    -> ""            the field equals its prediction
                "~" + delta   both are integers: the difference
                "^" + delta   both are times (seconds, 9 decimals): the difference in ns
+               "%" + delta   both are decimals with the same number of places (a
+                             probability, a debt): the difference in the last place
                "=" + text    anything else, verbatim
                "#" + number  the hash column: a trace hash seen before, by its number
                              (HashIds)
@@ -41,13 +43,17 @@ from psgate.errors import InputError
 from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
-VERSION = "1"
+VERSION = "2"
+# Version 1 had no "%" code; its files read as they are (the codes it had mean the same).
+READS = ("1", "2")
 _FIELD_LIMIT = 1 << 30
 # Delta coding only for numbers a machine word holds (a 4,301-digit id would meet
 # Python's int-to-str limit): bigger ones, and ids with leading zeros, are kept as text.
 _INT = re.compile(r"(0|-?[1-9][0-9]{0,17})\Z")
 _SECONDS = re.compile(r"(0|[1-9][0-9]{0,9})\.[0-9]{9}\Z")      # fmt_t: seconds, 9 decimals
 _DELTA = re.compile(r"-?[0-9]{1,20}\Z")
+# a decimal of at most 18 digits (its places as an integer fit a machine word)
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)\.([0-9]+)\Z")
 _KIND_COL = 4
 REQUIRED = ("run", "policy", "seq", "t", "kind", "request", "group", "contract", "hash")
 _SEQ_COL = 2
@@ -95,6 +101,16 @@ def _ns(t: str) -> int:
     return int(t.replace(".", ""))
 
 
+def _places(t: str) -> tuple[int, int] | None:
+    """(t without its point, as an integer; its number of places) for a decimal _DECIMAL
+    takes with at most 18 digits, else None. "-0.0" is None as a value to code (its
+    integer is 0, which gives "0.0" back), but reads as 0 as a prediction."""
+    m = _DECIMAL.match(t)
+    if m is None or len(t) - (t[0] == "-") - 1 > 18:
+        return None
+    return int(t.replace(".", "")), len(m.group(2))
+
+
 def _code(cur: str, pred: str) -> str:
     if cur == pred:
         return ""
@@ -102,13 +118,22 @@ def _code(cur: str, pred: str) -> str:
         return f"~{int(cur) - int(pred)}"
     if _SECONDS.match(cur) and _SECONDS.match(pred):
         return f"^{_ns(cur) - _ns(pred)}"
+    c, p = _places(cur), _places(pred)
+    if c is not None and p is not None and c[1] == p[1] and (c[0] or cur[0] != "-"):
+        return f"%{c[0] - p[0]}"
     return "=" + cur
+
+
+def _unplaces(v: int, places: int) -> str:
+    """The decimal of integer v with ``places`` places (_places' inverse)."""
+    q, r = divmod(abs(v), 10 ** places)
+    return f"{'-' if v < 0 else ''}{q}.{r:0{places}d}"
 
 
 def _uncode(code: str, pred: str) -> str:
     if not code:
         return pred
-    if code[0] in "~^" and not _DELTA.match(code, 1):
+    if code[0] in "~^%" and not _DELTA.match(code, 1):
         raise ValueError(f"a difference that is not a whole number: {code[1:40]!r}")
     if code[0] == "~":
         if not _INT.match(pred):
@@ -121,6 +146,11 @@ def _uncode(code: str, pred: str) -> str:
         if ns < 0:
             raise ValueError("a time step to before zero")
         return fmt_t(ns)
+    if code[0] == "%":
+        p = _places(pred)
+        if p is None:
+            raise ValueError(f"a decimal step from {pred[:40]!r}, which is not a decimal")
+        return _unplaces(p[0] + int(code[1:]), p[1])
     if code[0] == "=":
         return code[1:]
     raise ValueError(f"a field code starts with {code[0]!r}")
@@ -380,8 +410,8 @@ def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
     rows = csv.reader(stream)
     try:
         magic = next(rows)
-        if magic != [MAGIC, VERSION]:
-            raise InputError(f"expected a {MAGIC} version {VERSION} header, found "
+        if len(magic) != 2 or magic[0] != MAGIC or magic[1] not in READS:
+            raise InputError(f"expected a {MAGIC} version {' or '.join(READS)} header, found "
                              f"{','.join(magic)[:60]!r}", path=name, line=1)
         header = next(rows)
     except StopIteration:
