@@ -13,14 +13,13 @@ from cpython cimport array as carray
 from libc.stdlib cimport realloc, free
 from libc.string cimport strlen
 from cpython.mem cimport PyMem_Free
-
+from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
+                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int *ptype)
     object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
-from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
-                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
 
 cdef class PrefixShieldView               # below, with prefixshield's paths
 
@@ -3282,11 +3281,8 @@ cdef class CompactCoder:
         the memos' (a field they do not give, or whose text the reader here would not
         take back, is coded from its text). ``lead``: the rows' run, policy, time, kind,
         request, group and contract fields. Returns (text, the last seq)."""
-        cdef Py_ssize_t i, num = len(decisions)
-        cdef list f, lines = [], jp = [None, None]
-        cdef object d, x
-        cdef int k
-        cdef JsonMemo m
+        cdef Py_ssize_t num = len(decisions)
+        cdef _RowBuf buf
         if not self.ledger_layout:
             rows = []
             seq = eviction_rows(rows, decisions, blocks, hash_names, owners,
@@ -3298,7 +3294,6 @@ cdef class CompactCoder:
             num = min(num, len(blocks), len(hash_names), len(owners))
         if num == 0:
             return "", seq
-        cdef _RowBuf buf
         buf.p = NULL
         buf.n = buf.cap = 0
         try:
@@ -3353,14 +3348,9 @@ cdef class CompactCoder:
             else:
                 _buf_str(buf, kind)
             if i == 0:
-                # the shared columns against the previous row, its seq plus one
                 shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
                 for j in range(7):
-                    c = shared[j]
-                    p = self.last[j]
-                    if j == self.seq_at and _is_int(p):
-                        p = str(_int_of(p) + 1)
-                    _buf_code(buf, "" if c == p else _code_c(c, p, self.code_py))
+                    _buf_code(buf, self._shared_code(j, shared[j]))
             else:
                 _buf_put(buf, ",,,,,,,", 7)
             # own columns: block, hash, owner, num_candidates, position, queue,
@@ -3617,18 +3607,22 @@ cdef class CompactCoder:
         self.by_kind[kind] = (tuple(own), json_now)
         return out
 
-    cdef list _encode_fields(self, list fields, list parsed=None):
-        """encode() of a row already split into its fields. ``parsed``, where given, holds
-        per JSON column (json_cols' order) None, for a column read from its field, or a
-        JsonMemo whose sorted keys and value texts are the field's (the field is then not
-        looked at: the column's prediction keeps no text, only keys and values)."""
+    cdef str _shared_code(self, Py_ssize_t j, str c):
+        """The code of shared column j's field c, against the previous row's (its seq plus
+        one)."""
+        cdef str p = self.last[j]
+        if j == self.seq_at and _is_int(p):
+            p = str(_int_of(p) + 1)
+        return "" if c == p else _code_c(c, p, self.code_py)
+
+    cdef list _encode_fields(self, list fields):
+        """encode() of a row already split into its fields."""
         cdef Py_ssize_t i, j
         cdef str kind, c, p
         cdef tuple prev, prev_own, cur, own, pj
         cdef dict prev_json, json_now
         cdef list out
         cdef Py_ssize_t hid
-        cdef JsonMemo m
         if len(fields) != self.num_cols:
             raise ValueError(f"{len(fields)} fields, the header has {self.num_cols}")
         kind = fields[self.kind_col]
@@ -3638,13 +3632,8 @@ cdef class CompactCoder:
         cur = tuple([fields[i] for i in self.shared_cols])
         own = tuple([fields[i] for i in self.own_cols])
         out = [kind]
-        # the shared columns against the previous row (its seq plus one)
         for j in range(len(cur)):
-            c = cur[j]
-            p = self.last[j]
-            if j == self.seq_at and _is_int(p):
-                p = str(_int_of(p) + 1)
-            out.append("" if c == p else _code_c(c, p, self.code_py))
+            out.append(self._shared_code(j, cur[j]))
         for j in range(len(own)):
             c = own[j]
             p = prev_own[j]
@@ -3658,11 +3647,6 @@ cdef class CompactCoder:
         for j in range(len(self.json_cols)):
             i = self.json_cols[j]
             pj = prev_json[i]
-            if parsed is not None and parsed[j] is not None:
-                m = parsed[j]
-                self._json_known(out, pj, m.order, m.vtexts)
-                json_now[i] = (None, m.order, list(m.vtexts), True)
-                continue
             if pj[3] and pj[0] is not None and fields[i] == pj[0]:
                 out.append("")
                 out.extend([""] * len(<list>pj[1]))
