@@ -245,6 +245,25 @@ def test_version_1_files_still_read():
     assert got.encode() == (data / "ledger.csv").read_bytes()
 
 
+def test_each_version_numbers_hashes_up_to_its_own_limit(tmp_path, monkeypatch):
+    """A version-1 file's hash table started over at its own (smaller) limit: decoding
+    numbers its hashes as it was written, not as version 2 would."""
+    from psgate.receipt import compact
+    monkeypatch.setattr(compact.HashIds, "LIMIT", 3)
+    hashes = ["a1", "b2", "c3", "d4", "a1", "b2", "e5", "a1", "d4"] * 2
+    rows = [row(run="baseline", policy="lru", seq=i + 1, t="1.000000000", kind="evict",
+                block=i, hash=h * 16) for i, h in enumerate(hashes)]
+    text = gzip.decompress(compact_bytes(rows, tmp_path)).decode()
+    assert text.startswith("psgate-compact-ledger,2\r\n")
+    assert "".join(decode(io.StringIO(text))) == HEADER + "".join(rows)
+    as_v1 = "psgate-compact-ledger,1" + text[len("psgate-compact-ledger,2"):]
+    monkeypatch.setattr(compact.HashIds, "V1_LIMIT", 3)
+    monkeypatch.setattr(compact.HashIds, "LIMIT", 5)
+    assert "".join(decode(io.StringIO(as_v1))) == HEADER + "".join(rows)
+    monkeypatch.setattr(compact.HashIds, "V1_LIMIT", 5)   # another limit: other hashes
+    assert "".join(decode(io.StringIO(as_v1))) != HEADER + "".join(rows)
+
+
 def test_huge_ids_and_fields_round_trip(tmp_path):
     """Ids past Python's int-to-str limit are text, not numbers; fields past csv's default
     field size read back."""

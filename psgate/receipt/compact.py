@@ -44,7 +44,8 @@ from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
 VERSION = "2"
-# Version 1 had no "%" code; its files read as they are (the codes it had mean the same).
+# Version 1 had no "%" code and numbered at most HashIds.V1_LIMIT hashes; its files read
+# as they were written.
 READS = ("1", "2")
 _FIELD_LIMIT = 1 << 30
 # Delta coding only for numbers a machine word holds (a 4,301-digit id would meet
@@ -181,11 +182,17 @@ class HashIds:
     """Trace hashes numbered in the order first seen, for a victim whose content was
     evicted before (the same prompt block evicted again, or in the other run): it is coded
     by that number instead of 32 hex digits. Both sides number the same hashes in the same
-    order; at ``LIMIT`` distinct hashes both start over, so memory stays bounded."""
+    order; at ``limit`` distinct hashes both start over, so memory stays bounded (up to 70
+    bytes a hash while coding, the hash texts being the trace's; twice that while
+    decoding). A replay's two runs evict much the same blocks, so the table holds a whole
+    run of a real trace's evictions (414,592 distinct hashes in 600 Mooncake requests at
+    16,384 blocks), and the other run's are numbers."""
 
-    LIMIT = 1 << 18
+    LIMIT = 1 << 20
+    V1_LIMIT = 1 << 18          # format version 1's
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = self.LIMIT if limit is None else limit
         self._ids: dict[str, int] = {}
         self._names: list[str] = []
 
@@ -193,7 +200,7 @@ class HashIds:
         """The number ``h`` had, or None when it is new (it is numbered now)."""
         hid = self._ids.get(h)
         if hid is None:
-            if len(self._names) >= self.LIMIT:
+            if len(self._names) >= self.limit:
                 self._ids.clear()
                 self._names.clear()
             self._ids[h] = len(self._names)
@@ -288,11 +295,11 @@ class CompactEncoder:
 class CompactDecoder:
     """Compact rows in, the CSV ledger's rows out, byte for byte."""
 
-    def __init__(self, header: str) -> None:
+    def __init__(self, header: str, version: str = VERSION) -> None:
         enc = self._enc = CompactEncoder(header)       # the same columns and predictions
         self.columns, self.json_cols, self.plain_cols = enc.columns, enc.json_cols, enc.plain_cols
         self._hash_col = enc._hash_col
-        self._hashes = HashIds()
+        self._hashes = HashIds(HashIds.V1_LIMIT if version == "1" else None)
         self._last = enc._last
         self._blank = (enc._blank[0], {i: [] for i in self.json_cols},
                        {i: [] for i in self.json_cols})
@@ -419,7 +426,7 @@ def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
     try:
         if len(header) != 1:
             raise ValueError(f"{len(header)} fields")
-        dec = CompactDecoder(header[0])
+        dec = CompactDecoder(header[0], magic[1])
     except (ValueError, TypeError) as exc:
         raise InputError(f"expected the ledger's CSV header, found {header!r:.60} ({exc})",
                          path=name, line=2) from None
