@@ -508,6 +508,36 @@ def test_compact_eviction_rows_are_the_python_ones(monkeypatch, tmp_path, steps,
     assert got["compiled"] == got["python"]
 
 
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(_repeating_decisions(), min_size=3, max_size=40),
+                        min_size=1, max_size=3),
+       blocks=st.lists(st.integers(0, 5), min_size=40, max_size=40))
+def test_long_compact_eviction_batches_are_the_python_ones(monkeypatch, tmp_path, batches,
+                                                           blocks):
+    """Long batches of decisions that repeat most of the row before (as a policy's do):
+    what the compiled coder carries from row to row inside a batch (integer values,
+    number texts, each JSON column's keys and values) codes as the Python writer's rows."""
+    _compiled()
+    got = {}
+    for code in ("compiled", "python"):
+        if code == "python":
+            monkeypatch.setenv("PSGATE_CORE", "0")
+        path = tmp_path / f"{code}.compact.csv.gz"
+        w = LedgerWriter(path, compression="compact")
+        w.start_run("candidate", "prefixshield")
+        try:
+            for i, ds in enumerate(batches):
+                n = len(ds)
+                w.eviction_batch(1_000_000 * i, _Req(f"r{i}"), ds, blocks[:n],
+                                 [f"h{b}" for b in blocks[:n]], ["g"] * n)
+            w.close()
+            got[code] = path.read_bytes()
+        except Exception as exc:       # orjson refusing a value: the same refusal
+            got[code] = type(exc).__name__
+    assert got["compiled"] == got["python"]
+
+
 def test_compact_eviction_rows_code_from_fields(monkeypatch, tmp_path):
     """A replay's compact ledger goes through encode_evictions (not the CSV rows) where
     the core is built, and decodes to the CSV the plain writer writes."""
