@@ -483,29 +483,40 @@ def test_compact_eviction_rows_are_the_python_ones(monkeypatch, tmp_path, steps,
                      data.draw(st.lists(_text, min_size=n, max_size=n)),
                      data.draw(st.lists(st.one_of(_text, st.none()), min_size=n,
                                         max_size=n))))
+
+    def write(w: LedgerWriter) -> None:
+        w.start_run("baseline", "lru")
+        for i, (kind, ds, text, blocks, names, owners) in enumerate(plan):
+            req = _Req(f"r{i % 3}{text}", text or "g")
+            if kind == "batch":
+                w.eviction_batch(1_000_000 * (i // 2), req, ds, blocks, names, owners)
+            elif kind == "one" and ds:
+                w.eviction(1_000_000 * i, req, ds[0], blocks[0], names[0], owners[0])
+            elif kind == "admit":
+                w.admission(1_000_000 * i, req, len(ds), 2, 1, {"charged": len(text)})
+            else:
+                w.start_run("candidate" + text, "prefixshield")
+
+    got = _compact_both_ways(monkeypatch, tmp_path, write)
+    assert got["compiled"] == got["python"]
+
+
+def _compact_both_ways(monkeypatch, tmp_path, write) -> dict:
+    """The compact ledger ``write`` makes, with the compiled core and with the Python
+    writer (PSGATE_CORE=0): its bytes, or the type of what it raised."""
     got = {}
     for code in ("compiled", "python"):
         if code == "python":
             monkeypatch.setenv("PSGATE_CORE", "0")
         path = tmp_path / f"{code}.compact.csv.gz"
         w = LedgerWriter(path, compression="compact")
-        w.start_run("baseline", "lru")
         try:
-            for i, (kind, ds, text, blocks, names, owners) in enumerate(plan):
-                req = _Req(f"r{i % 3}{text}", text or "g")
-                if kind == "batch":
-                    w.eviction_batch(1_000_000 * (i // 2), req, ds, blocks, names, owners)
-                elif kind == "one" and ds:
-                    w.eviction(1_000_000 * i, req, ds[0], blocks[0], names[0], owners[0])
-                elif kind == "admit":
-                    w.admission(1_000_000 * i, req, len(ds), 2, 1, {"charged": len(text)})
-                else:
-                    w.start_run("candidate" + text, "prefixshield")
+            write(w)
             w.close()
             got[code] = path.read_bytes()
         except Exception as exc:       # orjson refusing a value: the same refusal
             got[code] = type(exc).__name__
-    assert got["compiled"] == got["python"]
+    return got
 
 
 @settings(max_examples=60, deadline=None,
@@ -519,22 +530,15 @@ def test_long_compact_eviction_batches_are_the_python_ones(monkeypatch, tmp_path
     what the compiled coder carries from row to row inside a batch (integer values,
     number texts, each JSON column's keys and values) codes as the Python writer's rows."""
     _compiled()
-    got = {}
-    for code in ("compiled", "python"):
-        if code == "python":
-            monkeypatch.setenv("PSGATE_CORE", "0")
-        path = tmp_path / f"{code}.compact.csv.gz"
-        w = LedgerWriter(path, compression="compact")
+
+    def write(w: LedgerWriter) -> None:
         w.start_run("candidate", "prefixshield")
-        try:
-            for i, ds in enumerate(batches):
-                n = len(ds)
-                w.eviction_batch(1_000_000 * i, _Req(f"r{i}"), ds, blocks[:n],
-                                 [f"h{b}" for b in blocks[:n]], ["g"] * n)
-            w.close()
-            got[code] = path.read_bytes()
-        except Exception as exc:       # orjson refusing a value: the same refusal
-            got[code] = type(exc).__name__
+        for i, ds in enumerate(batches):
+            n = len(ds)
+            w.eviction_batch(1_000_000 * i, _Req(f"r{i}"), ds, blocks[:n],
+                             [f"h{b}" for b in blocks[:n]], ["g"] * n)
+
+    got = _compact_both_ways(monkeypatch, tmp_path, write)
     assert got["compiled"] == got["python"]
 
 
