@@ -13,6 +13,7 @@ from cpython cimport array as carray
 from libc.stdlib cimport realloc, free
 from libc.string cimport strlen
 from cpython.mem cimport PyMem_Free
+from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
                               PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
 
@@ -33,6 +34,31 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
         raise MemoryError()
     cap[0] = c
     return q
+
+# The flat arrays' items, read and written in place through a pointer taken once per call:
+# a typed memoryview would do the same, but acquiring one costs more than many of these
+# loops do. The pointer lives while the array is neither resized nor dropped, so a loop
+# that calls back into Python takes it again after the call (a resize there moves it).
+cdef inline int *_ints(object a) except? NULL:
+    """The items of an array('i')."""
+    cdef carray.array x = <carray.array?>a
+    if x.ob_descr.typecode != c'i':
+        raise TypeError(f"expected an array of C ints ('i'), found '{a.typecode}'")
+    return x.data.as_ints
+
+
+cdef inline long long *_llongs(object a) except? NULL:
+    """The items of an array('q')."""
+    cdef carray.array x = <carray.array?>a
+    if x.ob_descr.typecode != c'q':
+        raise TypeError(f"expected an array of C long longs ('q'), found '{a.typecode}'")
+    return x.data.as_longlongs
+
+
+cdef inline unsigned char *_bytes(object a) except? NULL:
+    """The bytes of a bytearray."""
+    return <unsigned char *>PyByteArray_AS_STRING(<bytearray?>a)
+
 
 cdef long long COPIES = (1 << 32) - 1
 cdef long long CHILD = 1 << 32
@@ -101,10 +127,10 @@ def checker_cached(checker, list cached):
     """InvariantChecker.admitted's loop over the blocks that now hold content, with a
     parent table: every key counted in the flat slots, or in the dict for a slot that
     another namespace owns. Returns nothing; the orphan count is updated."""
-    cdef long long[:] key = checker.key
-    cdef long long[:] table = checker._parent
-    cdef int[:] rns = checker.res_ns
-    cdef long long[:] cnt = checker.res_cnt
+    cdef long long *key = _llongs(checker.key)
+    cdef long long *table = _llongs(checker._parent)
+    cdef int *rns = _ints(checker.res_ns)
+    cdef long long *cnt = _llongs(checker.res_cnt)
     cdef dict res = checker.res
     cdef int shift = checker._shift
     cdef long long mask = (<long long>1 << shift) - 1
@@ -161,11 +187,11 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
     ``start`` (a key the parent table does not cover through the checker's _drop_copy).
     Returns (how many it took, the index it stopped at): the first block that is not such
     a victim, or len(blocks)."""
-    cdef long long[:] key = checker.key
-    cdef int[:] ref = checker.ref
-    cdef long long[:] table = checker._parent
-    cdef int[:] rns = checker.res_ns
-    cdef long long[:] cnt = checker.res_cnt
+    cdef long long *key = _llongs(checker.key)
+    cdef int *ref = _ints(checker.ref)
+    cdef long long *table = _llongs(checker._parent)
+    cdef int *rns = _ints(checker.res_ns)
+    cdef long long *cnt = _llongs(checker.res_cnt)
     cdef dict res = checker.res
     cdef int shift = checker._shift
     cdef long long mask = (<long long>1 << shift) - 1
@@ -193,6 +219,11 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
             checker._drop_copy(k)
             orphans = checker.num_orphans
             created = checker.orphans_created
+            key = _llongs(checker.key)
+            ref = _ints(checker.ref)
+            table = _llongs(checker._parent)
+            rns = _ints(checker.res_ns)
+            cnt = _llongs(checker.res_cnt)
             key[b] = NO_KEY
             i += 1
             continue
@@ -240,8 +271,8 @@ def checker_pinned(checker, list ns_keys, list hits, list new_blocks):
     outside the pool), the new blocks, once every hit is taken, up to the first that was
     not free and empty. Returns (hits taken, hits that were candidates, new blocks
     taken); the reference loops go on from there."""
-    cdef int[:] ref = checker.ref
-    cdef long long[:] key = checker.key
+    cdef int *ref = _ints(checker.ref)
+    cdef long long *key = _llongs(checker.key)
     cdef Py_ssize_t n = checker.num_blocks
     cdef Py_ssize_t i = 0, j = 0, num_hits = len(hits), num_new = len(new_blocks)
     cdef Py_ssize_t num_unpinned = 0, b
@@ -272,8 +303,8 @@ def checker_pinned(checker, list ns_keys, list hits, list new_blocks):
 def checker_released(checker, blocks):
     """InvariantChecker.released: each block loses a reference; one left with none is
     free (no content) or a candidate (cached)."""
-    cdef int[:] ref = checker.ref
-    cdef long long[:] key = checker.key
+    cdef int *ref = _ints(checker.ref)
+    cdef long long *key = _llongs(checker.key)
     cdef Py_ssize_t b, num_free = 0, num_cand = 0
     for b in blocks:
         ref[b] -= 1
@@ -607,11 +638,12 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
 cdef long long EXACT = 1LL << 53      # |n| up to this: n / 1e9 in doubles is Python's n / 10**9
 
 
-def lru_freed(queues, long long[:] freed, list blocks, long long now_ns):
+def lru_freed(queues, freed_at, list blocks, long long now_ns):
     """LRUPolicy.on_free: each block to the back of queue 0, freed at now_ns."""
-    cdef int[:] nxt = queues.next
-    cdef int[:] prv = queues.prev
-    cdef int[:] where = queues.where
+    cdef long long *freed = _llongs(freed_at)
+    cdef int *nxt = _ints(queues.next)
+    cdef int *prv = _ints(queues.prev)
+    cdef int *where = _ints(queues.where)
     cdef int s = queues.num_blocks
     cdef int last = prv[s]
     cdef int b
@@ -626,12 +658,13 @@ def lru_freed(queues, long long[:] freed, list blocks, long long now_ns):
     queues.sizes[0] += len(blocks)
 
 
-def lru_take(queues, long long[:] freed, Py_ssize_t num_blocks, decisions, decision_cls):
+def lru_take(queues, freed_at, Py_ssize_t num_blocks, decisions, decision_cls):
     """LRUPolicy.evict_batch: the first num_blocks of queue 0, unlinked in one pass, each
     with its Decision when ``decisions`` is a list."""
-    cdef int[:] nxt = queues.next
-    cdef int[:] prv = queues.prev
-    cdef int[:] where = queues.where
+    cdef long long *freed = _llongs(freed_at)
+    cdef int *nxt = _ints(queues.next)
+    cdef int *prv = _ints(queues.prev)
+    cdef int *where = _ints(queues.where)
     cdef int s = queues.num_blocks
     cdef Py_ssize_t size = queues.sizes[0]
     cdef list victims = []
@@ -662,9 +695,9 @@ def pool_lookup(pool, list evb, int ns, Py_ssize_t num):
     """The longest run of cached prompt blocks among the first ``num`` of ``evb`` (trace
     hash ids) in namespace ns, each the earliest copy: (hit blocks, how many of them are
     unpinned). The lookup loops of SimEngine.try_admit and StepEngine._lookup."""
-    cdef int[:] slot_ns = pool.slot_ns
-    cdef int[:] slot_blk = pool.slot_blk
-    cdef int[:] ref = pool.ref
+    cdef int *slot_ns = _ints(pool.slot_ns)
+    cdef int *slot_blk = _ints(pool.slot_blk)
+    cdef int *ref = _ints(pool.ref)
     cdef dict other = pool.other
     cdef long long base = (<long long>ns) << 32
     cdef list hits = []
@@ -698,10 +731,10 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
     policy's ``on_cached`` hook if it has one; returns the tokens recomputed (content
     that had been lost). The caching loops of SimEngine.try_admit and
     StepEngine._allocate."""
-    cdef long long[:] key = pool.key
-    cdef int[:] slot_ns = pool.slot_ns
-    cdef int[:] slot_blk = pool.slot_blk
-    cdef unsigned char[:] slot_lost = pool.slot_lost
+    cdef long long *key = _llongs(pool.key)
+    cdef int *slot_ns = _ints(pool.slot_ns)
+    cdef int *slot_blk = _ints(pool.slot_blk)
+    cdef unsigned char *slot_lost = _bytes(pool.slot_lost)
     cdef object index_add = pool.index_add
     cdef long long base = (<long long>ns) << 32
     cdef long long h, k
@@ -723,13 +756,18 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
         elif o < 0:
             slot_ns[h] = ns
             slot_blk[h] = b
-        elif index_add(k, b):
-            recompute += block_size
+        else:
+            if index_add(k, b):
+                recompute += block_size
+            slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
+            slot_lost, key = _bytes(pool.slot_lost), _llongs(pool.key)
         cached_now.append((b, k))
         if view is not None:
             view._cached(b, pos, blocks[pos - 1] if pos else -1, k, num_prompt)
         elif on_cached is not None:
             on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+            slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
+            slot_lost, key = _bytes(pool.slot_lost), _llongs(pool.key)
     return recompute
 
 
@@ -737,9 +775,9 @@ def pool_free(pool, list blocks):
     """ReplayEngine.free_blocks's walk: each block, last first, loses a reference; those
     left with none are (uncached ones, cached ones), in walk order, and the uncached are
     no longer charged: returns them with {owner group: how many}."""
-    cdef int[:] ref = pool.ref
-    cdef long long[:] key = pool.key
-    cdef int[:] owner = pool.owner
+    cdef int *ref = _ints(pool.ref)
+    cdef long long *key = _llongs(pool.key)
+    cdef int *owner = _ints(pool.owner)
     cdef list uncached = [], freed = []
     cdef dict num_by_owner = {}
     cdef Py_ssize_t i
@@ -764,12 +802,12 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     content dropped (its hash name and owner appended when the lists are given) and its
     count added to num_by_owner. Returns the index of the first victim it did not take
     (one that was not a candidate, or len(victims))."""
-    cdef long long[:] key = pool.key
-    cdef int[:] ref = pool.ref
-    cdef int[:] owner = pool.owner
-    cdef int[:] slot_ns = pool.slot_ns
-    cdef int[:] slot_blk = pool.slot_blk
-    cdef unsigned char[:] slot_lost = pool.slot_lost
+    cdef long long *key = _llongs(pool.key)
+    cdef int *ref = _ints(pool.ref)
+    cdef int *owner = _ints(pool.owner)
+    cdef int *slot_ns = _ints(pool.slot_ns)
+    cdef int *slot_blk = _ints(pool.slot_blk)
+    cdef unsigned char *slot_lost = _bytes(pool.slot_lost)
     cdef dict more = pool.more
     cdef object index_drop = pool.index_drop
     cdef Py_ssize_t nb = pool.num_blocks
@@ -794,6 +832,9 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
             slot_lost[h] = 1
         else:
             index_drop(k, v)
+            key, ref, owner = _llongs(pool.key), _ints(pool.ref), _ints(pool.owner)
+            slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
+            slot_lost = _bytes(pool.slot_lost)
         key[v] = NO_KEY
         owner[v] = -1
         num_by_owner[og] = num_by_owner.get(og, 0) + 1
@@ -945,8 +986,8 @@ def num_output_keys(list cached_now):
 def pool_pinned(pool, list new, int g):
     """ReplayEngine.get_new_blocks's loop over the blocks it hands out: each is pinned
     by the request and owned by its group g."""
-    cdef int[:] ref = pool.ref
-    cdef int[:] owner = pool.owner
+    cdef int *ref = _ints(pool.ref)
+    cdef int *owner = _ints(pool.owner)
     cdef Py_ssize_t n = len(pool.ref), b
     for b in new:
         if not 0 <= b < n:
@@ -959,17 +1000,17 @@ def pool_touch(pool, list hits, queues, on_touch):
     """ReplayEngine.touch for a policy without an on_hit hook: each hit gains a
     reference, and one that was a candidate leaves the policy's queue (unlinked here
     from ``queues`` when on_touch does only that, else through on_touch)."""
-    cdef int[:] ref = pool.ref
-    cdef int[:] nxt
-    cdef int[:] prv
-    cdef int[:] where
+    cdef int *ref = _ints(pool.ref)
+    cdef int *nxt = NULL
+    cdef int *prv = NULL
+    cdef int *where = NULL
     cdef list sizes
     cdef int b, p, n, q
     cdef bint inline = queues is not None
     if inline:
-        nxt = queues.next
-        prv = queues.prev
-        where = queues.where
+        nxt = _ints(queues.next)
+        prv = _ints(queues.prev)
+        where = _ints(queues.where)
         sizes = queues.sizes
     for b in hits:
         if ref[b] == 0:
@@ -983,6 +1024,9 @@ def pool_touch(pool, list hits, queues, on_touch):
                 sizes[q] -= 1
             else:
                 on_touch(b)
+                ref = _ints(pool.ref)
+                if inline:
+                    nxt, prv, where = _ints(queues.next), _ints(queues.prev), _ints(queues.where)
         ref[b] += 1
 
 
@@ -1087,7 +1131,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     cdef long long need_slot, num_new, num_full, num_free, watermark = 0
     cdef Py_ssize_t num_hits = 0, evictable = 0, num_held, b
     cdef int status = r.status
-    cdef int[:] ref
+    cdef int *ref
     if hits is None:        # running: most steps are a decode that needs nothing new
         need_slot = num_computed + num_new_tokens
         if ((need_slot + bs - 1) // bs <= len(blocks)
@@ -1096,7 +1140,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
             return True
     else:
         num_hits = len(hits)
-        ref = eng.ref
+        ref = _ints(eng.ref)
         for b in hits:
             if ref[b] == 0:
                 evictable += 1
@@ -1137,7 +1181,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     cdef long long recompute = 0, k, index
     cdef Py_ssize_t pos, start, stop, num_prompt
     cdef long long num_cached = r.num_cached_blocks
-    cdef long long[:] key
+    cdef long long *key
     cdef list evb
     if num_full > num_cached:
         preq.num_new_full_blocks = num_full - num_cached
@@ -1151,13 +1195,13 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
                                    on_cached, preq)
             start = stop
         if start < num_full:
-            key = eng.key
             index_add = eng.index_add
             index = preq.index
             for pos in range(start, num_full):
                 b = blocks[pos]
                 k = OUT_BIT | (index << 24) | pos          # trace.keys.output_key
                 index_add(k, b)
+                key = _llongs(eng.key)
                 key[b] = k
                 cached_now.append((b, k))
                 if on_cached is not None:
@@ -1203,8 +1247,8 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     checker = eng.checker
     if checker.paranoid or checker._parent is None:
         return False
-    cdef int[:] ref = checker.ref
-    cdef long long[:] key = checker.key
+    cdef int *ref = _ints(checker.ref)
+    cdef long long *key = _llongs(checker.key)
     cdef Py_ssize_t n = len(checker.ref), b, i, j
     cdef Py_ssize_t num_hits = len(hits), num_new = len(new), num_unpinned = 0
     cdef Py_ssize_t resident, usable = checker.num_usable
@@ -2214,23 +2258,29 @@ cdef class PrefixShieldView:
         for mg in mods:
             self._relist(mg)
 
-    def touched(self, list hits, int[:] ref, req):
+    def touched(self, list hits, ref_a, req):
         """The engine's touch loop over r's hits with on_touch and on_hit inline: each
         gains a reference; one with none leaves the candidates (PrefixShield.uncandidate),
         and one that r's group made under r's contract and prefix, not yet Reuse, is
         promoted while the group's raw debt allows it (PrefixShield.on_hit)."""
-        cdef Py_ssize_t pos
+        cdef Py_ssize_t pos, num_ref = len(ref_a)
         cdef int b, g, c = -1
+        cdef int *ref = _ints(ref_a)
+        # the group's debt is the batch's (_debts caches it), so it and the gate are read
+        # once; the counts are the policy's, handed back at the end
+        cdef Py_ssize_t num_promoted = 0, num_denied = 0
+        cdef bint asked = False, promotes = False
         pol = self.pol
         g = pol.gids[req.group]
         cdef list lprefix = pol.lprefix
         prefix = req.prefix
+        debt = top_debt = None
         self.num_cand = pol.num_cand
         self._sync_glob()
         try:
             for pos in range(len(hits)):
                 b = hits[pos]
-                if not 0 <= b < self.n or b >= len(ref):
+                if not 0 <= b < self.n or b >= num_ref:
                     raise IndexError(f"block {b} is outside the pool")
                 if ref[b] == 0:
                     self._uncandidate(b)
@@ -2239,19 +2289,29 @@ cdef class PrefixShieldView:
                     continue
                 if c < 0:
                     c = pol.cidx[req.contract]
-                if self.contract[b] != c or lprefix[b] != prefix or self.cls[b] == 2:
+                label = lprefix[b]
+                if self.contract[b] != c or (label is not prefix and label != prefix) \
+                        or self.cls[b] == 2:
                     continue
-                debts = self._debts(g)
-                debt = debts[0]
-                if not pol.params["gate"] or debt <= self.eps:
+                if not asked:
+                    debt = (<tuple>self._debts(g))[0]
+                    promotes = not pol.params["gate"] or debt <= self.eps
+                    top_debt = pol.promotion_debt
+                    asked = True
+                    ref = _ints(ref_a)
+                if promotes:
                     self.cls[b] = 2
-                    pol.promoted += 1
-                    if debt > pol.promotion_debt:
-                        pol.promotion_debt = debt
+                    num_promoted += 1
                 else:
-                    pol.denied += 1
+                    num_denied += 1
         finally:
             pol.num_cand = self.num_cand
+            if num_promoted:
+                pol.promoted += num_promoted
+                if debt > top_debt:
+                    pol.promotion_debt = debt
+            if num_denied:
+                pol.denied += num_denied
 
     cdef double _bhat(self, Py_ssize_t i, double t) except? -1.0:
         """PrefixShield.bhat: min(beta, B + rho (t - t0)), as Python's min picks."""
@@ -2578,11 +2638,11 @@ cdef inline int _append_q(carray.array a, long long v) except -1:
 
 def history_contains_keys(hist, Py_ssize_t g, list keys):
     """PrefixHistory.contains_keys with the flat slots (key_shift set)."""
-    cdef long long[:] sst = hist.slot_stamp
-    cdef int[:] sns = hist.slot_ns
+    cdef long long *sst = _llongs(hist.slot_stamp)
+    cdef int *sns = _ints(hist.slot_ns)
     cdef int shift = hist.shift
     cdef long long mask = hist.mask
-    cdef Py_ssize_t n = len(sns)
+    cdef Py_ssize_t n = len(hist.slot_ns)
     cdef long long k, h, o
     cdef dict other = hist.other
     cdef list out = []
@@ -2602,12 +2662,13 @@ def history_contains_keys(hist, Py_ssize_t g, list keys):
             out.append(False)
         else:
             out.append(hist._stamp(g, key) >= 0)
+            sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+            n = len(hist.slot_ns)
     return out
 
 
 cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
-                       int[:] sns, long long[:] sst, int shift, long long mask,
-                       Py_ssize_t compact_min) except -1:
+                       int shift, long long mask, Py_ssize_t compact_min) except -1:
     """PrefixHistory._drop_oldest over the flat slots: the least recent live entry of g
     leaves (stale ones before it are skipped). A key whose slot no namespace owns goes
     through the Python _stamp/_set_stamp, which claim it. Returns whether it compacted."""
@@ -2618,6 +2679,9 @@ cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
     cdef long long k, h, o, st
     cdef long long *keys = qk.data.as_longlongs
     cdef long long *stamps = qs.data.as_longlongs
+    cdef long long *sst = _llongs(hist.slot_stamp)
+    cdef int *sns = _ints(hist.slot_ns)
+    cdef Py_ssize_t num_slots = len(hist.slot_ns)
     cdef bint slot
     while True:
         if i >= n:
@@ -2626,12 +2690,14 @@ cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
         slot = False
         if 0 <= k < OPAQUE_FROM:
             h = k & mask
-            o = sns[h] if h < sns.shape[0] else -1
+            o = sns[h] if h < num_slots else -1
             if o == k >> shift:
                 st = sst[h]
                 slot = True
             elif o < 0:
                 st = hist._stamp(g, k)
+                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+                num_slots = len(hist.slot_ns)
             else:
                 st = other.get((g, k), -1)
         else:
@@ -2665,8 +2731,8 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
     cdef list qkeys = hist.keys
     cdef list qstamps = hist.stamps
     cdef carray.array qk, qs
-    cdef long long[:] sst
-    cdef int[:] sns
+    cdef long long *sst
+    cdef int *sns
     for key in keys:
         k = key
         if k < 0:
@@ -2675,39 +2741,51 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
             top = k & mask
     if top >= len(hist.slot_ns):
         hist._grow(top)
-    sst = hist.slot_stamp
-    sns = hist.slot_ns
+    sst = _llongs(hist.slot_stamp)
+    sns = _ints(hist.slot_ns)
     qk = qkeys[g]
     qs = qstamps[g]
     clock = hist.clock
-    for key in keys:
-        k = key
-        h = k & mask
-        ns = k >> shift
-        if k < OPAQUE_FROM and (sns[h] == ns or sns[h] < 0):
-            sns[h] = <int>ns
-            was = sst[h]
-            sst[h] = clock
-        else:
-            hist.clock = clock
-            was = hist._stamp(g, key)
-            hist._set_stamp(g, key, clock)
-        _append_q(qk, k)
-        _append_q(qs, clock)
-        clock += 1
-        if was < 0:
-            live = num_live[g] + 1
-            num_live[g] = live
-            if live > bound:
+    # g's live count and queue head, held here and handed back to the lists around the
+    # calls that read or move them (_drop_oldest, _compact) and at the end
+    cdef long long live = num_live[g], first = head[g]
+    try:
+        for key in keys:
+            k = key
+            h = k & mask
+            ns = k >> shift
+            if k < OPAQUE_FROM and (sns[h] == ns or sns[h] < 0):
+                sns[h] = <int>ns
+                was = sst[h]
+                sst[h] = clock
+            else:
                 hist.clock = clock
-                if _drop_oldest(hist, g, qk, qs, sns, sst, shift, mask, compact_min):
-                    qk = qkeys[g]           # compacted: new arrays
-                    qs = qstamps[g]
-        elif len(qk) - head[g] > 2 * num_live[g] + compact_min:
-            hist.clock = clock
-            hist._compact(g)
-            qk = qkeys[g]
-            qs = qstamps[g]
+                was = hist._stamp(g, key)
+                hist._set_stamp(g, key, clock)
+                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+            _append_q(qk, k)
+            _append_q(qs, clock)
+            clock += 1
+            if was < 0:
+                live += 1
+                if live > bound:
+                    hist.clock = clock
+                    num_live[g] = live
+                    if _drop_oldest(hist, g, qk, qs, shift, mask, compact_min):
+                        qk = qkeys[g]           # compacted: new arrays
+                        qs = qstamps[g]
+                    live, first = num_live[g], head[g]
+                    sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+            elif len(qk) - first > 2 * live + compact_min:
+                hist.clock = clock
+                num_live[g] = live
+                hist._compact(g)
+                qk = qkeys[g]
+                qs = qstamps[g]
+                live, first = num_live[g], head[g]
+                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+    finally:
+        num_live[g] = live
     hist.clock = clock
 
 

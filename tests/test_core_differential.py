@@ -806,6 +806,22 @@ def test_the_core_reads_keys_as_the_trace_lays_them_out():
     assert mod.STEP_STATES == (sched.WAITING, sched.RUNNING, sched.PREEMPTED)
 
 
+
+def test_the_core_refuses_arrays_of_another_item_type():
+    """The loops read the flat arrays through raw pointers: an array whose items are not
+    the C type a loop expects is refused (as a typed memoryview refused it), not misread."""
+    from array import array
+    from psgate.policies.queues import BlockQueues
+    mod = _compiled()
+    queues = BlockQueues(4, 1)
+    with pytest.raises(TypeError, match="expected an array of C long longs \\('q'\\), found 'i'"):
+        mod.lru_freed(queues, array("i", [0]) * 4, [1], 0)
+    with pytest.raises(TypeError):
+        mod.lru_freed(queues, [0] * 4, [1], 0)
+    queues.prev = array("q", queues.prev)
+    with pytest.raises(TypeError, match="expected an array of C ints \\('i'\\), found 'q'"):
+        mod.lru_freed(queues, array("q", [0]) * 4, [1], 0)
+
 def test_a_missing_core_is_said_once_and_the_python_engine_replays(monkeypatch, tmp_path,
                                                                   capsys):
     import sys
