@@ -1662,8 +1662,11 @@ cdef class PrefixShieldView:
     cdef Py_ssize_t pend_n
     cdef list ties              # _scan_c's tied top groups, sorted (num_top > 1)
     # PrefixShield._rank_cache, held here while the view is bound (the policy's stays
-    # None; its _choose asks rank_cache())
-    cdef object rcache
+    # None; its _choose asks rank_cache()): (top groups, P, runner-up, its P) as a Rank,
+    # its tied top groups in rc_ties (num_top > 1); the tuple is made only for Python
+    cdef Rank rc
+    cdef bint rc_set
+    cdef list rc_ties
     # 1 / W_g per group for the current batch (iw_e[g] == epoch: iw_v[g] holds it); the
     # epoch moves on with each admission (on_admit), after which buckets may differ
     cdef double *iw_v
@@ -1914,7 +1917,7 @@ cdef class PrefixShieldView:
         self._flush()
         self.gver.data.as_longlongs[g] += 1
         ver = self.gver.data.as_longlongs[g]
-        self.rcache = None
+        self.rc_set = False
         if self.num_eligible.data.as_longlongs[g] == 0:
             return 0
         if self._moved(g):
@@ -2022,11 +2025,11 @@ cdef class PrefixShieldView:
         return best
 
     cdef int _ranked_c(self, Rank *r) except -1:
-        """PrefixShield._ranked, with _pull inline, into r."""
+        """PrefixShield._ranked, with _pull inline, into r, at the view's now (its callers
+        take the policy's now_s on entry)."""
         cdef double fp, p
         cdef Py_ssize_t fj
         cdef int g
-        self.now = self.pol.now_s
         while True:
             self._scan_c(r)
             fj = self._frontier(&fp)
@@ -2052,6 +2055,7 @@ cdef class PrefixShieldView:
     cdef tuple _ranked(self):
         """PrefixShield._ranked."""
         cdef Rank r
+        self.now = self.pol.now_s
         self._ranked_c(&r)
         return self._rank_tuple(&r)
 
@@ -2071,7 +2075,7 @@ cdef class PrefixShieldView:
             if self.num_eligible.data.as_longlongs[g] == 0:
                 self._flush()
                 self.gver.data.as_longlongs[g] += 1
-                self.rcache = None
+                self.rc_set = False
         return 0
 
     cdef int _best_of(self, int g, int *seg) except -2:
@@ -2131,10 +2135,21 @@ cdef class PrefixShieldView:
         else:
             _hp_push(&self.bh, -p_after, g, ver)
         if keep and p_after > runner_p:
-            self.rcache = ([g], p_after, runner, runner_p)
+            self.rc.num_top = 1
+            self.rc.top_g = g
+            self.rc.top_p = p_after
+            self.rc.runner_g = runner
+            self.rc.runner_p = runner_p
+            self.rc_set = True
         else:
-            self.rcache = None
+            self.rc_set = False
         return 0
+
+    cdef void _rc_put(self, Rank *r) noexcept:
+        """The rank cache holds the ranking r (with the view's ties, when tied)."""
+        self.rc = r[0]
+        self.rc_ties = self.ties if r.num_top > 1 else None
+        self.rc_set = True
 
     cdef int _evicted(self, int b, int g, object p_after) except -1:
         """PrefixShield._evicted."""
@@ -2152,10 +2167,9 @@ cdef class PrefixShieldView:
     cdef int _responsible(self, int g, double p_after) except -1:
         """_evicted's half for g, responsible for one victim and now projected at
         p_after."""
-        cache = self.rcache
         # g stays responsible while it is the only group above the runner-up
-        if cache is not None and len(<list>cache[0]) == 1 and cache[0][0] == g:
-            self._batch_state(g, p_after, 1, True, cache[2], cache[3])
+        if self.rc_set and self.rc.num_top == 1 and self.rc.top_g == g:
+            self._batch_state(g, p_after, 1, True, self.rc.runner_g, self.rc.runner_p)
         else:
             self._batch_state(g, p_after, 1, False, -1, 0.0)
         return 0
@@ -2173,9 +2187,18 @@ cdef class PrefixShieldView:
     def rank_cache(self):
         """PrefixShield._choose's ranking: the rank cache, made by _ranked where there is
         none."""
-        if self.rcache is None:
-            self.rcache = self._ranked()
-        return self.rcache
+        cdef Rank r
+        if not self.rc_set:
+            self.now = self.pol.now_s
+            self._ranked_c(&r)
+            self._rc_put(&r)
+        if self.rc.num_top == 1:
+            top = [self.rc.top_g]
+        elif self.rc.num_top > 1:
+            top = list(self.rc_ties)
+        else:
+            top = []
+        return top, self.rc.top_p, self.rc.runner_g, self.rc.runner_p
 
     def eligible(self, int b):
         """PrefixShield._eligible_push: b (a candidate leaf) joins its queues."""
@@ -2380,7 +2403,7 @@ cdef class PrefixShieldView:
         self.nb_keys = []
         pol.promoted = pol.denied = 0
         pol.promotion_debt = 0.0
-        self.rcache = None
+        self.rc_set = False
         self.debt_cache.clear()
 
     def end_admit(self, req):
@@ -2544,29 +2567,24 @@ cdef class PrefixShieldView:
                     alone = True
                 else:
                     self._flush()
-                    cache = self.rcache
-                    if cache is None:
-                        # A fresh ranking. Its cache tuple is made only for what reads it
-                        # (_choose, _responsible): a run's flush writes the cache before
-                        # anything else could.
+                    if not self.rc_set:
+                        # A fresh ranking. It is cached only for what reads it (_choose,
+                        # _responsible): a run's flush writes the cache before anything
+                        # else could.
                         fresh = True
                         self._ranked_c(&r)
                     else:
-                        top = cache[0]
-                        r.num_top = len(<list>top)
-                        r.top_g = top[0] if r.num_top else -1
-                        r.top_p = cache[1]
-                        r.runner_g = cache[2]
-                        r.runner_p = cache[3]
+                        r = self.rc
                         if r.num_top > 1:
-                            self.ties = top
+                            self.ties = self.rc_ties
                     if not (r.num_top and r.top_p > self.eps):
                         if fresh:
-                            self.rcache = self._rank_tuple(&r)
+                            self._rc_put(&r)
                         pol.num_cand = self.num_cand
                         pol.glob_budget = budget
                         held = False
                         choice = pol._choose()
+                        self.now = pol.now_s
                         self._sync_glob()
                         b = choice[0]
                         if decisions is not None:
@@ -2582,7 +2600,7 @@ cdef class PrefixShieldView:
                         runner, runner_p = r.runner_g, r.runner_p
                     else:           # tied: sorted by best candidate, the second runs up
                         if fresh:
-                            self.rcache = self._rank_tuple(&r)
+                            self._rc_put(&r)
                             fresh = False
                         g = self._first_of(self.ties)
                         runner, runner_p = self.runner_g, r.top_p
@@ -2612,7 +2630,7 @@ cdef class PrefixShieldView:
                     self._evicted_tail(b)
                 else:
                     if fresh:               # _responsible reads it
-                        self.rcache = self._rank_tuple(&r)
+                        self._rc_put(&r)
                     self._evicted(b, g, p_after)
                 victims.append(b)
         finally:
