@@ -61,6 +61,7 @@ cdef inline unsigned char *_bytes(object a) except? NULL:
 
 
 cdef long long COPIES = (1 << 32) - 1
+cdef long long HASH_MASK_C = 0xFFFFFFFF   # trace.keys.HASH_MASK: a key's trace hash id
 cdef long long CHILD = 1 << 32
 cdef long long NO_KEY = -1
 
@@ -811,34 +812,45 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     cdef dict more = pool.more
     cdef object index_drop = pool.index_drop
     cdef Py_ssize_t nb = pool.num_blocks
-    cdef Py_ssize_t i, num = len(victims)
-    cdef int v, og
+    cdef Py_ssize_t i, num = len(victims), run_n = 0
+    cdef int v, og, run_og = 0
     cdef long long k, h
     cdef bint named = hash_names is not None
-    for i in range(num):
-        v = victims[i]
-        if i >= num_valid or not 0 < v < nb:
-            return i
-        k = key[v]
-        if k == NO_KEY or ref[v] != 0:
-            return i
-        og = owner[v]
-        if named:
-            hash_names.append(names[k & 0xFFFFFFFF] if k < OUT_BIT else "")
-            owners.append(gnames[og])
-        h = k & 0xFFFFFFFF
-        if k < OUT_BIT and slot_ns[h] == (k >> 32) and slot_blk[h] == v and (not more or k not in more):
-            slot_blk[h] = -1
-            slot_lost[h] = 1
-        else:
-            index_drop(k, v)
-            key, ref, owner = _llongs(pool.key), _ints(pool.ref), _ints(pool.owner)
-            slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
-            slot_lost = _bytes(pool.slot_lost)
-        key[v] = NO_KEY
-        owner[v] = -1
-        num_by_owner[og] = num_by_owner.get(og, 0) + 1
-    return num
+    # victims come in runs of one owner: each run is counted here and added to
+    # num_by_owner when it ends (the dict's order is still each owner's first victim)
+    try:
+        for i in range(num):
+            v = victims[i]
+            if i >= num_valid or not 0 < v < nb:
+                return i
+            k = key[v]
+            if k == NO_KEY or ref[v] != 0:
+                return i
+            og = owner[v]
+            if named:
+                hash_names.append(names[k & HASH_MASK_C] if k < OUT_BIT else "")
+                owners.append(gnames[og])
+            h = k & HASH_MASK_C
+            if k < OUT_BIT and slot_ns[h] == (k >> 32) and slot_blk[h] == v \
+                    and (not more or k not in more):
+                slot_blk[h] = -1
+                slot_lost[h] = 1
+            else:
+                index_drop(k, v)
+                key, ref, owner = _llongs(pool.key), _ints(pool.ref), _ints(pool.owner)
+                slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
+                slot_lost = _bytes(pool.slot_lost)
+            key[v] = NO_KEY
+            owner[v] = -1
+            if run_n and og != run_og:
+                num_by_owner[run_og] = num_by_owner.get(run_og, 0) + run_n
+                run_n = 0
+            run_og = og
+            run_n += 1
+        return num
+    finally:
+        if run_n:
+            num_by_owner[run_og] = num_by_owner.get(run_og, 0) + run_n
 
 
 cpdef list pool_new_blocks(eng, r, Py_ssize_t num_new):
