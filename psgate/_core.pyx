@@ -816,6 +816,8 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     cdef int v, og, run_og = 0
     cdef long long k, h
     cdef bint named = hash_names is not None
+    cdef Py_ssize_t num_names = len(names) if named else 0
+    cdef Py_ssize_t num_gnames = len(gnames) if named else 0
     # victims come in runs of one owner: each run is counted here and added to
     # num_by_owner when it ends (the dict's order is still each owner's first victim)
     try:
@@ -827,10 +829,14 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
             if k == NO_KEY or ref[v] != 0:
                 return i
             og = owner[v]
-            if named:
-                hash_names.append(names[k & HASH_MASK_C] if k < OUT_BIT else "")
-                owners.append(gnames[og])
             h = k & HASH_MASK_C
+            if named:
+                if (k >= OUT_BIT or h < num_names) and 0 <= og < num_gnames:
+                    hash_names.append(names[h] if k < OUT_BIT else "")
+                    owners.append(gnames[og])
+                else:       # outside the lists: Python's indexing (the fast one is unchecked)
+                    hash_names.append((<object>names)[h] if k < OUT_BIT else "")
+                    owners.append((<object>gnames)[og])
             if k < OUT_BIT and slot_ns[h] == (k >> 32) and slot_blk[h] == v \
                     and (not more or k not in more):
                 slot_blk[h] = -1

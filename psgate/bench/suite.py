@@ -126,9 +126,11 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                     e2e[pol].append(end_to_end(path, pol, cap, work / "out"))
                 if name == "reuse" and core.get() is not None:
                     pure.append(end_to_end(path, "lru", cap, work / "out", python=True))
-                if name == "reuse":       # the step scheduler, in the same rounds
+                if name == "reuse":       # the step scheduler and vLLM, in the same rounds
                     dt, info["reuse_step_lru"] = hot_loop(loaded, "lru", cap, "step")
                     step.append(dt)
+                    vl = merge_vllm(vl, vllm_in_child(cfg.vllm_python, path, cap, 1)
+                                     if cfg.vllm_python else vllm_measure(path, cap, 1))
             if pure:
                 m["reuse_e2e_lru_python"] = {"what": "reuse trace, replay end to end, lru x2, "
                                                      "Python engine (PSGATE_CORE=0)",
@@ -139,9 +141,6 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                                                    "scheduler", "unit": "s", **_stats(step),
                                            "blocks_per_s": nb / min(step)}
                 say(f"{name} lru, step scheduler: hot loop {nb / min(step):,.0f} blocks/s")
-                if name == "reuse":
-                    vl = merge_vllm(vl, vllm_in_child(cfg.vllm_python, path, cap, 1)
-                                     if cfg.vllm_python else vllm_measure(path, cap, 1))
             for pol in POLICIES:
                 m[f"{name}_hot_{pol}"] = {"what": f"{name} trace, sim hot loop, {pol}",
                                           "unit": "s", **_stats(hot[pol]),
