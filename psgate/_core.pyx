@@ -1685,12 +1685,15 @@ cdef class PrefixShieldView:
     cdef Rank rc
     cdef bint rc_set
     cdef list rc_ties
-    # 1 / W_g per group for the current batch (iw_e[g] == epoch: iw_v[g] holds it); the
-    # epoch moves on with each admission (on_admit), after which buckets may differ
+    # 1 / W_g per group (iw_ok[g]: iw_v[g] holds it). W_g moves only when one of g's
+    # buckets enters or leaves debt, and both go through a relist of g: a charge (_charge
+    # here, PrefixShield._charge through relist()) or a debt that clears (on_admit's
+    # _advance), each of which drops g's value (_w_moved); time alone moves no bucket
+    # across its zero_t before _advance has seen it. With many groups in debt, each victim
+    # comes from another group, and W_g per admission was a walk over its buckets' lists.
     cdef double *iw_v
-    cdef long long *iw_e
+    cdef unsigned char *iw_ok
     cdef Py_ssize_t iw_cap
-    cdef long long epoch
     # the admission's new blocks (PrefixShield.new_blocks: blocks here, keys in nb_keys)
     # and how many of them hold generated tokens (num_new_output)
     cdef int *nb_b
@@ -1751,15 +1754,14 @@ cdef class PrefixShieldView:
         self.nb_n = self.nb_cap = self.nb_out = 0
         self.nb_keys = []
         self.iw_v = NULL
-        self.iw_e = NULL
+        self.iw_ok = NULL
         self.iw_cap = 0
-        self.epoch = 1
 
     def __dealloc__(self):
         cdef Py_ssize_t j
         free(self.nb_b)
         free(self.iw_v)
-        free(self.iw_e)
+        free(self.iw_ok)
         free(self.bh.a)
         for j in range(self.num_k):
             free(self.kh[j].a)
@@ -1887,7 +1889,7 @@ cdef class PrefixShieldView:
         cdef bint has_w = False
         cdef Py_ssize_t i, cap, j
         cdef void *grown
-        if g < self.iw_cap and self.iw_e[g] == self.epoch:
+        if g < self.iw_cap and self.iw_ok[g]:
             return self.iw_v[g]
         d = self.debt_cache.get(g)
         if d is not None:
@@ -1906,16 +1908,21 @@ cdef class PrefixShieldView:
             if grown == NULL:
                 raise MemoryError()
             self.iw_v = <double *>grown
-            grown = realloc(self.iw_e, cap * sizeof(long long))
+            grown = realloc(self.iw_ok, cap * sizeof(unsigned char))
             if grown == NULL:
                 raise MemoryError()
-            self.iw_e = <long long *>grown
+            self.iw_ok = <unsigned char *>grown
             for j in range(self.iw_cap, cap):
-                self.iw_e[j] = 0
+                self.iw_ok[j] = 0
             self.iw_cap = cap
         self.iw_v[g] = inv
-        self.iw_e[g] = self.epoch
+        self.iw_ok[g] = 1
         return inv
+
+    cdef inline void _w_moved(self, int g) noexcept:
+        """One of g's buckets entered or left debt: its W_g is computed again."""
+        if 0 <= g < self.iw_cap:
+            self.iw_ok[g] = 0
 
     cdef int _push(self, int b) except -1:
         """PrefixShield._eligible_push."""
@@ -2238,7 +2245,8 @@ cdef class PrefixShieldView:
             pol.num_cand = self.num_cand
 
     def relist(self, int g):
-        """PrefixShield._relist."""
+        """PrefixShield._relist, which the reference calls where g's buckets moved."""
+        self._w_moved(g)
         self._relist(g)
 
     cdef int _evicted_tail(self, int b) except -1:
@@ -2387,6 +2395,7 @@ cdef class PrefixShieldView:
                 _zheapify(zh)
         if k[g] == 0:
             S[g] = 0.0
+        self._w_moved(g)
         self._relist(g)
         return b
 
@@ -2400,7 +2409,6 @@ cdef class PrefixShieldView:
         cdef tuple e
         cdef int g
         self.end_batch()
-        self.epoch += 1                 # the buckets may have been charged since
         t = now_ns / NS_PER_S
         while zh and (<tuple>zh[0])[0] <= t:        # PrefixShield._advance
             e = _zpop(zh)
@@ -2413,6 +2421,7 @@ cdef class PrefixShieldView:
             if k[g] == 0:
                 S[g] = 0.0
             bver[i] = bver[i] + 1
+            self._w_moved(g)
             self._relist(g)
         pol.now_s = t
         if req.group not in pol.gids:

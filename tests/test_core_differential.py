@@ -844,3 +844,33 @@ def test_switched_off_the_core_says_nothing(monkeypatch, capsys):
     monkeypatch.setattr(core, "_state", {})
     assert core.get() is None and core.describe() == "python"
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("policy", ["prefixshield", "prefixshield-nogate"])
+def test_a_group_whose_heavier_debt_clears_is_ranked_at_its_new_weight(monkeypatch,
+                                                                        tmp_path, policy):
+    """W_g is the largest weight among g's buckets in debt: group a owes on a critical
+    bucket (weight 4, clears at 0.69 s) and a best-effort one (weight 1, owes for 10 s).
+    Its victims at 0.5 s lower its P by 1/4 each; at 1 s, after the critical debt has
+    cleared with no charge to a in between, by 1 each; at 1.2 s, after a charge at 1.1 s
+    put the critical bucket back in debt, by 1/4 again."""
+    _compiled()
+    events = [{"t": 0.0, "id": "a1", "group": "a", "contract": "critical", "done_t": 0.001,
+               "blocks": [f"a1{j:04x}" for j in range(300)]},
+              {"t": 0.01, "id": "a2", "group": "a", "contract": "best-effort",
+               "done_t": 0.011, "blocks": [f"a2{j:04x}" for j in range(300)]}]
+    for i, t in enumerate((0.5, 1.0, 1.2)):
+        events.append({"t": t, "id": f"x{i}", "group": "x", "contract": "critical",
+                       "done_t": t + 0.001, "blocks": [f"e{i}{j:04x}" for j in range(40)]})
+    events.insert(4, {"t": 1.1, "id": "a3", "group": "a", "contract": "critical",
+                      "done_t": 1.101, "blocks": [f"a3{j:04x}" for j in range(280)]})
+    trace = write(tmp_path, events, name="weights.jsonl")
+    files = _replay_both(monkeypatch, tmp_path, trace, 620, "lru", policy)
+    assert "error" not in files, files
+    drops = {}
+    for r in csv.DictReader(io.StringIO(files["ledger.csv"].decode())):
+        if r["kind"] == "evict" and r["run"] == "candidate" and r["responsible"] == "a":
+            drops.setdefault(r["t"][:3], set()).add(
+                round(float(r["responsible_p_before"]) - float(r["responsible_p_after"]), 9))
+    assert {t: drops.get(t) for t in ("0.5", "1.0", "1.2")} == {
+        "0.5": {0.25}, "1.0": {1.0}, "1.2": {0.25}}, drops
