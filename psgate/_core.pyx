@@ -114,12 +114,23 @@ def intern_chain(table, list hashes):
     return out
 
 
-def block_ids(dict ids, list hashes):
-    """[ids[h] for h in hashes] (KeyError for a hash the table lacks, as there)."""
+def block_ids(dict ids, list names, list hashes, Py_ssize_t cursor):
+    """([ids[h] for h in hashes], the cursor after them); KeyError for a hash the table
+    lacks, as there. A trace read again after the pass that interned it meets each hash
+    for the first time in the order of ``names``: the hash at ``cursor`` is checked
+    first (names[cursor] == h means ids[h] == cursor), in memory that is read in order,
+    and only a hash seen before is looked up in the dict, whose probes are cache misses
+    over a large table."""
     cdef list out = []
+    cdef Py_ssize_t num_names = len(names)
+    cdef str h
     for h in hashes:
-        out.append(ids[h])
-    return out
+        if cursor < num_names and <str>names[cursor] == h:
+            out.append(cursor)
+            cursor += 1
+        else:
+            out.append(ids[h])
+    return out, cursor
 
 
 # -- the invariant checker (psgate/invariants/checker.py) ------------------------------

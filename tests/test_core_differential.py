@@ -703,6 +703,33 @@ def test_hash_interning_is_the_python_one(chains):
     assert got["compiled"] == got["python"]
 
 
+@settings(max_examples=300, deadline=None)
+@given(seen=st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), max_size=8),
+       lists=st.lists(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), max_size=5),
+                      max_size=6))
+def test_block_ids_are_the_dict_lookups(seen, lists):
+    """block_ids (a trace read again) against [ids[h] for h in hashes]: the same ids from
+    a table that interned the same hashes in the same order, in another order, or with
+    others before them, and the same KeyError for a hash the table lacks."""
+    from psgate.trace.reader import HashTable
+    mod = _compiled()
+    in_order = list(dict.fromkeys(h for hs in lists for h in hs))
+    for first in (in_order, seen + in_order, list(reversed(in_order)), seen):
+        table = HashTable()
+        for h in first:
+            table.intern_chain([h], None) if h not in table.ids else None
+        cursor = 0
+        for hashes in lists:
+            want = [table.ids.get(h) for h in hashes]
+            if None in want:
+                with pytest.raises(KeyError):
+                    mod.block_ids(table.ids, table.names, hashes, cursor)
+                break
+            got, cursor = mod.block_ids(table.ids, table.names, hashes, cursor)
+            assert got == want
+            assert 0 <= cursor <= len(table.names)
+
+
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "remove", "head", "add"]),
                               st.integers(0, 3), st.integers(0, 15), st.integers(0, 6)),

@@ -363,9 +363,11 @@ class TraceReader:
 
     def _validated_events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
         """The events of a trace already validated by a full pass (see the class)."""
-        fh, sha, ids = self._fh, self._file_sha, self.hashes.ids
+        fh, sha, ids, names = self._fh, self._file_sha, self.hashes.ids, self.hashes.names
         kernels = core.quiet()
-        fast_ids = None if kernels is None or type(ids) is not dict else kernels.block_ids
+        fast_ids = None if kernels is None or type(ids) is not dict or type(
+            names) is not list else kernels.block_ids
+        cursor = 0          # fast_ids': the next hash not met yet on this read, in names
         bs = self.header.block_size
         partial = self.header.partial
         known: set[str] = set()      # request ids, kept only where a partial trace needs them
@@ -385,11 +387,14 @@ class TraceReader:
                     blocks = obj["blocks"]
                     tail = obj["tail"]
                     t_ns = seconds_to_ns(t)
+                    if fast_ids is None:
+                        bids = [ids[h] for h in blocks]
+                    else:
+                        bids, cursor = fast_ids(ids, names, blocks, cursor)
                     ev = RequestEvent(line=self._line, t_ns=t_ns, id=rid, group=obj["group"],
                                       contract=obj["contract"], scope=obj["scope"],
-                                      blocks=([ids[h] for h in blocks] if fast_ids is None
-                                              else fast_ids(ids, blocks)), tail=tail,
-                                      out=obj["out"], prompt_tokens=len(blocks) * bs + tail)
+                                      blocks=bids, tail=tail, out=obj["out"],
+                                      prompt_tokens=len(blocks) * bs + tail)
                     num_fields = len(obj)     # 9 required; often done_t, seldom others
                     if num_fields == 10 and "done_t" in obj:
                         ev.done_ns = seconds_to_ns(obj["done_t"])
