@@ -135,57 +135,78 @@ def block_ids(dict ids, list names, list hashes, Py_ssize_t cursor):
 
 # -- the invariant checker (psgate/invariants/checker.py) ------------------------------
 
+ctypedef struct CheckerArrays:
+    # the checker's flat arrays and key layout; a call back into its Python (_drop_copy)
+    # may resize the arrays, so they are taken again after one
+    long long *key
+    int *ref
+    long long *table            # the parent table (_parent)
+    int *rns                    # a slot's namespace (res_ns) and counts (res_cnt)
+    long long *cnt
+    int shift
+    long long mask
+    bint all_tabled             # no key is kept outside the flat tables
+    long long opaque            # keys from here on are (unless all_tabled)
+
+
+cdef int _checker_arrays(checker, CheckerArrays *a) except -1:
+    cdef object opaque = checker._opaque
+    a.key = _llongs(checker.key)
+    a.ref = _ints(checker.ref)
+    a.table = _llongs(checker._parent)
+    a.rns = _ints(checker.res_ns)
+    a.cnt = _llongs(checker.res_cnt)
+    a.shift = checker._shift
+    a.mask = (<long long>1 << a.shift) - 1
+    a.all_tabled = opaque > 0x7FFFFFFFFFFFFFFF
+    a.opaque = 0 if a.all_tabled else opaque
+    return 0
+
+
 def checker_cached(checker, list cached):
     """InvariantChecker.admitted's loop over the blocks that now hold content, with a
     parent table: every key counted in the flat slots, or in the dict for a slot that
     another namespace owns. Returns nothing; the orphan count is updated."""
-    cdef long long *key = _llongs(checker.key)
-    cdef long long *table = _llongs(checker._parent)
-    cdef int *rns = _ints(checker.res_ns)
-    cdef long long *cnt = _llongs(checker.res_cnt)
+    cdef CheckerArrays a
     cdef dict res = checker.res
-    cdef int shift = checker._shift
-    cdef long long mask = (<long long>1 << shift) - 1
-    cdef object opaque_obj = checker._opaque
-    cdef bint all_tabled = opaque_obj > 0x7FFFFFFFFFFFFFFF
-    cdef long long opaque = 0 if all_tabled else opaque_obj
     cdef Py_ssize_t orphans = checker.num_orphans
     cdef long long k, h, ns, p, o, v
     cdef Py_ssize_t b
     cdef tuple item
+    _checker_arrays(checker, &a)
     for item in cached:
         b = item[0]
         k = item[1]
-        key[b] = k
-        if not all_tabled and k >= opaque:
+        a.key[b] = k
+        if not a.all_tabled and k >= a.opaque:
             res[k] = res.get(k, 0) + 1
             continue
-        h = k & mask
-        ns = k >> shift
-        p = table[h]
+        h = k & a.mask
+        ns = k >> a.shift
+        p = a.table[h]
         if p >= 0:
-            o = rns[p]
+            o = a.rns[p]
             if o == ns:
-                v = cnt[p]
-                cnt[p] = v + CHILD
+                v = a.cnt[p]
+                a.cnt[p] = v + CHILD
             elif o < 0:
-                rns[p] = <int>ns
+                a.rns[p] = <int>ns
                 v = 0
-                cnt[p] = CHILD
+                a.cnt[p] = CHILD
             else:
-                p |= ns << shift
+                p |= ns << a.shift
                 v = res.get(p, 0)
                 res[p] = v + CHILD
             if v & COPIES == 0:
                 orphans += 1
-        o = rns[h]
+        o = a.rns[h]
         if o == ns:
-            v = cnt[h]
-            cnt[h] = v + 1
+            v = a.cnt[h]
+            a.cnt[h] = v + 1
         elif o < 0:
-            rns[h] = <int>ns
+            a.rns[h] = <int>ns
             v = 0
-            cnt[h] = 1
+            a.cnt[h] = 1
         else:
             v = res.get(k, 0)
             res[k] = v + 1
@@ -199,31 +220,23 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
     ``start`` (a key the parent table does not cover through the checker's _drop_copy).
     Returns (how many it took, the index it stopped at): the first block that is not such
     a victim, or len(blocks)."""
-    cdef long long *key = _llongs(checker.key)
-    cdef int *ref = _ints(checker.ref)
-    cdef long long *table = _llongs(checker._parent)
-    cdef int *rns = _ints(checker.res_ns)
-    cdef long long *cnt = _llongs(checker.res_cnt)
+    cdef CheckerArrays a
     cdef dict res = checker.res
-    cdef int shift = checker._shift
-    cdef long long mask = (<long long>1 << shift) - 1
-    cdef object opaque_obj = checker._opaque
-    cdef bint all_tabled = opaque_obj > 0x7FFFFFFFFFFFFFFF
-    cdef long long opaque = 0 if all_tabled else opaque_obj
     cdef Py_ssize_t n = checker.num_blocks
     cdef Py_ssize_t orphans = checker.num_orphans
     cdef Py_ssize_t created = checker.orphans_created
     cdef Py_ssize_t i = start, num = len(blocks), b
     cdef long long k, h, ns, p, c
     cdef object pk
+    _checker_arrays(checker, &a)
     while i < num:
         b = blocks[i]
         if not 0 < b < n:
             break
-        k = key[b]
-        if ref[b] != 0 or k == NO_KEY:
+        k = a.key[b]
+        if a.ref[b] != 0 or k == NO_KEY:
             break
-        if not all_tabled and k >= opaque:
+        if not a.all_tabled and k >= a.opaque:
             # a key kept outside the flat tables (a block of generated tokens): its
             # general form, the counters handed over around the call
             checker.num_orphans = orphans
@@ -231,23 +244,19 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
             checker._drop_copy(k)
             orphans = checker.num_orphans
             created = checker.orphans_created
-            key = _llongs(checker.key)
-            ref = _ints(checker.ref)
-            table = _llongs(checker._parent)
-            rns = _ints(checker.res_ns)
-            cnt = _llongs(checker.res_cnt)
-            key[b] = NO_KEY
+            _checker_arrays(checker, &a)
+            a.key[b] = NO_KEY
             i += 1
             continue
-        h = k & mask
-        ns = k >> shift
-        p = table[h]
+        h = k & a.mask
+        ns = k >> a.shift
+        p = a.table[h]
         if p >= 0:
-            if rns[p] == ns:
-                c = cnt[p] - CHILD
-                cnt[p] = c
+            if a.rns[p] == ns:
+                c = a.cnt[p] - CHILD
+                a.cnt[p] = c
             else:
-                pk = p | (ns << shift)
+                pk = p | (ns << a.shift)
                 c = res[pk] - CHILD
                 if c:
                     res[pk] = c
@@ -255,9 +264,9 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
                     del res[pk]
             if c & COPIES == 0:
                 orphans -= 1
-        if rns[h] == ns:
-            c = cnt[h] - 1
-            cnt[h] = c
+        if a.rns[h] == ns:
+            c = a.cnt[h] - 1
+            a.cnt[h] = c
         else:
             c = res[k] - 1
             if c:
@@ -267,7 +276,7 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
         if c & COPIES == 0:
             orphans += c >> 32
             created += c >> 32
-        key[b] = NO_KEY
+        a.key[b] = NO_KEY
         i += 1
     num = i - start
     checker.num_orphans = orphans
@@ -703,6 +712,28 @@ def lru_take(queues, freed_at, Py_ssize_t num_blocks, decisions, decision_cls):
 
 # -- the block pool (psgate/engines/pool.py, base.py, sim.py, sched.py) ----------------
 
+ctypedef struct PoolArrays:
+    # the pool's flat arrays (psgate.engines.pool); a call back into its Python
+    # (index_add, index_drop, a policy's on_cached) may resize them, so they are taken
+    # again after one
+    long long *key
+    int *ref
+    int *owner
+    int *slot_ns
+    int *slot_blk
+    unsigned char *slot_lost
+
+
+cdef int _pool_arrays(pool, PoolArrays *a) except -1:
+    a.key = _llongs(pool.key)
+    a.ref = _ints(pool.ref)
+    a.owner = _ints(pool.owner)
+    a.slot_ns = _ints(pool.slot_ns)
+    a.slot_blk = _ints(pool.slot_blk)
+    a.slot_lost = _bytes(pool.slot_lost)
+    return 0
+
+
 def pool_lookup(pool, list evb, int ns, Py_ssize_t num):
     """The longest run of cached prompt blocks among the first ``num`` of ``evb`` (trace
     hash ids) in namespace ns, each the earliest copy: (hit blocks, how many of them are
@@ -743,10 +774,7 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
     policy's ``on_cached`` hook if it has one; returns the tokens recomputed (content
     that had been lost). The caching loops of SimEngine.try_admit and
     StepEngine._allocate."""
-    cdef long long *key = _llongs(pool.key)
-    cdef int *slot_ns = _ints(pool.slot_ns)
-    cdef int *slot_blk = _ints(pool.slot_blk)
-    cdef unsigned char *slot_lost = _bytes(pool.slot_lost)
+    cdef PoolArrays a
     cdef object index_add = pool.index_add
     cdef long long base = (<long long>ns) << 32
     cdef long long h, k
@@ -757,29 +785,28 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
             and on_cached.__name__ == "cached":       # prefixshield's own: called in C
         view = on_cached.__self__
         num_prompt = preq.num_prompt_blocks
+    _pool_arrays(pool, &a)
     for pos in range(start, stop):
         b = blocks[pos]
         h = evb[pos]
         k = base | h
-        key[b] = k
-        o = slot_ns[h]
-        if o == ns and slot_blk[h] < 0 and not slot_lost[h]:
-            slot_blk[h] = b
+        a.key[b] = k
+        o = a.slot_ns[h]
+        if o == ns and a.slot_blk[h] < 0 and not a.slot_lost[h]:
+            a.slot_blk[h] = b
         elif o < 0:
-            slot_ns[h] = ns
-            slot_blk[h] = b
+            a.slot_ns[h] = ns
+            a.slot_blk[h] = b
         else:
             if index_add(k, b):
                 recompute += block_size
-            slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
-            slot_lost, key = _bytes(pool.slot_lost), _llongs(pool.key)
+            _pool_arrays(pool, &a)
         cached_now.append((b, k))
         if view is not None:
             view._cached(b, pos, blocks[pos - 1] if pos else -1, k, num_prompt)
         elif on_cached is not None:
             on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
-            slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
-            slot_lost, key = _bytes(pool.slot_lost), _llongs(pool.key)
+            _pool_arrays(pool, &a)
     return recompute
 
 
@@ -814,12 +841,7 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     content dropped (its hash name and owner appended when the lists are given) and its
     count added to num_by_owner. Returns the index of the first victim it did not take
     (one that was not a candidate, or len(victims))."""
-    cdef long long *key = _llongs(pool.key)
-    cdef int *ref = _ints(pool.ref)
-    cdef int *owner = _ints(pool.owner)
-    cdef int *slot_ns = _ints(pool.slot_ns)
-    cdef int *slot_blk = _ints(pool.slot_blk)
-    cdef unsigned char *slot_lost = _bytes(pool.slot_lost)
+    cdef PoolArrays a
     cdef dict more = pool.more
     cdef object index_drop = pool.index_drop
     cdef Py_ssize_t nb = pool.num_blocks
@@ -829,6 +851,7 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
     cdef bint named = hash_names is not None
     cdef Py_ssize_t num_names = len(names) if named else 0
     cdef Py_ssize_t num_gnames = len(gnames) if named else 0
+    _pool_arrays(pool, &a)
     # victims come in runs of one owner: each run is counted here and added to
     # num_by_owner when it ends (the dict's order is still each owner's first victim)
     try:
@@ -836,10 +859,10 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
             v = victims[i]
             if i >= num_valid or not 0 < v < nb:
                 return i
-            k = key[v]
-            if k == NO_KEY or ref[v] != 0:
+            k = a.key[v]
+            if k == NO_KEY or a.ref[v] != 0:
                 return i
-            og = owner[v]
+            og = a.owner[v]
             h = k & HASH_MASK_C
             if named:
                 if (k >= OUT_BIT or h < num_names) and 0 <= og < num_gnames:
@@ -848,17 +871,15 @@ def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list
                 else:       # outside the lists: Python's indexing (the fast one is unchecked)
                     hash_names.append((<object>names)[h] if k < OUT_BIT else "")
                     owners.append((<object>gnames)[og])
-            if k < OUT_BIT and slot_ns[h] == (k >> 32) and slot_blk[h] == v \
+            if k < OUT_BIT and a.slot_ns[h] == (k >> 32) and a.slot_blk[h] == v \
                     and (not more or k not in more):
-                slot_blk[h] = -1
-                slot_lost[h] = 1
+                a.slot_blk[h] = -1
+                a.slot_lost[h] = 1
             else:
                 index_drop(k, v)
-                key, ref, owner = _llongs(pool.key), _ints(pool.ref), _ints(pool.owner)
-                slot_ns, slot_blk = _ints(pool.slot_ns), _ints(pool.slot_blk)
-                slot_lost = _bytes(pool.slot_lost)
-            key[v] = NO_KEY
-            owner[v] = -1
+                _pool_arrays(pool, &a)
+            a.key[v] = NO_KEY
+            a.owner[v] = -1
             if run_n and og != run_og:
                 num_by_owner[run_og] = num_by_owner.get(run_og, 0) + run_n
                 run_n = 0
@@ -2078,12 +2099,13 @@ cdef class PrefixShieldView:
             self.gver.data.as_longlongs[g] += 1
             _hp_push(&self.bh, -<double>p, g, self.gver.data.as_longlongs[g])
 
-    cdef tuple _rank_tuple(self, Rank *r):
-        """The rank cache's tuple for r: (top groups, P, runner-up or -1, its P)."""
+    cdef tuple _rank_tuple(self, Rank *r, list ties):
+        """The rank cache's tuple for r: (top groups, P, runner-up or -1, its P); ties
+        holds the top groups where they are tied (num_top > 1)."""
         if r.num_top == 1:
             top = [r.top_g]
         elif r.num_top > 1:
-            top = self.ties
+            top = list(ties)
         else:
             top = []
         return top, r.top_p, r.runner_g, r.runner_p
@@ -2093,7 +2115,7 @@ cdef class PrefixShieldView:
         cdef Rank r
         self.now = self.pol.now_s
         self._ranked_c(&r)
-        return self._rank_tuple(&r)
+        return self._rank_tuple(&r, self.ties)
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
@@ -2228,13 +2250,7 @@ cdef class PrefixShieldView:
             self.now = self.pol.now_s
             self._ranked_c(&r)
             self._rc_put(&r)
-        if self.rc.num_top == 1:
-            top = [self.rc.top_g]
-        elif self.rc.num_top > 1:
-            top = list(self.rc_ties)
-        else:
-            top = []
-        return top, self.rc.top_p, self.rc.runner_g, self.rc.runner_p
+        return self._rank_tuple(&self.rc, self.rc_ties)
 
     def eligible(self, int b):
         """PrefixShield._eligible_push: b (a candidate leaf) joins its queues."""

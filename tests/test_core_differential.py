@@ -194,7 +194,7 @@ def _engine_state(loaded, policy: str, capacity: int, scheduler: str) -> dict:
     ck = engine.checker
     got["checker"] = (sorted(ck.res.items()), ck.res_ns.tobytes(), ck.res_cnt.tobytes(),
                       ck.num_orphans, ck.orphans_created, ck.num_candidates,
-                      ck.num_resident)
+                      ck.num_resident, ck.key.tobytes(), ck.ref.tobytes())
     # what only speed depends on, held in C during a batch and written back after it
     got["policy"] = {k: getattr(pol, k) for k in ("num_cand", "free_seq", "glob_budget")
                      if hasattr(pol, k)}
@@ -901,3 +901,55 @@ def test_a_group_whose_heavier_debt_clears_is_ranked_at_its_new_weight(monkeypat
                 round(float(r["responsible_p_before"]) - float(r["responsible_p_after"]), 9))
     assert {t: drops.get(t) for t in ("0.5", "1.0", "1.2")} == {
         "0.5": {0.25}, "1.0": {1.0}, "1.2": {0.25}}, drops
+
+
+
+def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch,
+                                                                     tmp_path):
+    """The compiled loops hold pointers into the pool's and the checker's arrays; a call
+    back into Python (the pool's index_add/index_drop, the checker's _drop_copy) may
+    resize them, which moves them. Here each such call leaves every array replaced by a
+    copy (as a resize would), and the replay must end in the state it ends in without.
+    (The Python engine holds the arrays in locals across such calls, so the comparison
+    is with the compiled replay of arrays that stay.)"""
+    from psgate.bench.traces import load
+    from psgate.engines.pool import BlockPool
+    from psgate.invariants.checker import InvariantChecker
+    _compiled()
+    # two scopes over the same hashes (a slot another namespace owns goes through
+    # index_add/index_drop) and generated tokens (keys the checker keeps outside its
+    # tables, dropped through _drop_copy)
+    events = []
+    for i in range(40):
+        events.append({"t": i * 0.01, "id": f"r{i}", "scope": "ab"[i % 2], "out": 9,
+                       "blocks": [f"{i % 5:x}{j:03x}" for j in range(6)] + [f"e{i:03x}"],
+                       "done_t": i * 0.01 + 0.005})
+    loaded = load(write(tmp_path, events, name="moving.jsonl"))
+    monkeypatch.delenv("PSGATE_CORE", raising=False)
+    policies = ("lru", "prefixshield")
+    staying = [_engine_state(loaded, policy, 24, "step") for policy in policies]
+    calls = {"index_add": 0, "index_drop": 0, "_drop_copy": 0}
+
+    def moving(cls, method, names):
+        original = getattr(cls, method)
+
+        def call(self, *args):
+            out = original(self, *args)
+            for name in names:
+                old = getattr(self, name)
+                setattr(self, name, type(old)(old.typecode, old) if hasattr(
+                    old, "typecode") else type(old)(old))
+            calls[method] += 1
+            return out
+        monkeypatch.setattr(cls, method, call)
+
+    pool_arrays = ("key", "ref", "owner", "slot_ns", "slot_blk", "slot_lost")
+    moving(BlockPool, "index_add", pool_arrays)
+    moving(BlockPool, "index_drop", pool_arrays)
+    moving(InvariantChecker, "_drop_copy", ("key", "ref", "_parent", "res_ns", "res_cnt"))
+    for policy, want in zip(policies, staying):
+        got = _engine_state(loaded, policy, 24, "step")
+        assert got["evictions"] > 0
+        for k in want:
+            assert got[k] == want[k], f"{policy}: {k} differs"
+    assert all(calls.values()), calls
