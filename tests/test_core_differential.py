@@ -717,7 +717,8 @@ def test_block_ids_are_the_dict_lookups(seen, lists):
     for first in (in_order, seen + in_order, list(reversed(in_order)), seen):
         table = HashTable()
         for h in first:
-            table.intern_chain([h], None) if h not in table.ids else None
+            if h not in table.ids:
+                table.intern_chain([h], None)
         cursor = 0
         for hashes in lists:
             want = [table.ids.get(h) for h in hashes]
@@ -901,7 +902,6 @@ def test_a_group_whose_heavier_debt_clears_is_ranked_at_its_new_weight(monkeypat
                 round(float(r["responsible_p_before"]) - float(r["responsible_p_after"]), 9))
     assert {t: drops.get(t) for t in ("0.5", "1.0", "1.2")} == {
         "0.5": {0.25}, "1.0": {1.0}, "1.2": {0.25}}, drops
-
 
 
 def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch,
