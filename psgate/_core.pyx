@@ -14,8 +14,10 @@ from libc.stdlib cimport realloc, free
 from libc.string cimport strlen
 from cpython.mem cimport PyMem_Free
 from cpython.bytearray cimport PyByteArray_AS_STRING
+from cpython.object cimport PyObject
 from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
-                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_Substring)
+                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR,
+                              PyUnicode_Substring)
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
@@ -567,26 +569,26 @@ cdef str _fmt6(double v):
         PyMem_Free(t)
 
 
-cdef str _number(object p, object ff):
-    """ff[p] (fmt_f of a debt or probability), formatted here when the cache lacks it."""
+cdef str _number_c(double v):
+    """fmt_f(v): one of the last texts made, else _fmt6's."""
     global _num_next
-    cdef object s
     cdef str t
-    cdef double v
     cdef int j
+    for j in range(4):
+        if _num_v[j] == v and _num_t[j] is not None:
+            return _num_t[j]
+    t = _fmt6(v)
+    _num_v[_num_next] = v
+    _num_t[_num_next] = t
+    _num_next = (_num_next + 1) & 3
+    return t
+
+
+cdef str _number(object p, object ff):
+    """ff[p] (fmt_f of a debt or probability); a float's is formatted here."""
+    cdef object s
     if type(p) is float:
-        v = <double>p
-        for j in range(4):
-            if _num_v[j] == v and _num_t[j] is not None:
-                return _num_t[j]
-        s = (<dict>ff).get(p)
-        if s is not None:
-            return s
-        t = _fmt6(v)
-        _num_v[_num_next] = v
-        _num_t[_num_next] = t
-        _num_next = (_num_next + 1) & 3
-        return t
+        return _number_c(<double>p)
     s = (<dict>ff).get(p)
     if s is not None:
         return s
@@ -681,7 +683,7 @@ def lru_freed(queues, freed_at, list blocks, long long now_ns):
 
 def lru_take(queues, freed_at, Py_ssize_t num_blocks, decisions, decision_cls):
     """LRUPolicy.evict_batch: the first num_blocks of queue 0, unlinked in one pass, each
-    with its Decision when ``decisions`` is a list."""
+    with its Decision (an LRUDecision) when ``decisions`` is a list."""
     cdef long long *freed = _llongs(freed_at)
     cdef int *nxt = _ints(queues.next)
     cdef int *prv = _ints(queues.prev)
@@ -691,15 +693,16 @@ def lru_take(queues, freed_at, Py_ssize_t num_blocks, decisions, decision_cls):
     cdef list victims = []
     cdef Py_ssize_t num = 0
     cdef int b = nxt[s]
-    cdef long long f
+    cdef LRUDecision d
     cdef bint record = decisions is not None
     while num < num_blocks and b != s:
         if record:
-            f = freed[b]
-            decisions.append(decision_cls(
-                b, size - num, 0, "lru", None, None, None, None, None, None,
-                {"freed_t": (<double>f / 1e9) if -EXACT <= f <= EXACT
-                 else (<object>f) / 1000000000}))
+            d = LRUDecision.__new__(LRUDecision)
+            d.decision_cls = decision_cls
+            d.victim = b
+            d.num_cand = size - num
+            d.freed_ns = freed[b]
+            decisions.append(d)
         victims.append(b)
         where[b] = -1
         num += 1
@@ -1645,6 +1648,191 @@ cdef class SeqHeaps:
                 self._push(q % 3, <int>b, gq.sv[b])
 
 
+cdef object _freed_t(long long f):
+    """A time in ns as seconds, as ``ns / 1e9`` would give it in Python."""
+    return (<double>f / 1e9) if -EXACT <= f <= EXACT else (<object>f) / 1000000000
+
+
+cdef class LRUDecision:
+    """lru's Decision for a victim taken by lru_take, held as its three numbers: the
+    compact ledger's coder writes its row from them (as for PSDecision). To any other
+    reader it is the Decision (rank made on first read, then kept), equal to it, and
+    decision() makes it."""
+    cdef readonly int victim
+    cdef Py_ssize_t num_cand
+    cdef long long freed_ns
+    cdef object decision_cls, rank_d
+    __hash__ = None
+
+    def __init__(self, decision_cls, int victim, Py_ssize_t num_candidates,
+                 long long freed_ns):
+        self.decision_cls = decision_cls
+        self.victim = victim
+        self.num_cand = num_candidates
+        self.freed_ns = freed_ns
+
+    @property
+    def num_candidates(self):
+        return self.num_cand
+
+    @property
+    def position(self):
+        return 0
+
+    @property
+    def queue(self):
+        return "lru"
+
+    @property
+    def rank(self):
+        if self.rank_d is None:
+            self.rank_d = {"freed_t": _freed_t(self.freed_ns)}
+        return self.rank_d
+
+    @property
+    def responsible(self):
+        return None
+
+    @property
+    def responsible_p_before(self):
+        return None
+
+    @property
+    def responsible_p_after(self):
+        return None
+
+    @property
+    def runner_up(self):
+        return None
+
+    @property
+    def runner_up_p(self):
+        return None
+
+    @property
+    def segments(self):
+        return None
+
+
+    def decision(self):
+        """The Decision this stands for."""
+        return self.decision_cls(self.victim, self.num_cand, 0, "lru", None, None, None,
+                                 None, None, None, self.rank)
+
+    def __eq__(self, other):
+        if type(other) is LRUDecision:
+            other = (<LRUDecision>other).decision()
+        return self.decision() == other
+
+    def __repr__(self):
+        return repr(self.decision())
+
+
+cdef class PSDecision:
+    """prefixshield's Decision for a victim the compiled view chose among the groups in
+    debt, held as its numbers and names: the compact ledger's coder writes the row from
+    these (CompactCoder.encode_evictions) without the Decision and its two dicts, built
+    per victim only to be compared with the row before. To any other reader it is that
+    Decision: the same attributes (segments and rank made on first read, then kept),
+    equal to it, and decision() makes it."""
+    cdef readonly int victim
+    cdef Py_ssize_t num_cand
+    cdef object queue_name, resp, runner_name    # runner_name None: no runner-up
+    cdef double p_before, p_after, runner_p
+    cdef long long live[3]                       # probationary, normal, reuse
+    cdef object seg_name, class_name, contract_name
+    cdef long long freed_seq
+    cdef tuple debts                             # the owner's (raw, normalized, W_g)
+    cdef object decision_cls, seg_d, rank_d
+    __hash__ = None                              # as the dataclass's (eq, not frozen)
+
+    def __init__(self, decision_cls, int victim, Py_ssize_t num_candidates, queue,
+                 responsible, double p_before, double p_after, runner_up,
+                 double runner_up_p, live, segment, cls, contract, long long freed_seq,
+                 tuple debts):
+        """The view makes these without this; here for a reader that makes one itself.
+        ``live``: the responsible group's (probationary, normal, reuse) counts;
+        ``debts``: the owner's (raw, normalized, W_g)."""
+        self.decision_cls = decision_cls
+        self.victim = victim
+        self.num_cand = num_candidates
+        self.queue_name = queue
+        self.resp = responsible
+        self.p_before = p_before
+        self.p_after = p_after
+        self.runner_name = runner_up
+        self.runner_p = runner_up_p
+        self.live[0], self.live[1], self.live[2] = live
+        self.seg_name = segment
+        self.class_name = cls
+        self.contract_name = contract
+        self.freed_seq = freed_seq
+        self.debts = debts
+
+    @property
+    def num_candidates(self):
+        return self.num_cand
+
+    @property
+    def position(self):
+        return 0
+
+    @property
+    def queue(self):
+        return self.queue_name
+
+    @property
+    def responsible(self):
+        return self.resp
+
+    @property
+    def responsible_p_before(self):
+        return self.p_before
+
+    @property
+    def responsible_p_after(self):
+        return self.p_after
+
+    @property
+    def runner_up(self):
+        return self.runner_name
+
+    @property
+    def runner_up_p(self):
+        return None if self.runner_name is None else self.runner_p
+
+    @property
+    def segments(self):
+        if self.seg_d is None:
+            self.seg_d = {"probationary": self.live[0], "normal": self.live[1],
+                          "reuse": self.live[2]}
+        return self.seg_d
+
+    @property
+    def rank(self):
+        if self.rank_d is None:
+            self.rank_d = {"segment": self.seg_name, "class": self.class_name,
+                           "freed_seq": self.freed_seq, "global_fallback": False,
+                           "owner_contract": self.contract_name,
+                           "owner_raw_debt": self.debts[0],
+                           "owner_norm_debt": self.debts[1]}
+        return self.rank_d
+
+    def decision(self):
+        """The Decision this stands for."""
+        return self.decision_cls(
+            self.victim, self.num_candidates, 0, self.queue_name, self.resp, self.p_before,
+            self.p_after, self.runner_up, self.runner_up_p, self.segments, self.rank)
+
+    def __eq__(self, other):
+        if type(other) is PSDecision:
+            other = (<PSDecision>other).decision()
+        return self.decision() == other
+
+    def __repr__(self):
+        return repr(self.decision())
+
+
 from heapq import heappush as _zpush, heappop as _zpop, heapify as _zheapify
 NS_PER_S = 1_000_000_000
 cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
@@ -2566,18 +2754,27 @@ cdef class PrefixShieldView:
                           int runner, double runner_p):
         """PrefixShield._decision for a victim of responsible group g."""
         cdef int q = 3 * g
-        cdef int og = self.owner[b]
         cdef QHeap *qh = &self.gq.qs[q]
-        debts = self._debts(og)
-        rank = {"segment": self.seg_names[seg], "class": self.class_names[self.cls[b]],
-                "freed_seq": self.freed_seq[b], "global_fallback": False,
-                "owner_contract": self.contract_names[self.contract[b]],
-                "owner_raw_debt": debts[0], "owner_norm_debt": debts[1]}
-        return self.decision_cls(
-            b, self.num_cand, 0, self.qnames[q + seg], self.gnames[g], p_before, p_after,
-            self.gnames[runner] if runner >= 0 else None,
-            runner_p if runner >= 0 else None,
-            {"probationary": qh[0].live, "normal": qh[1].live, "reuse": qh[2].live}, rank)
+        cdef PSDecision d = PSDecision.__new__(PSDecision)
+        d.victim = b
+        d.num_cand = self.num_cand
+        d.queue_name = self.qnames[q + seg]
+        d.resp = self.gnames[g]
+        d.p_before = p_before
+        d.p_after = p_after
+        if runner >= 0:
+            d.runner_name = self.gnames[runner]
+            d.runner_p = runner_p
+        d.live[0] = qh[0].live
+        d.live[1] = qh[1].live
+        d.live[2] = qh[2].live
+        d.seg_name = self.seg_names[seg]
+        d.class_name = self.class_names[self.cls[b]]
+        d.contract_name = self.contract_names[self.contract[b]]
+        d.freed_seq = self.freed_seq[b]
+        d.debts = self._debts(self.owner[b])
+        d.decision_cls = self.decision_cls
+        return d
 
     def evict_batch(self, Py_ssize_t num_blocks, decisions=None):
         """PrefixShield.evict_batch: the victim of the groups in debt, with a warm ranking,
@@ -3334,6 +3531,26 @@ cdef inline str _cached_field(object q, object v, object csv_field):
     return csv_field(v)
 
 
+# _ps_row's JSON columns: their keys, sorted (as the memos order them), and the most
+# values either holds
+cdef list _PS_SEG_KEYS = ["normal", "probationary", "reuse"]
+cdef list _LRU_RANK_KEYS = ["freed_t"]
+cdef list _PS_RANK_KEYS = ["class", "freed_seq", "global_fallback", "owner_contract",
+                           "owner_norm_debt", "owner_raw_debt", "segment"]
+DEF _PS_JSON_MAX = 8
+DEF _PS_INT = 0             # _ps_json's kinds of value
+DEF _PS_NAME = 1
+DEF _PS_TEXT = 2
+cdef str _JSON_FALSE = "false"
+
+
+cdef inline bint _quoted_eq(str p, str name):
+    """p == '"' + name + '"', without making the right side."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(p)
+    return (n == PyUnicode_GET_LENGTH(name) + 2 and PyUnicode_READ_CHAR(p, 0) == u'"'
+            and PyUnicode_READ_CHAR(p, n - 1) == u'"' and _region_eq(p, 1, n - 1, name))
+
+
 cdef class CompactCoder:
     """compact.CompactEncoder.encode, compiled, with its own prediction state: rows of the
     CSV ledger (each with its "\\n") in, compact rows out. Splitting, prediction, integer
@@ -3354,6 +3571,11 @@ cdef class CompactCoder:
     cdef bint fast, ledger_layout
     cdef Py_ssize_t num_hashes, hash_limit
     cdef object split_py, json_py, code_py, dumps
+    cdef set plain_names            # _plain_name's strings
+    cdef tuple ps_debts             # the last debts _ps_codable took, and their texts
+    cdef object ps_raw_t, ps_norm_t
+    cdef long long lru_ns           # the last freed time _lru_codable took, and its text
+    cdef object lru_t
 
     def __init__(self, enc, split_py, json_py, code_py, dumps, Py_ssize_t hash_limit,
                  bint ledger_layout=False):
@@ -3383,6 +3605,8 @@ cdef class CompactCoder:
         self.num_hashes = 0
         self.hash_limit = hash_limit
         self.split_py, self.json_py, self.code_py, self.dumps = split_py, json_py, code_py, dumps
+        self.plain_names = set()
+        self.ps_debts = None
         # the columns are LedgerWriter's (encode_evictions codes its rows from their fields)
         self.ledger_layout = ledger_layout and self.fast and self.json_cols == [19, 23]
 
@@ -3478,6 +3702,12 @@ cdef class CompactCoder:
         cdef bint pflt_live[3]
         cdef Py_ssize_t hid
         cdef JsonMemo m
+        # a JSON column's integer values by place, where jvals holds their text
+        # (jint_ok): set by the rows of PSDecisions, dropped by any other row's
+        cdef long long jint[2 * _PS_JSON_MAX]
+        cdef bint jint_ok[2 * _PS_JSON_MAX]
+        for j in range(2 * _PS_JSON_MAX):
+            jint_ok[j] = False
         prev = self.by_kind.get(kind) or self.blank
         ptext = list(<tuple>prev[0])
         prev_json = prev[1]
@@ -3523,6 +3753,17 @@ cdef class CompactCoder:
             ptext[1] = t
             x = owners[i]
             self._text_col(buf, ptext, 2, _cached_field(q, x, csv_field))
+            if type(d) is LRUDecision and self._lru_codable(<LRUDecision>d):
+                self._lru_row(buf, ptext, <LRUDecision>d, pint, pint_live, pflt_live, q,
+                              csv_field, csv_json, seg_memo, jtext, jkeys, jvals, jok, jint,
+                              jint_ok)
+                _buf_put(buf, "\r\n", 2)
+                continue
+            if type(d) is PSDecision and self._ps_codable(<PSDecision>d):
+                self._ps_row(buf, ptext, <PSDecision>d, pint, pint_live, pflt, pflt_live, q,
+                             csv_field, jtext, jkeys, jvals, jok, jint, jint_ok)
+                _buf_put(buf, "\r\n", 2)
+                continue
             self._int_col(buf, ptext, 3, d.num_candidates, 1, pint, pint_live, csv_field)
             self._int_col(buf, ptext, 4, d.position, 2, pint, pint_live, csv_field)
             self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
@@ -3536,50 +3777,10 @@ cdef class CompactCoder:
             for j in range(11, 14):
                 self._text_col(buf, ptext, j, "")
             # the JSON columns, segments then rank
-            for k in range(2):
-                x = d.segments if k == 0 else d.rank
-                m = seg_memo if k == 0 else rank_memo
-                t = None
-                if not x:
-                    t = ""
-                elif type(x) is dict and _memo_update(m, <dict>x):
-                    if m.num_odd:
-                        t = _memo_text(m)
-                else:
-                    t = csv_json(x)
-                if t is None and (m.order is jkeys[k] or m.order == jkeys[k]):
-                    # coded by key, against the last row's values
-                    _buf_put(buf, ",", 1)
-                    mv = m.vtexts
-                    vals = jvals[k]
-                    nj = len(mv)
-                    for j in range(nj):
-                        c = mv[j]
-                        p = vals[j]
-                        if c is p or c == p:
-                            _buf_put(buf, ",", 1)
-                        else:
-                            _buf_code_c(buf, c, p, self.code_py)
-                            vals[j] = c
-                    jkeys[k] = m.order
-                    jtext[k] = None
-                    jok[k] = True
-                    continue
-                pj = (jtext[k], jkeys[k], jvals[k], jok[k])
-                del tmp[:]
-                if t is None:
-                    self._json_known(tmp, pj, m.order, m.vtexts)
-                    jtext[k], jkeys[k], jvals[k], jok[k] = None, m.order, list(m.vtexts), True
-                elif jok[k] and jtext[k] is not None and t == jtext[k]:
-                    tmp.append("")
-                    tmp.extend([""] * len(jkeys[k]))
-                else:
-                    json_now = {}
-                    self._json_col(tmp, 19 if k == 0 else 23, pj, t, json_now)
-                    pj = json_now[19 if k == 0 else 23]
-                    jtext[k], jkeys[k], jvals[k], jok[k] = pj[0], pj[1], list(<list>pj[2]), pj[3]
-                for c in tmp:
-                    _buf_code(buf, c)
+            self._json_generic(buf, 0, d.segments, seg_memo, jtext, jkeys, jvals, jok,
+                               jint_ok, csv_json)
+            self._json_generic(buf, 1, d.rank, rank_memo, jtext, jkeys, jvals, jok,
+                               jint_ok, csv_json)
             _buf_put(buf, "\r\n", 2)
         for k in range(3):
             if pint_live[k]:
@@ -3606,33 +3807,224 @@ cdef class CompactCoder:
         is made only when the next field is not one (its value stays in pint[k])."""
         cdef long long a
         cdef int overflow = 0
-        cdef str p
         if type(v) is int:
             a = PyLong_AsLongLongAndOverflow(v, &overflow)
             if not overflow and -_INT_BOUND < a < _INT_BOUND:
-                if pint_live[k]:
-                    if a == pint[k]:
-                        _buf_put(buf, ",", 1)
-                    else:
-                        _buf_put(buf, ",~", 2)
-                        _buf_int(buf, a - pint[k])
-                else:
-                    p = ptext[j]
-                    if _is_int(p):
-                        if a == _int_of(p):
-                            _buf_put(buf, ",", 1)
-                        else:
-                            _buf_put(buf, ",~", 2)
-                            _buf_int(buf, a - _int_of(p))
-                    else:
-                        _buf_code_c(buf, str(v), p, self.code_py)
-                pint[k] = a
-                pint_live[k] = True
-                return 0
+                return self._int_col_c(buf, ptext, j, a, k, pint, pint_live)
         if pint_live[k]:
             ptext[j] = str(pint[k])
             pint_live[k] = False
         self._text_col(buf, ptext, j, str(v) if type(v) is int else csv_field(v))
+        return 0
+
+    cdef int _int_col_c(self, _RowBuf *buf, list ptext, Py_ssize_t j, long long a, int k,
+                        long long *pint, bint *pint_live) except -1:
+        """_int_col for the integer a (-_INT_BOUND < a < _INT_BOUND)."""
+        cdef str p
+        if pint_live[k]:
+            if a == pint[k]:
+                _buf_put(buf, ",", 1)
+            else:
+                _buf_put(buf, ",~", 2)
+                _buf_int(buf, a - pint[k])
+        else:
+            p = ptext[j]
+            if _is_int(p):
+                if a == _int_of(p):
+                    _buf_put(buf, ",", 1)
+                else:
+                    _buf_put(buf, ",~", 2)
+                    _buf_int(buf, a - _int_of(p))
+            else:
+                _buf_code_c(buf, str(a), p, self.code_py)
+        pint[k] = a
+        pint_live[k] = True
+        return 0
+
+    cdef int _num_col_c(self, _RowBuf *buf, list ptext, Py_ssize_t j, double x, int k,
+                        double *pflt, bint *pflt_live) except -1:
+        """_num_col for the float x."""
+        if pflt_live[k] and x == pflt[k]:
+            _buf_put(buf, ",", 1)
+            return 0
+        self._text_col(buf, ptext, j, _number_c(x))
+        pflt_live[k] = True
+        pflt[k] = x
+        return 0
+
+    cdef bint _ps_codable(self, PSDecision d) except -1:
+        """d's row can be coded from its fields: its names are plain JSON strings the
+        coder's reader takes, and its owner's debts have JSON texts that it reads back
+        (kept in ps_debt_t for _ps_row). Any other goes by its Decision's attributes."""
+        cdef tuple debts = d.debts
+        cdef object raw, norm
+        if not (self._plain_name(d.seg_name) and self._plain_name(d.class_name)
+                and self._plain_name(d.contract_name)):
+            return False
+        if debts is not self.ps_debts:
+            self.ps_debts = None
+            raw = _json_value(debts[0])
+            norm = _json_value(debts[1])
+            if (raw is None or norm is None or not _reads_back(debts[0], <str>raw)
+                    or not _reads_back(debts[1], <str>norm)):
+                return False
+            self.ps_debts = debts
+            self.ps_raw_t = raw
+            self.ps_norm_t = norm
+        return True
+
+    cdef bint _lru_codable(self, LRUDecision d) except -1:
+        """d's row can be coded from its fields: its freed_t has a JSON text (kept in
+        lru_t for _lru_row; a float's the coder's reader always takes)."""
+        cdef object t
+        if self.lru_t is not None and d.freed_ns == self.lru_ns:
+            return True
+        t = _json_value(_freed_t(d.freed_ns))
+        if t is None:
+            return False
+        self.lru_ns = d.freed_ns
+        self.lru_t = t
+        return True
+
+    cdef int _lru_row(self, _RowBuf *buf, list ptext, LRUDecision d, long long *pint,
+                      bint *pint_live, bint *pflt_live, object q, object csv_field,
+                      object csv_json, JsonMemo seg_memo, list jtext, list jkeys,
+                      list jvals, list jok, long long *jint, bint *jint_ok) except -1:
+        """_evict_rows' columns from num_candidates on for d (_lru_codable), as they code
+        d's Decision (no responsible group, runner-up or segments; rank its freed_t)."""
+        cdef long long iv[1]
+        cdef PyObject *ov[1]
+        cdef char kinds[1]
+        cdef Py_ssize_t j
+        self._int_col_c(buf, ptext, 3, d.num_cand, 1, pint, pint_live)
+        self._int_col_c(buf, ptext, 4, 0, 2, pint, pint_live)
+        self._text_col(buf, ptext, 5, _cached_field(q, "lru", csv_field))
+        for j in range(6, 14):
+            self._text_col(buf, ptext, j, "")
+        pflt_live[0] = pflt_live[1] = pflt_live[2] = False
+        self._json_generic(buf, 0, None, seg_memo, jtext, jkeys, jvals, jok, jint_ok,
+                           csv_json)
+        kinds[0] = _PS_TEXT
+        ov[0] = <PyObject *>self.lru_t
+        self._fields_json(buf, 1, _LRU_RANK_KEYS, 1, kinds, iv, ov, jtext, jkeys, jvals,
+                          jok, jint, jint_ok)
+        return 0
+
+    cdef bint _plain_name(self, object s) except -1:
+        """s is a str _json_value writes as it is, whose text the coder's reader takes."""
+        if s in self.plain_names:
+            return True
+        if type(s) is not str or not _plain_value(<str>s) or '\x7f' in <str>s:
+            return False
+        if len(self.plain_names) >= 256:
+            self.plain_names.clear()
+        self.plain_names.add(s)
+        return True
+
+    cdef int _ps_row(self, _RowBuf *buf, list ptext, PSDecision d, long long *pint,
+                     bint *pint_live, double *pflt, bint *pflt_live, object q,
+                     object csv_field, list jtext, list jkeys, list jvals, list jok,
+                     long long *jint, bint *jint_ok) except -1:
+        """_evict_rows' columns from num_candidates on for d (_ps_codable), as they code
+        d's Decision: the same texts, compared with the last row's as numbers where
+        they are numbers, and the JSON columns' values as the memos would give them."""
+        cdef long long iv[_PS_JSON_MAX]
+        cdef PyObject *ov[_PS_JSON_MAX]
+        cdef char kinds[_PS_JSON_MAX]
+        self._int_col_c(buf, ptext, 3, d.num_cand, 1, pint, pint_live)
+        self._int_col_c(buf, ptext, 4, 0, 2, pint, pint_live)
+        self._text_col(buf, ptext, 5, _cached_field(q, d.queue_name, csv_field))
+        self._text_col(buf, ptext, 6, _field(d.resp or '', csv_field))
+        self._num_col_c(buf, ptext, 7, d.p_before, 0, pflt, pflt_live)
+        self._num_col_c(buf, ptext, 8, d.p_after, 1, pflt, pflt_live)
+        if d.runner_name is None:
+            self._text_col(buf, ptext, 9, "")
+            self._text_col(buf, ptext, 10, "")
+            pflt_live[2] = False
+        else:
+            self._text_col(buf, ptext, 9, _field(d.runner_name or '', csv_field))
+            self._num_col_c(buf, ptext, 10, d.runner_p, 2, pflt, pflt_live)
+        for j in range(11, 14):
+            self._text_col(buf, ptext, j, "")
+        # segments, by sorted key: normal, probationary, reuse
+        kinds[0] = kinds[1] = kinds[2] = _PS_INT
+        iv[0] = d.live[1]
+        iv[1] = d.live[0]
+        iv[2] = d.live[2]
+        self._fields_json(buf, 0, _PS_SEG_KEYS, 3, kinds, iv, ov, jtext, jkeys, jvals, jok, jint,
+                      jint_ok)
+        # rank: class, freed_seq, global_fallback, owner_contract, owner_norm_debt,
+        # owner_raw_debt, segment
+        kinds[0] = kinds[3] = kinds[6] = _PS_NAME
+        kinds[1] = _PS_INT
+        kinds[2] = kinds[4] = kinds[5] = _PS_TEXT
+        ov[0] = <PyObject *>d.class_name
+        iv[1] = d.freed_seq
+        ov[2] = <PyObject *>_JSON_FALSE
+        ov[3] = <PyObject *>d.contract_name
+        ov[4] = <PyObject *>self.ps_norm_t
+        ov[5] = <PyObject *>self.ps_raw_t
+        ov[6] = <PyObject *>d.seg_name
+        self._fields_json(buf, 1, _PS_RANK_KEYS, 7, kinds, iv, ov, jtext, jkeys, jvals, jok, jint,
+                      jint_ok)
+        return 0
+
+    cdef int _fields_json(self, _RowBuf *buf, int k, list keys, Py_ssize_t n, char *kinds,
+                      long long *iv, PyObject **ov, list jtext, list jkeys, list jvals,
+                      list jok, long long *jint, bint *jint_ok) except -1:
+        """JSON column k of a row coded from its fields (_ps_row, _lru_row): the keys given (sorted, as the memos order them)
+        and n values, value j an integer iv[j], a name ov[j] (its text is it quoted) or a
+        text ov[j], by kinds[j]; coded against the last row's as the memo's texts would
+        be."""
+        cdef str c, p, v
+        cdef list vals, texts
+        cdef Py_ssize_t j, at
+        if jkeys[k] is keys or jkeys[k] == keys:
+            _buf_put(buf, ",", 1)           # the keys: as the last row's
+            vals = jvals[k]
+            for j in range(n):
+                at = k * _PS_JSON_MAX + j
+                p = vals[j]
+                if kinds[j] == _PS_INT:
+                    if jint_ok[at] and jint[at] == iv[j]:
+                        _buf_put(buf, ",", 1)
+                        continue
+                    c = str(iv[j])
+                    jint[at] = iv[j]
+                    jint_ok[at] = True
+                elif kinds[j] == _PS_NAME:
+                    v = <str>ov[j]
+                    if _quoted_eq(p, v):
+                        _buf_put(buf, ",", 1)
+                        continue
+                    c = '"' + v + '"'
+                else:
+                    c = <str>ov[j]
+                if c is p or c == p:
+                    _buf_put(buf, ",", 1)
+                else:
+                    _buf_code_c(buf, c, p, self.code_py)
+                    vals[j] = c
+        else:
+            texts = []
+            for j in range(n):
+                at = k * _PS_JSON_MAX + j
+                if kinds[j] == _PS_INT:
+                    texts.append(str(iv[j]))
+                    jint[at] = iv[j]
+                    jint_ok[at] = True
+                elif kinds[j] == _PS_NAME:
+                    texts.append('"' + <str>ov[j] + '"')
+                else:
+                    texts.append(<str>ov[j])
+            tmp = []
+            self._json_known(tmp, (jtext[k], jkeys[k], jvals[k], jok[k]), keys, texts)
+            for c in tmp:
+                _buf_code(buf, c)
+            jvals[k] = texts
+        jkeys[k] = keys
+        jtext[k] = None
+        jok[k] = True
         return 0
 
     cdef int _num_col(self, _RowBuf *buf, list ptext, Py_ssize_t j, object x, int k,
@@ -3646,6 +4038,62 @@ cdef class CompactCoder:
         pflt_live[k] = type(x) is float
         if pflt_live[k]:
             pflt[k] = <double>x
+        return 0
+
+    cdef int _json_generic(self, _RowBuf *buf, int k, object x, JsonMemo m, list jtext,
+                           list jkeys, list jvals, list jok, bint *jint_ok,
+                           object csv_json) except -1:
+        """JSON column k (0: segments, 1: rank) of an eviction row for the value x, its
+        keys and value texts through the memo m (the text path where m does not take
+        x), coded against the last row's (jtext, jkeys, jvals, jok at k)."""
+        cdef Py_ssize_t j, nj
+        cdef object t = None
+        cdef str c, p
+        cdef list mv, vals, tmp
+        cdef tuple pj
+        cdef dict json_now
+        for j in range(_PS_JSON_MAX):
+            jint_ok[k * _PS_JSON_MAX + j] = False
+        if not x:
+            t = ""
+        elif type(x) is dict and _memo_update(m, <dict>x):
+            if m.num_odd:
+                t = _memo_text(m)
+        else:
+            t = csv_json(x)
+        if t is None and (m.order is jkeys[k] or m.order == jkeys[k]):
+            # coded by key, against the last row's values
+            _buf_put(buf, ",", 1)
+            mv = m.vtexts
+            vals = jvals[k]
+            nj = len(mv)
+            for j in range(nj):
+                c = mv[j]
+                p = vals[j]
+                if c is p or c == p:
+                    _buf_put(buf, ",", 1)
+                else:
+                    _buf_code_c(buf, c, p, self.code_py)
+                    vals[j] = c
+            jkeys[k] = m.order
+            jtext[k] = None
+            jok[k] = True
+            return 0
+        pj = (jtext[k], jkeys[k], jvals[k], jok[k])
+        tmp = []
+        if t is None:
+            self._json_known(tmp, pj, m.order, m.vtexts)
+            jtext[k], jkeys[k], jvals[k], jok[k] = None, m.order, list(m.vtexts), True
+        elif jok[k] and jtext[k] is not None and t == jtext[k]:
+            tmp.append("")
+            tmp.extend([""] * len(jkeys[k]))
+        else:
+            json_now = {}
+            self._json_col(tmp, 19 if k == 0 else 23, pj, t, json_now)
+            pj = json_now[19 if k == 0 else 23]
+            jtext[k], jkeys[k], jvals[k], jok[k] = pj[0], pj[1], list(<list>pj[2]), pj[3]
+        for c in tmp:
+            _buf_code(buf, c)
         return 0
 
     cdef int _json_col(self, list out, Py_ssize_t i, tuple pj, str text,

@@ -542,6 +542,131 @@ def test_long_compact_eviction_batches_are_the_python_ones(monkeypatch, tmp_path
     assert got["compiled"] == got["python"]
 
 
+_ps_name = st.sampled_from(["probationary", "normal", "reuse", "best-effort", 'a"b', "t\u00e9",
+                            "x\x7f", "a\\b", "tab\tx", ""])
+_ps_float = st.one_of(st.sampled_from([0.0, -0.0, 1e-7, 2.5e-5, 1e16, 1e300, 123.4567891234,
+                                       794.179168, 793.179168, 2.5, 1.5]),
+                      st.floats(allow_nan=True))
+
+
+@st.composite
+def _ps_decisions(draw):
+    """prefixshield's compiled decisions (PSDecision), with runs of repeating fields as a
+    batch of one group's victims has, and values its coder must hand to the Decision's
+    path (a name that needs escaping or holds DEL, a debt with an exponent, a 19-digit
+    seq)."""
+    mod = _compiled()
+    small = st.sampled_from([0, 1, 2])
+    runner = draw(st.sampled_from([None, "g2", 'r"q']))
+    return mod.PSDecision(
+        Decision, draw(st.integers(0, 5)), draw(st.one_of(small, st.integers(0, 10**6))),
+        draw(st.sampled_from(["g/normal", "g/reuse", 'q,"x'])),
+        draw(st.sampled_from(["g", "", "g,2"])), draw(_ps_float), draw(_ps_float), runner,
+        draw(_ps_float), (draw(small), draw(small), draw(small)),
+        draw(st.one_of(st.just("probationary"), _ps_name)),
+        draw(st.one_of(st.just("normal"), _ps_name)),
+        draw(st.one_of(st.just("standard"), _ps_name)),
+        draw(st.one_of(small, st.integers(0, 2**62), st.just(10**18 + 7))),
+        draw(st.one_of(st.just((1.5, 0.75, 2.0)), st.just((0, 0, 1.0)),
+                       st.tuples(_ps_float, _ps_float, st.just(1.0)),
+                       st.tuples(st.integers(-2**70, 2**70), st.just(0.5), st.just(1.0)))))
+
+
+@st.composite
+def _lru_decisions(draw):
+    """lru's compiled decisions (LRUDecision), freed at times whose seconds have an
+    exponent (the Decision's path), beyond 2**53 ns, or repeat down a batch."""
+    return _compiled().LRUDecision(
+        Decision, draw(st.integers(0, 5)), draw(st.integers(0, 10**6)),
+        draw(st.one_of(st.sampled_from([0, 10_000, 8_833_106_000, 8_833_106_000, -5,
+                                         2**60 + 1, 123_456_789_123]),
+                       st.integers(-2**63, 2**63 - 1))))
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.one_of(_ps_decisions(), _ps_decisions(),
+                                           _lru_decisions(), _lru_decisions(),
+                                           _repeating_decisions(), decisions()),
+                                 max_size=12), min_size=1, max_size=4),
+       data=st.data())
+def test_compiled_decisions_code_as_their_decisions(monkeypatch, tmp_path, batches, data):
+    """The compact coder writes a PSDecision's or an LRUDecision's row from its fields
+    (_ps_row, _lru_row): the same bytes as the Python writer coding the Decision it
+    stands for, in batches mixed with other decisions (which share the JSON columns'
+    state with it), and where a field sends the row by the Decision's attributes
+    instead. Either is that Decision to any other reader."""
+    _compiled()
+    for ds in batches:
+        for d in ds:
+            if type(d) is not Decision:
+                assert repr(d) == repr(d.decision())      # a NaN is equal to no copy
+                assert d.decision().rank == d.rank and d.rank is d.rank
+    plan = [(ds, data.draw(st.lists(st.integers(0, 9), min_size=len(ds), max_size=len(ds))))
+            for ds in batches]
+
+    def write(w: LedgerWriter) -> None:
+        python = os.environ.get("PSGATE_CORE") == "0"
+        w.start_run("candidate", "prefixshield")
+        for i, (ds, blocks) in enumerate(plan):
+            if python:
+                ds = [d if type(d) is Decision else d.decision() for d in ds]
+            w.eviction_batch(1_000_000 * (i // 2), _Req(f"r{i % 2}"), ds, blocks,
+                             [f"h{b}" for b in blocks], ["g"] * len(ds))
+
+    got = _compact_both_ways(monkeypatch, tmp_path, write)
+    assert got["compiled"] == got["python"]
+
+
+def test_compiled_decisions_are_their_decisions():
+    """What reads a decision by its attributes (the CSV rows, explain's tests, a shadow
+    engine) or compares it gets the Decision the compiled policy stands for."""
+    mod = _compiled()
+    ps = mod.PSDecision(Decision, 7, 12, "g/normal", "g", 2.5, 1.5, None, 0.0, (3, 1, 0),
+                        "normal", "reuse", "standard", 41, (1.5, 0.75, 2.0))
+    want = Decision(7, 12, 0, "g/normal", "g", 2.5, 1.5, None, None,
+                    {"probationary": 3, "normal": 1, "reuse": 0},
+                    {"segment": "normal", "class": "reuse", "freed_seq": 41,
+                     "global_fallback": False, "owner_contract": "standard",
+                     "owner_raw_debt": 1.5, "owner_norm_debt": 0.75})
+    assert ps == want and want == ps and [ps] == [want] and ps.decision() == want
+    assert list(ps.rank) == list(want.rank) and list(ps.segments) == list(want.segments)
+    ps2 = mod.PSDecision(Decision, 7, 12, "g/normal", "g", 2.5, 1.5, "h", 0.5, (3, 1, 0),
+                         "normal", "reuse", "standard", 41, (1.5, 0.75, 2.0))
+    assert (ps2.runner_up, ps2.runner_up_p) == ("h", 0.5) and ps2 != want
+    lru = mod.LRUDecision(Decision, 3, 9, 1_500_000_000)
+    assert lru == Decision(3, 9, 0, "lru", rank={"freed_t": 1.5})
+    assert lru != Decision(3, 9, 0, "lru", rank={"freed_t": 1.25})
+    assert (lru.victim, lru.num_candidates, lru.position, lru.queue, lru.segments,
+            lru.responsible) == (3, 9, 0, "lru", None, None)
+    assert mod.LRUDecision(Decision, 3, 9, 2**60 + 1).rank == {"freed_t": (2**60 + 1) / 10**9}
+    with pytest.raises(TypeError):
+        hash(lru)
+
+
+def test_a_compiled_decision_between_rows_of_the_same_numbers(monkeypatch, tmp_path):
+    """A row coded from its fields leaves no number behind that it did not write: the
+    rows before and after it carry the same p and runner-up p, which it leaves empty
+    (lru's row, prefixshield's without a runner-up)."""
+    mod = _compiled()
+    same = Decision(1, 2, 0, "g/normal", "g", 2.5, 1.5, "h", 0.5)
+    between = [mod.LRUDecision(Decision, 2, 3, 5_000_000_000),
+               mod.PSDecision(Decision, 2, 3, "g/normal", "g", 2.5, 1.5, None, 0.0,
+                              (1, 0, 0), "normal", "normal", "standard", 4, (1.0, 1.0, 1.0))]
+    for d in between:
+        _compiled()                     # the last pass left PSGATE_CORE=0
+
+        def write(w: LedgerWriter) -> None:
+            ds = [same, d, same]
+            if os.environ.get("PSGATE_CORE") == "0":
+                ds = [x if type(x) is Decision else x.decision() for x in ds]
+            w.start_run("candidate", "prefixshield")
+            w.eviction_batch(1_000_000, _Req("r"), ds, [1, 2, 3], ["a", "b", "c"], ["g"] * 3)
+
+        got = _compact_both_ways(monkeypatch, tmp_path, write)
+        assert got["compiled"] == got["python"]
+
+
 def test_compact_eviction_rows_code_from_fields(monkeypatch, tmp_path):
     """A replay's compact ledger goes through encode_evictions (not the CSV rows) where
     the core is built, and decodes to the CSV the plain writer writes."""
