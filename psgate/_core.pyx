@@ -3345,10 +3345,51 @@ cdef Py_ssize_t _json_string_end(str text, Py_ssize_t i, Py_ssize_t end):
     return -1
 
 
+cdef Py_ssize_t _int_object_end(str text, Py_ssize_t i, Py_ssize_t end):
+    """text[i] opens an object of plain keys, each once, to integers of at most 18 digits
+    written as orjson writes them (a nested value such as prefixshield's new_class): the
+    index just past its closing brace, or -1 where it holds anything else (an empty
+    object too, left to the Python form)."""
+    cdef unsigned int tk = PyUnicode_KIND(text)
+    cdef void *td = PyUnicode_DATA(text)
+    cdef Py_ssize_t j, k, nd
+    cdef list keys = []
+    cdef str key
+    i += 1
+    while True:
+        if i + 1 >= end or PyUnicode_READ(tk, td, i) != u'"' or PyUnicode_READ(tk, td, i + 1) != u'"':
+            return -1
+        j = _json_string_end(text, i, end)
+        if j < 0 or j >= end or PyUnicode_READ(tk, td, j) != u':':
+            return -1
+        key = PyUnicode_Substring(text, i + 2, j - 2)
+        if key in keys:
+            return -1
+        keys.append(key)
+        j += 1
+        if j < end and PyUnicode_READ(tk, td, j) == u'-':
+            j += 1
+        k = j
+        while j < end and u'0' <= PyUnicode_READ(tk, td, j) <= u'9':
+            j += 1
+        nd = j - k
+        if nd == 0 or nd > 18 or (nd > 1 and PyUnicode_READ(tk, td, k) == u'0'):
+            return -1
+        if nd == 1 and PyUnicode_READ(tk, td, k) == u'0' and PyUnicode_READ(tk, td, k - 1) == u'-':
+            return -1                   # -0: orjson writes 0
+        if j >= end:
+            return -1
+        if PyUnicode_READ(tk, td, j) == u'}':
+            return j + 1
+        if PyUnicode_READ(tk, td, j) != u',':
+            return -1
+        i = j + 1
+
+
 cdef object _json_parse(str text, list pkeys, list pvalues):
-    """compact._json_fields(text) for a flat object of plain keys to plain strings,
-    booleans, null, integers of at most 18 digits and floats written with a point and no
-    exponent: (keys, value texts); None where the text holds anything else (the caller
+    """compact._json_fields(text) for an object of plain keys to plain strings, booleans,
+    null, integers of at most 18 digits, floats written with a point and no exponent and
+    objects of plain keys to such integers: (keys, value texts); None where the text holds anything else (the caller
     asks the Python form). A float must read back as itself (repr, which is what orjson
     writes for a float without an exponent), unless it is the previous row's value text at
     the same place, which was checked then; one that does not is handed to the Python
@@ -3388,7 +3429,13 @@ cdef object _json_parse(str text, list pkeys, list pvalues):
         m = len(values)
         pv = pvalues[m] if m < len(pvalues) else None
         c = PyUnicode_READ(tk, td, i)
-        if c == u'"':
+        if c == u'{':
+            j = _int_object_end(text, i, end)
+            if j < 0:
+                return None
+            tok = PyUnicode_Substring(text, i, j).replace('""', '"')
+            values.append(pv if pv is not None and tok == pv else tok)
+        elif c == u'"':
             if i + 1 >= end or PyUnicode_READ(tk, td, i + 1) != u'"':
                 return None
             j = _json_string_end(text, i, end)
