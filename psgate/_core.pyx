@@ -15,6 +15,7 @@ from libc.string cimport strlen
 from cpython.mem cimport PyMem_Free
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.object cimport PyObject
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
                               PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR,
                               PyUnicode_Substring)
@@ -552,7 +553,12 @@ cdef int _num_next = 0
 cdef str _fmt6(double v):
     """ledger.fmt_f(v): f"{v:.6f}" (Python's own formatter) without trailing zeros, "0"
     for "-0" and ""."""
-    cdef char *t = PyOS_double_to_string(v, b'f', 6, 0, NULL)
+    return _fmt_places(v, 6)
+
+
+cdef str _fmt_places(double v, int places):
+    """ledger.fmt_f(v, places)."""
+    cdef char *t = PyOS_double_to_string(v, b'f', places, 0, NULL)
     cdef Py_ssize_t n
     if t == NULL:
         raise MemoryError()
@@ -3576,6 +3582,80 @@ cdef inline str _cached_field(object q, object v, object csv_field):
         t = (<dict>q).get(v)
         return t if t is not None else q[v]
     return csv_field(v)
+
+
+# -- requests.csv's rows (psgate/receipt/ledger.py) ------------------------------------
+
+cdef int _buf_field(_RowBuf *b, object v, object csv_field) except -1:
+    """csv_field(v) and a comma."""
+    if type(v) is int:
+        _buf_int_or_text(b, v, csv_field)
+    elif v is not None:
+        _buf_str(b, _field(v, csv_field))
+    return _buf_put(b, ",", 1)
+
+
+cdef int _buf_int_or_text(_RowBuf *b, object v, object csv_field) except -1:
+    cdef int overflow = 0
+    cdef long long a = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        return _buf_str(b, csv_field(v))
+    return _buf_int(b, a)
+
+
+cdef int _buf_time(_RowBuf *b, object ns, object fmt_t, object csv_field) except -1:
+    """fmt_t(ns): seconds and nine places, floor division as Python's."""
+    cdef int overflow = 0
+    cdef long long a, sec, frac
+    cdef char tmp[48]
+    cdef int n
+    if ns is None:
+        return 0
+    if type(ns) is int:
+        a = PyLong_AsLongLongAndOverflow(ns, &overflow)
+        if not overflow:
+            sec = a // 1000000000       # Python's floor division (no cdivision here)
+            frac = a - sec * 1000000000
+            n = snprintf(tmp, 48, "%lld.%09lld", sec, frac)
+            return _buf_put(b, tmp, n)
+    return _buf_str(b, _field(fmt_t(ns), csv_field))
+
+
+def request_line(bytes head, o, object csv_field, object fmt_f, object fmt_t):
+    """RequestSpool.add's row for the outcome o: ``head`` (the run's label and policy
+    fields, each with its comma), then request_row's fields as csv_field writes them,
+    and a line feed. An int, a str, None, a float are written here; anything else by
+    the Python functions."""
+    cdef _RowBuf buf
+    cdef object x
+    buf.p = NULL
+    buf.n = buf.cap = 0
+    try:
+        _buf_put(&buf, head, len(head))
+        _buf_field(&buf, o.id, csv_field)
+        _buf_field(&buf, o.group, csv_field)
+        _buf_field(&buf, o.contract, csv_field)
+        _buf_field(&buf, o.role or "", csv_field)
+        _buf_field(&buf, int(o.measure), csv_field)
+        _buf_field(&buf, o.state, csv_field)
+        _buf_time(&buf, o.t_ns, fmt_t, csv_field)
+        _buf_put(&buf, ",", 1)
+        _buf_field(&buf, o.prompt_tokens, csv_field)
+        _buf_field(&buf, o.cached_tokens, csv_field)
+        _buf_field(&buf, o.new_blocks, csv_field)
+        _buf_field(&buf, o.recompute_tokens, csv_field)
+        _buf_field(&buf, int(o.waited), csv_field)
+        for x in (o.wait_ms, o.queue_ms, o.prefill_ms, o.ttft_ms):
+            if type(x) is float:
+                _buf_str(&buf, _fmt_places(<double>x, 3))
+            elif x is not None:
+                _buf_str(&buf, _field(fmt_f(x, 3), csv_field))
+            _buf_put(&buf, ",", 1)
+        _buf_time(&buf, o.release_ns, fmt_t, csv_field)
+        _buf_put(&buf, "\n", 1)
+        return PyBytes_FromStringAndSize(buf.p, buf.n)
+    finally:
+        free(buf.p)
 
 
 # _ps_row's JSON columns: their keys, sorted (as the memos order them), and the most

@@ -28,6 +28,7 @@ from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names, register, unregister
 from psgate.policies.base import Decision
+from psgate.engines.results import RequestOutcome
 from psgate.policies.lru import LRUPolicy
 from psgate.receipt.compact import open_compact
 from psgate.receipt.ledger import LedgerWriter, csv_field, csv_json
@@ -665,6 +666,33 @@ def test_a_compiled_decision_between_rows_of_the_same_numbers(monkeypatch, tmp_p
 
         got = _compact_both_ways(monkeypatch, tmp_path, write)
         assert got["compiled"] == got["python"]
+
+
+_ms = st.one_of(st.none(), st.floats(), st.sampled_from([0.0, -0.0, 0.0004, 0.0005, 71.92,
+                                                         1e300, 2.5e-7]), st.integers(-5, 5))
+_ns = st.one_of(st.none(), st.integers(-3 * 10**9, 3 * 10**9), st.integers(-2**70, 2**70),
+                st.sampled_from([0, -1, 999_999_999, -1_000_000_000, 2**63 - 1, -2**63]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(o=st.builds(RequestOutcome, id=_text, group=_text, contract=_text,
+                   role=st.one_of(st.none(), _text), measure=st.booleans(),
+                   state=st.sampled_from(["completed", "a,b"]), t_ns=_ns,
+                   prompt_tokens=st.one_of(st.integers(0, 2**70), st.floats(0, 9)),
+                   cached_tokens=st.integers(-2**64, 2**64), new_blocks=st.booleans(),
+                   recompute_tokens=st.integers(0, 9), queue_ms=_ms, prefill_ms=_ms,
+                   ttft_ms=_ms, release_ns=_ns, waited=st.booleans(), wait_ms=_ms),
+       label=_text)
+def test_request_rows_are_the_python_rows(o, label):
+    """requests.csv's row of an outcome (request_line) is request_row's fields as
+    csv_field writes them: quoted text, times by floor division, the millisecond fields
+    to three places, and whatever is not of its usual type as the Python functions
+    write it."""
+    mod = _compiled()
+    from psgate.receipt.ledger import fmt_f, fmt_t, request_row
+    head = f"{csv_field(label)},{csv_field('lru')},".encode()
+    want = ",".join(map(csv_field, request_row(label, "lru", o))).encode() + b"\n"
+    assert mod.request_line(head, o, csv_field, fmt_f, fmt_t) == want
 
 
 def test_compact_eviction_rows_code_from_fields(monkeypatch, tmp_path):

@@ -355,9 +355,15 @@ class RequestSpool(OutcomeSink):
         self.length = array("I")
         self.t_ns = array("q")
         self.num_rows = 0
+        self._core = core.get()
+        self._head = f"{csv_field(label)},{csv_field(policy)},".encode()
 
     def add(self, o: RequestOutcome, index: int) -> None:
-        row = ",".join(map(csv_field, request_row(self.label, self.policy, o))).encode() + b"\n"
+        if self._core is not None:
+            row = self._core.request_line(self._head, o, csv_field, fmt_f, fmt_t)
+        else:
+            row = (",".join(map(csv_field, request_row(self.label, self.policy, o))).encode()
+                   + b"\n")
         have = len(self.offset)
         if index >= have:
             more = index + 1 - have
