@@ -1659,23 +1659,16 @@ cdef object _freed_t(long long f):
     return (<double>f / 1e9) if -EXACT <= f <= EXACT else (<object>f) / 1000000000
 
 
-cdef class LRUDecision:
-    """lru's Decision for a victim taken by lru_take, held as its three numbers: the
-    compact ledger's coder writes its row from them (as for PSDecision). To any other
-    reader it is the Decision (rank made on first read, then kept), equal to it, and
-    decision() makes it."""
+cdef class CompiledDecision:
+    """A victim's Decision as a compiled policy hands it over: its numbers and names, so
+    the compact ledger's coder writes its row from them (CompactCoder.encode_evictions)
+    without the Decision and its dicts, built per victim only to be compared with the
+    row before. To any other reader it is that Decision: the same attributes (dicts
+    made on first read, then kept), equal to it, and decision() makes it."""
     cdef readonly int victim
     cdef Py_ssize_t num_cand
-    cdef long long freed_ns
-    cdef object decision_cls, rank_d
-    __hash__ = None
-
-    def __init__(self, decision_cls, int victim, Py_ssize_t num_candidates,
-                 long long freed_ns):
-        self.decision_cls = decision_cls
-        self.victim = victim
-        self.num_cand = num_candidates
-        self.freed_ns = freed_ns
+    cdef object decision_cls
+    __hash__ = None                     # as the dataclass's (eq, not frozen)
 
     @property
     def num_candidates(self):
@@ -1684,6 +1677,32 @@ cdef class LRUDecision:
     @property
     def position(self):
         return 0
+
+    def decision(self):
+        """The Decision this stands for."""
+        raise NotImplementedError
+
+    def __eq__(self, other):
+        if isinstance(other, CompiledDecision):
+            other = other.decision()
+        return self.decision() == other
+
+    def __repr__(self):
+        return repr(self.decision())
+
+
+cdef class LRUDecision(CompiledDecision):
+    """lru's Decision for a victim taken by lru_take: the candidates left before it and
+    the time it was freed; it has no responsible group, runner-up or segments."""
+    cdef long long freed_ns
+    cdef object rank_d
+
+    def __init__(self, decision_cls, int victim, Py_ssize_t num_candidates,
+                 long long freed_ns):
+        self.decision_cls = decision_cls
+        self.victim = victim
+        self.num_cand = num_candidates
+        self.freed_ns = freed_ns
 
     @property
     def queue(self):
@@ -1719,38 +1738,21 @@ cdef class LRUDecision:
     def segments(self):
         return None
 
-
     def decision(self):
-        """The Decision this stands for."""
         return self.decision_cls(self.victim, self.num_cand, 0, "lru", None, None, None,
                                  None, None, None, self.rank)
 
-    def __eq__(self, other):
-        if type(other) is LRUDecision:
-            other = (<LRUDecision>other).decision()
-        return self.decision() == other
 
-    def __repr__(self):
-        return repr(self.decision())
-
-
-cdef class PSDecision:
+cdef class PSDecision(CompiledDecision):
     """prefixshield's Decision for a victim the compiled view chose among the groups in
-    debt, held as its numbers and names: the compact ledger's coder writes the row from
-    these (CompactCoder.encode_evictions) without the Decision and its two dicts, built
-    per victim only to be compared with the row before. To any other reader it is that
-    Decision: the same attributes (segments and rank made on first read, then kept),
-    equal to it, and decision() makes it."""
-    cdef readonly int victim
-    cdef Py_ssize_t num_cand
+    debt."""
     cdef object queue_name, resp, runner_name    # runner_name None: no runner-up
     cdef double p_before, p_after, runner_p
     cdef long long live[3]                       # probationary, normal, reuse
     cdef object seg_name, class_name, contract_name
     cdef long long freed_seq
     cdef tuple debts                             # the owner's (raw, normalized, W_g)
-    cdef object decision_cls, seg_d, rank_d
-    __hash__ = None                              # as the dataclass's (eq, not frozen)
+    cdef object seg_d, rank_d
 
     def __init__(self, decision_cls, int victim, Py_ssize_t num_candidates, queue,
                  responsible, double p_before, double p_after, runner_up,
@@ -1774,14 +1776,6 @@ cdef class PSDecision:
         self.contract_name = contract
         self.freed_seq = freed_seq
         self.debts = debts
-
-    @property
-    def num_candidates(self):
-        return self.num_cand
-
-    @property
-    def position(self):
-        return 0
 
     @property
     def queue(self):
@@ -1825,18 +1819,9 @@ cdef class PSDecision:
         return self.rank_d
 
     def decision(self):
-        """The Decision this stands for."""
         return self.decision_cls(
-            self.victim, self.num_candidates, 0, self.queue_name, self.resp, self.p_before,
+            self.victim, self.num_cand, 0, self.queue_name, self.resp, self.p_before,
             self.p_after, self.runner_up, self.runner_up_p, self.segments, self.rank)
-
-    def __eq__(self, other):
-        if type(other) is PSDecision:
-            other = (<PSDecision>other).decision()
-        return self.decision() == other
-
-    def __repr__(self):
-        return repr(self.decision())
 
 
 from heapq import heappush as _zpush, heappop as _zpop, heapify as _zheapify
