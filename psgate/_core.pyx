@@ -3348,7 +3348,8 @@ cdef Py_ssize_t _int_object_end(str text, Py_ssize_t i, Py_ssize_t end):
     cdef str key
     i += 1
     while True:
-        if i + 1 >= end or PyUnicode_READ(tk, td, i) != u'"' or PyUnicode_READ(tk, td, i + 1) != u'"':
+        if (i + 1 >= end or PyUnicode_READ(tk, td, i) != u'"'
+                or PyUnicode_READ(tk, td, i + 1) != u'"'):
             return -1
         j = _json_string_end(text, i, end)
         if j < 0 or j >= end or PyUnicode_READ(tk, td, j) != u':':
@@ -3380,12 +3381,13 @@ cdef Py_ssize_t _int_object_end(str text, Py_ssize_t i, Py_ssize_t end):
 cdef object _json_parse(str text, list pkeys, list pvalues):
     """compact._json_fields(text) for an object of plain keys to plain strings, booleans,
     null, integers of at most 18 digits, floats written with a point and no exponent and
-    objects of plain keys to such integers: (keys, value texts); None where the text holds anything else (the caller
-    asks the Python form). A float must read back as itself (repr, which is what orjson
-    writes for a float without an exponent), unless it is the previous row's value text at
-    the same place, which was checked then; one that does not is handed to the Python
-    form too, which keeps the field verbatim. Keys and values equal to the previous row's
-    at the same place are its objects, not new strings."""
+    objects of plain keys to such integers: (keys, value texts); None where the text
+    holds anything else (the caller asks the Python form). A float must read back as
+    itself (repr, which is what orjson writes for a float without an exponent), unless it
+    is the previous row's value text at the same place, which was checked then; one that
+    does not is handed to the Python form too, which keeps the field verbatim. Keys and
+    values equal to the previous row's at the same place are its objects, not new
+    strings."""
     cdef unsigned int tk = PyUnicode_KIND(text)
     cdef void *td = PyUnicode_DATA(text)
     cdef Py_ssize_t n = len(text), end = n - 1, i, j, k, nd, m
@@ -3807,7 +3809,7 @@ cdef class CompactCoder:
         cdef dict prev_json, json_now
         cdef list ptext, shared, tmp = [], mv, vals
         cdef list jtext = [None, None], jkeys = [None, None], jvals = [None, None]
-        cdef bint jok[2]
+        cdef list jok = [None, None]
         cdef long long pint[3]          # block, num_candidates, position (own 0, 3, 4)
         cdef bint pint_live[3]
         cdef double pflt[3]             # p_before, p_after, runner_up_p (own 7, 8, 10)
@@ -4024,9 +4026,11 @@ cdef class CompactCoder:
 
     cdef bint _plain_name(self, object s) except -1:
         """s is a str _json_value writes as it is, whose text the coder's reader takes."""
+        if type(s) is not str:
+            return False
         if s in self.plain_names:
             return True
-        if type(s) is not str or not _plain_value(<str>s) or '\x7f' in <str>s:
+        if not _plain_value(<str>s) or '\x7f' in <str>s:
             return False
         if len(self.plain_names) >= 256:
             self.plain_names.clear()
@@ -4084,10 +4088,10 @@ cdef class CompactCoder:
     cdef int _fields_json(self, _RowBuf *buf, int k, list keys, Py_ssize_t n, char *kinds,
                       long long *iv, PyObject **ov, list jtext, list jkeys, list jvals,
                       list jok, long long *jint, bint *jint_ok) except -1:
-        """JSON column k of a row coded from its fields (_ps_row, _lru_row): the keys given (sorted, as the memos order them)
-        and n values, value j an integer iv[j], a name ov[j] (its text is it quoted) or a
-        text ov[j], by kinds[j]; coded against the last row's as the memo's texts would
-        be."""
+        """JSON column k of a row coded from its fields (_ps_row, _lru_row): the keys
+        given (sorted, as the memos order them) and n values, value j an integer iv[j],
+        a name ov[j] (its text is it quoted) or a text ov[j], by kinds[j]; coded against
+        the last row's as the memo's texts would be."""
         cdef str c, p, v
         cdef list vals, texts
         cdef Py_ssize_t j, at
