@@ -3802,12 +3802,12 @@ cdef class CompactCoder:
         prediction. The own columns' predictions are held here from row to row (an
         integer field as its value, a number's text beside its value), and the batch's
         last row is the prediction state afterwards, as _encode_fields leaves it."""
-        cdef Py_ssize_t i, j, k, nj
+        cdef Py_ssize_t i, j, k
         cdef object d, x, blk
-        cdef str kind = lead[3], t, c, p
+        cdef str kind = lead[3], t, p
         cdef tuple prev, pj
-        cdef dict prev_json, json_now
-        cdef list ptext, shared, tmp = [], mv, vals
+        cdef dict prev_json
+        cdef list ptext, shared
         cdef list jtext = [None, None], jkeys = [None, None], jvals = [None, None]
         cdef list jok = [None, None]
         cdef long long pint[3]          # block, num_candidates, position (own 0, 3, 4)
@@ -3815,9 +3815,8 @@ cdef class CompactCoder:
         cdef double pflt[3]             # p_before, p_after, runner_up_p (own 7, 8, 10)
         cdef bint pflt_live[3]
         cdef Py_ssize_t hid
-        cdef JsonMemo m
         # a JSON column's integer values by place, where jvals holds their text
-        # (jint_ok): set by the rows of PSDecisions, dropped by any other row's
+        # (jint_ok): set by the rows coded from fields, dropped by any other row's
         cdef long long jint[2 * _PS_JSON_MAX]
         cdef bint jint_ok[2 * _PS_JSON_MAX]
         for j in range(2 * _PS_JSON_MAX):
@@ -3871,30 +3870,13 @@ cdef class CompactCoder:
                 self._lru_row(buf, ptext, <LRUDecision>d, pint, pint_live, pflt_live, q,
                               csv_field, csv_json, seg_memo, jtext, jkeys, jvals, jok, jint,
                               jint_ok)
-                _buf_put(buf, "\r\n", 2)
-                continue
-            if type(d) is PSDecision and self._ps_codable(<PSDecision>d):
+            elif type(d) is PSDecision and self._ps_codable(<PSDecision>d):
                 self._ps_row(buf, ptext, <PSDecision>d, pint, pint_live, pflt, pflt_live, q,
                              csv_field, jtext, jkeys, jvals, jok, jint, jint_ok)
-                _buf_put(buf, "\r\n", 2)
-                continue
-            self._int_col(buf, ptext, 3, d.num_candidates, 1, pint, pint_live, csv_field)
-            self._int_col(buf, ptext, 4, d.position, 2, pint, pint_live, csv_field)
-            self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
-            x = d.responsible
-            self._text_col(buf, ptext, 6, _field(x or '', csv_field))
-            self._num_col(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live, ff)
-            self._num_col(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live, ff)
-            x = d.runner_up
-            self._text_col(buf, ptext, 9, _field(x or '', csv_field))
-            self._num_col(buf, ptext, 10, d.runner_up_p, 2, pflt, pflt_live, ff)
-            for j in range(11, 14):
-                self._text_col(buf, ptext, j, "")
-            # the JSON columns, segments then rank
-            self._json_generic(buf, 0, d.segments, seg_memo, jtext, jkeys, jvals, jok,
-                               jint_ok, csv_json)
-            self._json_generic(buf, 1, d.rank, rank_memo, jtext, jkeys, jvals, jok,
-                               jint_ok, csv_json)
+            else:
+                self._decision_row(buf, ptext, d, pint, pint_live, pflt, pflt_live, q, ff,
+                                   csv_field, csv_json, seg_memo, rank_memo, jtext, jkeys,
+                                   jvals, jok, jint_ok)
             _buf_put(buf, "\r\n", 2)
         for k in range(3):
             if pint_live[k]:
@@ -3969,7 +3951,7 @@ cdef class CompactCoder:
     cdef bint _ps_codable(self, PSDecision d) except -1:
         """d's row can be coded from its fields: its names are plain JSON strings the
         coder's reader takes, and its owner's debts have JSON texts that it reads back
-        (kept in ps_debt_t for _ps_row). Any other goes by its Decision's attributes."""
+        (kept in ps_raw_t and ps_norm_t for _ps_row). Any other goes by its Decision's attributes."""
         cdef tuple debts = d.debts
         cdef object raw, norm
         if not (self._plain_name(d.seg_name) and self._plain_name(d.class_name)
@@ -3986,6 +3968,30 @@ cdef class CompactCoder:
             self.ps_raw_t = raw
             self.ps_norm_t = norm
         return True
+
+    cdef int _decision_row(self, _RowBuf *buf, list ptext, object d, long long *pint,
+                           bint *pint_live, double *pflt, bint *pflt_live, object q,
+                           object ff, object csv_field, object csv_json, JsonMemo seg_memo,
+                           JsonMemo rank_memo, list jtext, list jkeys, list jvals, list jok,
+                           bint *jint_ok) except -1:
+        """_evict_rows' columns from num_candidates on for any decision, read by its
+        attributes (the JSON columns through the memos)."""
+        cdef Py_ssize_t j
+        self._int_col(buf, ptext, 3, d.num_candidates, 1, pint, pint_live, csv_field)
+        self._int_col(buf, ptext, 4, d.position, 2, pint, pint_live, csv_field)
+        self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
+        self._text_col(buf, ptext, 6, _field(d.responsible or '', csv_field))
+        self._num_col(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live, ff)
+        self._num_col(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live, ff)
+        self._text_col(buf, ptext, 9, _field(d.runner_up or '', csv_field))
+        self._num_col(buf, ptext, 10, d.runner_up_p, 2, pflt, pflt_live, ff)
+        for j in range(11, 14):
+            self._text_col(buf, ptext, j, "")
+        self._json_generic(buf, 0, d.segments, seg_memo, jtext, jkeys, jvals, jok, jint_ok,
+                           csv_json)
+        self._json_generic(buf, 1, d.rank, rank_memo, jtext, jkeys, jvals, jok, jint_ok,
+                           csv_json)
+        return 0
 
     cdef bint _lru_codable(self, LRUDecision d) except -1:
         """d's row can be coded from its fields: its freed_t has a JSON text (kept in
