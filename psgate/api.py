@@ -171,7 +171,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     if cfg.ledger_level is not None and (type(cfg.ledger_level) is not int
                                          or cfg.ledger_level not in GZIP_LEVELS):
         raise InputError(f"expected a zlib level from 1 to 9, found {cfg.ledger_level!r}",
-                         path="config.ledger.level")
+                         path="--ledger-level (config.ledger.level)")
     if cfg.capacity < 2:
         raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
                          f"found {cfg.capacity}", path="--capacity")

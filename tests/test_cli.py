@@ -64,7 +64,7 @@ def test_exit_0_default_replay_writes_valid_receipt(tmp_path):
     # ledger: eviction rows precede their admission row; a request's allocations (its
     # prompt, then each decode block) are its admit rows, so every admitted request has some
     assert receipt["config"]["ledger"] == {"rows": "all", "compression": "compact",
-                                           "file": "ledger.compact.csv.gz", "level": 6}
+                                           "file": "ledger.compact.csv.gz", "level": 1}
     rows = ledger_csv(out).decode().splitlines()
     kinds = [r.split(",")[4] for r in rows[1:]]
     for run in ("baseline", "candidate"):
@@ -252,6 +252,21 @@ def test_golden_receipt(request, tmp_path):
         assert (out / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
 
 
+def test_ledger_level_option(tmp_path):
+    """--ledger-level sets the zlib level of the ledger (the receipt records it, verify
+    re-writes at it); outside 1..9 it is bad input."""
+    out = tmp_path / "l9"
+    proc = psgate("replay", *GOLDEN_ARGS, "--out", out, "--quiet", "--ledger-level", "9")
+    assert proc.returncode == 0, proc.stderr
+    ledger = json.loads((out / "receipt.json").read_text())["config"]["ledger"]
+    assert ledger["level"] == 9
+    assert (out / ledger["file"]).read_bytes()[8] == 2        # gzip's XFL: zlib's best
+    ver = psgate("verify", out)
+    assert ver.returncode == 0, ver.stdout + ver.stderr
+    assert_one_line_error(psgate("replay", *GOLDEN_ARGS, "--out", tmp_path / "l0",
+                                 "--ledger-level", "0"), 2, "--ledger-level")
+    assert not (tmp_path / "l0").exists()
+
 def test_ledger_volume_options(tmp_path):
     """--ledger-rows evictions keeps the eviction rows with their numbers; gzip output is
     deterministic and verify reads it; the receipt says which ledger it has."""
@@ -271,7 +286,7 @@ def test_ledger_volume_options(tmp_path):
     assert not (gz / "ledger.csv").exists()
     r = json.loads((gz / "receipt.json").read_text())
     assert r["config"]["ledger"] == {"rows": "all", "compression": "gzip", "file": "ledger.csv.gz",
-                                     "level": 6}
+                                     "level": 1}
     assert json.loads((full / "receipt.json").read_text())["config"]["ledger"] == {
         "rows": "all", "compression": "none", "file": "ledger.csv"}
     assert "ledger.csv.gz" in r["outputs"]

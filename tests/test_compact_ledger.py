@@ -372,14 +372,18 @@ def test_the_compiled_coder_numbers_hashes_as_the_python_one(monkeypatch):
 @pytest.mark.parametrize("compression", ["gzip", "compact"])
 def test_the_zlib_level_is_recorded_and_a_receipt_without_one_still_verifies(tmp_path,
                                                                             compression):
-    """New receipts record level 6; one from before the level was recorded (no level)
-    was written at 9, is re-written at 9 by verify, and verifies."""
+    """New receipts record their level (1 by default, or the one asked for); one from
+    before the level was recorded (no level) was written at 9, is re-written at 9 by
+    verify, and verifies."""
     from psgate import api
     from psgate.report.verify import verify
-    for level, xfl in ((6, 0), (None, 2)):     # gzip's XFL byte: 2 is zlib's best (9)
+    # gzip's XFL byte: 4 is zlib's fastest (1), 2 its best (9), 0 any other level
+    for level, xfl in (("default", 4), (6, 0), (None, 2)):
         out = tmp_path / f"{compression}-{level}"
+        asked = {} if level == "default" else {"ledger_level": level}
         res = api.replay(api.ReplayConfig(candidate="prefixshield", out=out,
-                                          ledger_compression=compression, ledger_level=level))
+                                          ledger_compression=compression, **asked))
+        level = 1 if level == "default" else level
         ledger = res.receipt["config"]["ledger"]
         assert ledger.get("level") == level
         assert (out / ledger["file"]).read_bytes()[8] == xfl
