@@ -2977,6 +2977,47 @@ cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
     return False
 
 
+def history_compact(hist, Py_ssize_t g):
+    """PrefixHistory._compact over the flat slots: g's live entries, in order, in new
+    arrays. A key whose slot no namespace owns goes through the Python _stamp, which
+    claims it, as the Python form's does."""
+    cdef carray.array qk = hist.keys[g]
+    cdef carray.array qs = hist.stamps[g]
+    cdef Py_ssize_t i, m = 0, start = hist.head[g], n = len(qk)
+    cdef int shift = hist.shift
+    cdef long long mask = hist.mask
+    cdef dict other = hist.other
+    cdef long long k, h, o, st
+    cdef long long *sst = _llongs(hist.slot_stamp)
+    cdef int *sns = _ints(hist.slot_ns)
+    cdef Py_ssize_t num_slots = len(hist.slot_ns)
+    cdef carray.array nk = carray.clone(qk, n - start if n > start else 0, False)
+    cdef carray.array nst = carray.clone(qs, n - start if n > start else 0, False)
+    for i in range(start, n):
+        k = qk.data.as_longlongs[i]
+        if 0 <= k < OPAQUE_FROM:
+            h = k & mask
+            o = sns[h] if h < num_slots else -1
+            if o == k >> shift:
+                st = sst[h]
+            elif o < 0:
+                st = hist._stamp(g, k)
+                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+                num_slots = len(hist.slot_ns)
+            else:
+                st = other.get((g, k), -1)
+        else:
+            st = other.get((g, k), -1)
+        if st == qs.data.as_longlongs[i]:
+            nk.data.as_longlongs[m] = k
+            nst.data.as_longlongs[m] = st
+            m += 1
+    carray.resize(nk, m)
+    carray.resize(nst, m)
+    hist.keys[g] = nk
+    hist.stamps[g] = nst
+    hist.head[g] = 0
+
 def history_touch_keys(hist, Py_ssize_t g, list keys,
                        Py_ssize_t compact_min=HISTORY_COMPACT_MIN):
     """PrefixHistory.touch_keys with the flat slots (key_shift set); what the slots do

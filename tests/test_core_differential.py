@@ -969,6 +969,9 @@ class _CompactAt4:
     def history_touch_keys(self, hist, g, keys):
         return self.mod.history_touch_keys(hist, g, keys, 4)
 
+    def history_compact(self, hist, g):
+        return self.mod.history_compact(hist, g)
+
 
 # -- building and falling back ---------------------------------------------------------
 

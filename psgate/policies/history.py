@@ -205,6 +205,9 @@ class PrefixHistory:
 
     def _compact(self, g: int) -> None:
         """Keep only the live entries, in order."""
+        if self._kernels is not None and self.shift is not None:
+            self._kernels.history_compact(self, g)
+            return
         keys, stamps = self.keys[g], self.stamps[g]
         live = [i for i in range(self.head[g], len(keys))
                 if self._stamp(g, keys[i]) == stamps[i]]
