@@ -2927,6 +2927,42 @@ def history_contains_keys(hist, Py_ssize_t g, list keys):
     return out
 
 
+ctypedef struct HistSlots:
+    # PrefixHistory's flat slots and key layout; a call into its Python _stamp may claim
+    # or grow the slots, so they are taken again after one
+    long long *sst
+    int *sns
+    Py_ssize_t num
+    int shift
+    long long mask
+
+
+cdef int _hist_slots(hist, HistSlots *s) except -1:
+    s.sst = _llongs(hist.slot_stamp)
+    s.sns = _ints(hist.slot_ns)
+    s.num = len(hist.slot_ns)
+    return 0
+
+
+cdef long long _hist_stamp(hist, Py_ssize_t g, long long k, dict other, HistSlots *s,
+                           bint *in_slot) except? -2:
+    """PrefixHistory._stamp(g, k): from k's slot where k's namespace owns it (in_slot
+    set), through the Python _stamp where no namespace does (it claims the slot, as the
+    Python forms' lookups do), else from the dict."""
+    cdef long long h, o, st
+    in_slot[0] = False
+    if 0 <= k < OPAQUE_FROM:
+        h = k & s.mask
+        o = s.sns[h] if h < s.num else -1
+        if o == k >> s.shift:
+            in_slot[0] = True
+            return s.sst[h]
+        if o < 0:
+            st = hist._stamp(g, k)
+            _hist_slots(hist, s)
+            return st
+    return other.get((g, k), -1)
+
 cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
                        int shift, long long mask, Py_ssize_t compact_min) except -1:
     """PrefixHistory._drop_oldest over the flat slots: the least recent live entry of g
@@ -2936,37 +2972,23 @@ cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
     cdef list head = hist.head
     cdef list num_live = hist.num_live
     cdef Py_ssize_t i = head[g], n = len(qk)
-    cdef long long k, h, o, st
+    cdef long long k
     cdef long long *keys = qk.data.as_longlongs
     cdef long long *stamps = qs.data.as_longlongs
-    cdef long long *sst = _llongs(hist.slot_stamp)
-    cdef int *sns = _ints(hist.slot_ns)
-    cdef Py_ssize_t num_slots = len(hist.slot_ns)
+    cdef HistSlots s
     cdef bint slot
+    s.shift = shift
+    s.mask = mask
+    _hist_slots(hist, &s)
     while True:
         if i >= n:
             raise IndexError("array index out of range")   # as the Python form would
         k = keys[i]
-        slot = False
-        if 0 <= k < OPAQUE_FROM:
-            h = k & mask
-            o = sns[h] if h < num_slots else -1
-            if o == k >> shift:
-                st = sst[h]
-                slot = True
-            elif o < 0:
-                st = hist._stamp(g, k)
-                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
-                num_slots = len(hist.slot_ns)
-            else:
-                st = other.get((g, k), -1)
-        else:
-            st = other.get((g, k), -1)
-        if st == stamps[i]:
+        if _hist_stamp(hist, g, k, other, &s, &slot) == stamps[i]:
             break
         i += 1
     if slot:
-        sst[k & mask] = -1
+        s.sst[k & mask] = -1
     else:
         hist._set_stamp(g, k, -1)
     num_live[g] = num_live[g] - 1
@@ -2984,30 +3006,18 @@ def history_compact(hist, Py_ssize_t g):
     cdef carray.array qk = hist.keys[g]
     cdef carray.array qs = hist.stamps[g]
     cdef Py_ssize_t i, m = 0, start = hist.head[g], n = len(qk)
-    cdef int shift = hist.shift
-    cdef long long mask = hist.mask
     cdef dict other = hist.other
-    cdef long long k, h, o, st
-    cdef long long *sst = _llongs(hist.slot_stamp)
-    cdef int *sns = _ints(hist.slot_ns)
-    cdef Py_ssize_t num_slots = len(hist.slot_ns)
+    cdef long long k, st
+    cdef HistSlots s
+    cdef bint slot
     cdef carray.array nk = carray.clone(qk, n - start if n > start else 0, False)
     cdef carray.array nst = carray.clone(qs, n - start if n > start else 0, False)
+    s.shift = hist.shift
+    s.mask = hist.mask
+    _hist_slots(hist, &s)
     for i in range(start, n):
         k = qk.data.as_longlongs[i]
-        if 0 <= k < OPAQUE_FROM:
-            h = k & mask
-            o = sns[h] if h < num_slots else -1
-            if o == k >> shift:
-                st = sst[h]
-            elif o < 0:
-                st = hist._stamp(g, k)
-                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
-                num_slots = len(hist.slot_ns)
-            else:
-                st = other.get((g, k), -1)
-        else:
-            st = other.get((g, k), -1)
+        st = _hist_stamp(hist, g, k, other, &s, &slot)
         if st == qs.data.as_longlongs[i]:
             nk.data.as_longlongs[m] = k
             nst.data.as_longlongs[m] = st
