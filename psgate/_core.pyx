@@ -3028,6 +3028,7 @@ def history_compact(hist, Py_ssize_t g):
     hist.stamps[g] = nst
     hist.head[g] = 0
 
+
 def history_touch_keys(hist, Py_ssize_t g, list keys,
                        Py_ssize_t compact_min=HISTORY_COMPACT_MIN):
     """PrefixHistory.touch_keys with the flat slots (key_shift set); what the slots do

@@ -267,6 +267,7 @@ def test_ledger_level_option(tmp_path):
                                  "--ledger-level", "0"), 2, "--ledger-level")
     assert not (tmp_path / "l0").exists()
 
+
 def test_ledger_volume_options(tmp_path):
     """--ledger-rows evictions keeps the eviction rows with their numbers; gzip output is
     deterministic and verify reads it; the receipt says which ledger it has."""

@@ -145,9 +145,10 @@ def ledger_name(compression: str) -> str:
 
 # The zlib level of gzip and compact ledgers. A receipt records it (config.ledger.level),
 # since the ledger's digest covers the compressed bytes; one without it was written at 9,
-# GzipFile's default. Compression is a tenth of a replay with a large ledger: level 6
-# takes 2.7 times level 1's time for 11-13% fewer bytes (Mooncake, compact and gzip CSV),
-# so the default is 1 and --ledger-level (config.ledger.level) trades time for bytes.
+# GzipFile's default. At level 6 compression was a sixth of a Mooncake replay's time; it
+# takes 2.6-2.7 times level 1's time there for 10-15% fewer bytes (compact and gzip CSV
+# ledgers), so the default is 1 and --ledger-level (config.ledger.level) trades time for
+# bytes.
 GZIP_LEVEL = 1
 LEGACY_GZIP_LEVEL = 9
 GZIP_LEVELS = range(1, 10)
