@@ -1674,9 +1674,7 @@ cdef class CompiledDecision:
     def num_candidates(self):
         return self.num_cand
 
-    @property
-    def position(self):
-        return 0
+    position = 0
 
     def decision(self):
         """The Decision this stands for."""
@@ -1704,39 +1702,16 @@ cdef class LRUDecision(CompiledDecision):
         self.num_cand = num_candidates
         self.freed_ns = freed_ns
 
-    @property
-    def queue(self):
-        return "lru"
+    # the fields every lru victim has alike (read-only: the instances have no __dict__)
+    queue = "lru"
+    responsible = responsible_p_before = responsible_p_after = None
+    runner_up = runner_up_p = segments = None
 
     @property
     def rank(self):
         if self.rank_d is None:
             self.rank_d = {"freed_t": _freed_t(self.freed_ns)}
         return self.rank_d
-
-    @property
-    def responsible(self):
-        return None
-
-    @property
-    def responsible_p_before(self):
-        return None
-
-    @property
-    def responsible_p_after(self):
-        return None
-
-    @property
-    def runner_up(self):
-        return None
-
-    @property
-    def runner_up_p(self):
-        return None
-
-    @property
-    def segments(self):
-        return None
 
     def decision(self):
         return self.decision_cls(self.victim, self.num_cand, 0, "lru", None, None, None,
@@ -1746,8 +1721,10 @@ cdef class LRUDecision(CompiledDecision):
 cdef class PSDecision(CompiledDecision):
     """prefixshield's Decision for a victim the compiled view chose among the groups in
     debt."""
-    cdef object queue_name, resp, runner_name    # runner_name None: no runner-up
-    cdef double p_before, p_after, runner_p
+    cdef readonly object queue, responsible
+    cdef readonly double responsible_p_before, responsible_p_after
+    cdef readonly object runner_up              # None: no runner-up
+    cdef double runner_p
     cdef long long live[3]                       # probationary, normal, reuse
     cdef object seg_name, class_name, contract_name
     cdef long long freed_seq
@@ -1764,11 +1741,11 @@ cdef class PSDecision(CompiledDecision):
         self.decision_cls = decision_cls
         self.victim = victim
         self.num_cand = num_candidates
-        self.queue_name = queue
-        self.resp = responsible
-        self.p_before = p_before
-        self.p_after = p_after
-        self.runner_name = runner_up
+        self.queue = queue
+        self.responsible = responsible
+        self.responsible_p_before = p_before
+        self.responsible_p_after = p_after
+        self.runner_up = runner_up
         self.runner_p = runner_up_p
         self.live[0], self.live[1], self.live[2] = live
         self.seg_name = segment
@@ -1778,28 +1755,8 @@ cdef class PSDecision(CompiledDecision):
         self.debts = debts
 
     @property
-    def queue(self):
-        return self.queue_name
-
-    @property
-    def responsible(self):
-        return self.resp
-
-    @property
-    def responsible_p_before(self):
-        return self.p_before
-
-    @property
-    def responsible_p_after(self):
-        return self.p_after
-
-    @property
-    def runner_up(self):
-        return self.runner_name
-
-    @property
     def runner_up_p(self):
-        return None if self.runner_name is None else self.runner_p
+        return None if self.runner_up is None else self.runner_p
 
     @property
     def segments(self):
@@ -1820,8 +1777,9 @@ cdef class PSDecision(CompiledDecision):
 
     def decision(self):
         return self.decision_cls(
-            self.victim, self.num_cand, 0, self.queue_name, self.resp, self.p_before,
-            self.p_after, self.runner_up, self.runner_up_p, self.segments, self.rank)
+            self.victim, self.num_cand, 0, self.queue, self.responsible,
+            self.responsible_p_before, self.responsible_p_after, self.runner_up,
+            self.runner_up_p, self.segments, self.rank)
 
 
 from heapq import heappush as _zpush, heappop as _zpop, heapify as _zheapify
@@ -2749,12 +2707,12 @@ cdef class PrefixShieldView:
         cdef PSDecision d = PSDecision.__new__(PSDecision)
         d.victim = b
         d.num_cand = self.num_cand
-        d.queue_name = self.qnames[q + seg]
-        d.resp = self.gnames[g]
-        d.p_before = p_before
-        d.p_after = p_after
+        d.queue = self.qnames[q + seg]
+        d.responsible = self.gnames[g]
+        d.responsible_p_before = p_before
+        d.responsible_p_after = p_after
         if runner >= 0:
-            d.runner_name = self.gnames[runner]
+            d.runner_up = self.gnames[runner]
             d.runner_p = runner_p
         d.live[0] = qh[0].live
         d.live[1] = qh[1].live
@@ -2962,6 +2920,7 @@ cdef long long _hist_stamp(hist, Py_ssize_t g, long long k, dict other, HistSlot
             _hist_slots(hist, s)
             return st
     return other.get((g, k), -1)
+
 
 cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
                        int shift, long long mask, Py_ssize_t compact_min) except -1:
@@ -4107,16 +4066,16 @@ cdef class CompactCoder:
         cdef char kinds[_PS_JSON_MAX]
         self._int_col_c(buf, ptext, 3, d.num_cand, 1, pint, pint_live)
         self._int_col_c(buf, ptext, 4, 0, 2, pint, pint_live)
-        self._text_col(buf, ptext, 5, _cached_field(q, d.queue_name, csv_field))
-        self._text_col(buf, ptext, 6, _field(d.resp or '', csv_field))
-        self._num_col_c(buf, ptext, 7, d.p_before, 0, pflt, pflt_live)
-        self._num_col_c(buf, ptext, 8, d.p_after, 1, pflt, pflt_live)
-        if d.runner_name is None:
+        self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
+        self._text_col(buf, ptext, 6, _field(d.responsible or '', csv_field))
+        self._num_col_c(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live)
+        self._num_col_c(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live)
+        if d.runner_up is None:
             self._text_col(buf, ptext, 9, "")
             self._text_col(buf, ptext, 10, "")
             pflt_live[2] = False
         else:
-            self._text_col(buf, ptext, 9, _field(d.runner_name or '', csv_field))
+            self._text_col(buf, ptext, 9, _field(d.runner_up or '', csv_field))
             self._num_col_c(buf, ptext, 10, d.runner_p, 2, pflt, pflt_live)
         for j in range(11, 14):
             self._text_col(buf, ptext, j, "")
@@ -4125,8 +4084,8 @@ cdef class CompactCoder:
         iv[0] = d.live[1]
         iv[1] = d.live[0]
         iv[2] = d.live[2]
-        self._fields_json(buf, 0, _PS_SEG_KEYS, 3, kinds, iv, ov, jtext, jkeys, jvals, jok, jint,
-                      jint_ok)
+        self._fields_json(buf, 0, _PS_SEG_KEYS, 3, kinds, iv, ov, jtext, jkeys, jvals, jok,
+                          jint, jint_ok)
         # rank: class, freed_seq, global_fallback, owner_contract, owner_norm_debt,
         # owner_raw_debt, segment
         kinds[0] = kinds[3] = kinds[6] = _PS_NAME
@@ -4139,18 +4098,18 @@ cdef class CompactCoder:
         ov[4] = <PyObject *>self.ps_norm_t
         ov[5] = <PyObject *>self.ps_raw_t
         ov[6] = <PyObject *>d.seg_name
-        self._fields_json(buf, 1, _PS_RANK_KEYS, 7, kinds, iv, ov, jtext, jkeys, jvals, jok, jint,
-                      jint_ok)
+        self._fields_json(buf, 1, _PS_RANK_KEYS, 7, kinds, iv, ov, jtext, jkeys, jvals, jok,
+                          jint, jint_ok)
         return 0
 
     cdef int _fields_json(self, _RowBuf *buf, int k, list keys, Py_ssize_t n, char *kinds,
-                      long long *iv, PyObject **ov, list jtext, list jkeys, list jvals,
-                      list jok, long long *jint, bint *jint_ok) except -1:
+                          long long *iv, PyObject **ov, list jtext, list jkeys, list jvals,
+                          list jok, long long *jint, bint *jint_ok) except -1:
         """JSON column k of a row coded from its fields (_ps_row, _lru_row): the keys
         given (sorted, as the memos order them) and n values, value j an integer iv[j],
         a name ov[j] (its text is it quoted) or a text ov[j], by kinds[j]; coded against
         the last row's as the memo's texts would be."""
-        cdef str c, p, v
+        cdef str c, v
         cdef list vals, texts
         cdef Py_ssize_t j, at
         if jkeys[k] is keys or jkeys[k] == keys:
@@ -4158,7 +4117,6 @@ cdef class CompactCoder:
             vals = jvals[k]
             for j in range(n):
                 at = k * _PS_JSON_MAX + j
-                p = vals[j]
                 if kinds[j] == _PS_INT:
                     if jint_ok[at] and jint[at] == iv[j]:
                         _buf_put(buf, ",", 1)
@@ -4168,17 +4126,13 @@ cdef class CompactCoder:
                     jint_ok[at] = True
                 elif kinds[j] == _PS_NAME:
                     v = <str>ov[j]
-                    if _quoted_eq(p, v):
+                    if _quoted_eq(vals[j], v):
                         _buf_put(buf, ",", 1)
                         continue
                     c = '"' + v + '"'
                 else:
                     c = <str>ov[j]
-                if c is p or c == p:
-                    _buf_put(buf, ",", 1)
-                else:
-                    _buf_code_c(buf, c, p, self.code_py)
-                    vals[j] = c
+                self._text_col(buf, vals, j, c)
         else:
             texts = []
             for j in range(n):
@@ -4220,9 +4174,9 @@ cdef class CompactCoder:
         """JSON column k (0: segments, 1: rank) of an eviction row for the value x, its
         keys and value texts through the memo m (the text path where m does not take
         x), coded against the last row's (jtext, jkeys, jvals, jok at k)."""
-        cdef Py_ssize_t j, nj
+        cdef Py_ssize_t j
         cdef object t = None
-        cdef str c, p
+        cdef str c
         cdef list mv, vals, tmp
         cdef tuple pj
         cdef dict json_now
@@ -4240,15 +4194,8 @@ cdef class CompactCoder:
             _buf_put(buf, ",", 1)
             mv = m.vtexts
             vals = jvals[k]
-            nj = len(mv)
-            for j in range(nj):
-                c = mv[j]
-                p = vals[j]
-                if c is p or c == p:
-                    _buf_put(buf, ",", 1)
-                else:
-                    _buf_code_c(buf, c, p, self.code_py)
-                    vals[j] = c
+            for j in range(len(mv)):
+                self._text_col(buf, vals, j, mv[j])
             jkeys[k] = m.order
             jtext[k] = None
             jok[k] = True
