@@ -1409,9 +1409,14 @@ cdef int _hp_push(BHeap *h, double key, int g, long long ver) except -1:
     return 0
 
 
-cdef void _hp_sift(BHeap *h, BEntry e) noexcept:
+cdef inline void _hp_sift(BHeap *h, BEntry e) noexcept:
     """The root's slot takes e, which sinks below every smaller child (heapreplace)."""
-    cdef Py_ssize_t i = 0, c, n = h.n
+    _hp_sift_at(h, 0, e)
+
+
+cdef void _hp_sift_at(BHeap *h, Py_ssize_t i, BEntry e) noexcept:
+    """Slot i takes e, which sinks below every smaller child."""
+    cdef Py_ssize_t c, n = h.n
     cdef BEntry *a = h.a
     while True:
         c = 2 * i + 1
@@ -2108,6 +2113,7 @@ cdef class PrefixShieldView:
 
     cdef int _relist(self, int g) except -1:
         """PrefixShield._relist."""
+        cdef BHeap *h
         self._flush()
         self.gver.data.as_longlongs[g] += 1
         ver = self.gver.data.as_longlongs[g]
@@ -2119,8 +2125,28 @@ cdef class PrefixShieldView:
         else:
             kg = self.k[g]
             if kg > 0:
-                _hp_push(self._kheap(kg), -<double>self.S[g], g, ver)
+                h = self._kheap(kg)
+                if h.n > 2 * len(self.gnames) + 32:
+                    self._k_compact(h)
+                _hp_push(h, -<double>self.S[g], g, ver)
         return 0
+
+    cdef void _k_compact(self, BHeap *h) noexcept:
+        """PrefixShield._k_compact: the per-k heap h keeps its current entries only (the
+        rest are stale for good), re-heapified; its heads do not change."""
+        cdef Py_ssize_t j, m = 0
+        cdef int g
+        for j in range(h.n):
+            g = h.a[j].g
+            if (h.a[j].ver == self.gver.data.as_longlongs[g]
+                    and self.num_eligible.data.as_longlongs[g] > 0):
+                h.a[m] = h.a[j]
+                m += 1
+        h.n = m
+        j = m // 2 - 1
+        while j >= 0:                   # heapify
+            _hp_sift_at(h, j, h.a[j])
+            j -= 1
 
     cdef inline bint _valid_b(self, const BEntry *e) except -1:
         cdef int g = e.g

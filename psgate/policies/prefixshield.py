@@ -296,7 +296,22 @@ class PrefixShield(EvictionPolicy):
         if g in self.batch_mod:
             heappush(self.batch_heap, (-self.batch_mod[g], g, self.gver[g]))
         elif self.k[g] > 0:
-            heappush(self.kheaps.setdefault(self.k[g], []), (-self.S[g], g, self.gver[g]))
+            h = self.kheaps.setdefault(self.k[g], [])
+            if len(h) > 2 * len(self.gnames) + 32:
+                self._k_compact(h)
+            heappush(h, (-self.S[g], g, self.gver[g]))
+
+    def _k_compact(self, h: list) -> None:
+        """A per-k heap keeps its current entries only. Each relist leaves its group's
+        older entry stale, and with many groups relisted per batch the stale ones came
+        to outnumber the groups many times over, growing with the trace. An entry whose
+        version is not its group's is stale for good (versions only grow), and so is one
+        of a group without eligible blocks (it is relisted, with a new version, before it
+        has any). Entries are ordered by (-S, g, version), a total order, so the heap's
+        heads are the same with or without the stale ones."""
+        gver, elig = self.gver, self.num_eligible
+        h[:] = [e for e in h if e[2] == gver[e[1]] and elig[e[1]] > 0]
+        heapify(h)
 
     # -- group ranking -----------------------------------------------------------
     def _p(self, g: int) -> float:
