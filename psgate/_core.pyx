@@ -1513,7 +1513,7 @@ cdef class LiveCounts:
 
 
 cdef class SeqHeaps:
-    """SeqQueues (psgate/policies/queues.py) with each queue's heap a C array of the same
+    """SeqQueues (psgate/policy/queues.py) with each queue's heap a C array of the same
     entries, ``seq << 22 | block``, removed lazily and compacted by the same rule. Entries
     are whole numbers compared as numbers, so a queue's head is the same block whatever
     either heap's layout: prefixshield's compiled view keeps its queues here, and its
@@ -2866,7 +2866,7 @@ cdef class PrefixShieldView:
         return 0
 
 
-# -- prefixshield's admission history (psgate/policies/history.py) ---------------------
+# -- prefixshield's admission history (psgate/policy/history.py) ---------------------
 
 cdef long long OPAQUE_FROM = <long long>1 << 62   # history.OPAQUE_KEYS_FROM
 OPAQUE_KEYS_FROM = OPAQUE_FROM

@@ -26,7 +26,7 @@ from psgate.engines.replicas import check_replicas, merge_results, replicas_of
 from psgate.engines.results import OutcomeSink, Tee
 from psgate.engines.vllm_pool import vllm_version
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, InputError
-from psgate.policies import make_policy
+from psgate.policies import construct, resolve
 from psgate.receipt.assemble import assemble_receipt, run_record
 from psgate.receipt.gate import (GateSpec, Tolerances, effective_tolerances, evaluate,
                                  load_gate_file, needs_paired)
@@ -103,6 +103,7 @@ class ReplayConfig:
 class ReplayResult:
     receipt: dict
     out: Path
+    notes: tuple[str, ...] = ()      # about the policies named (a shadowed entry point)
 
     @property
     def passed(self) -> bool:
@@ -175,8 +176,9 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     if cfg.capacity < 2:
         raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
                          f"found {cfg.capacity}", path="--capacity")
-    policies = {"baseline": make_policy(cfg.baseline, cfg.baseline_params),
-                "candidate": make_policy(cfg.candidate, cfg.candidate_params)}
+    sources = policy_sources(cfg)
+    policies = {label: construct(src, run_params(cfg, label), f"--{label}")
+                for label, src in sources.items()}
     contracts = contract_table(cfg.contracts, policies.values())
     gate_name = cfg.gate_label or cfg.gate_file
     spec: GateSpec | None = load_gate_file(cfg.gate_file) if cfg.gate_file else None
@@ -195,8 +197,10 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
 
     created = prepare_out_dir(cfg.out, cfg.force, inputs=(src.path, cfg.gate_file))
     try:
-        return _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashes,
-                            header, summary, progress, started)
+        result = _replay_into(cfg, sources, policies, spec, gate_sha, gate_name, contracts,
+                              src, hashes, header, summary, progress, started)
+        result.notes = tuple(n for s in sources.values() for n in s.notes)
+        return result
     except BaseException:
         if created:     # a failed replay leaves no trace of itself, not even the directory
             try:
@@ -206,7 +210,17 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
         raise
 
 
-def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashes, header,
+def policy_sources(cfg: ReplayConfig) -> dict:
+    """Each run's policy spec resolved: its class, checked, and its code described."""
+    return {"baseline": resolve(cfg.baseline, "--baseline"),
+            "candidate": resolve(cfg.candidate, "--candidate")}
+
+
+def run_params(cfg: ReplayConfig, label: str) -> dict:
+    return cfg.baseline_params if label == "baseline" else cfg.candidate_params
+
+
+def _replay_into(cfg, sources, policies, spec, gate_sha, gate_name, contracts, src, hashes, header,
                  summary, progress, started) -> ReplayResult:
     runs: dict[str, dict] = {}
     results = []
@@ -219,7 +233,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
                               level=(LEGACY_GZIP_LEVEL if cfg.ledger_level is None
                                      else cfg.ledger_level))
         try:
-            replicated = {label: _Replicated(cfg, label, policy)
+            replicated = {label: _Replicated(cfg, label, sources[label], policy)
                           for label, policy in policies.items()}
             for rep in (r for run in replicated.values() for r in run.instances):
                 label, policy = rep.label, rep.policy      # label: baseline/r0 on replicas
@@ -273,7 +287,7 @@ def _replay_into(cfg, policies, spec, gate_sha, gate_name, contracts, src, hashe
         tolerances = effective_tolerances(spec, cfg.tolerances).validated()
         gate = evaluate(runs, spec, cfg.allow_unexercised, paired, tolerances)
         receipt = assemble_receipt(
-            cfg, src=src, header=header, summary=summary, policies=policies,
+            cfg, src=src, header=header, summary=summary, policies=policies, sources=sources,
             contracts=contracts, gate_name=gate_name, gate_sha=gate_sha, tolerances=tolerances,
             runs=runs, gate=gate, started=started,
             outputs={name: staged.path(name)
@@ -289,11 +303,10 @@ class _Replicated:
     outcomes stream to (the run's metrics and saturation in trace order; with several
     instances also each instance's own) and, once the last instance finished, its record."""
 
-    def __init__(self, cfg: ReplayConfig, label: str, policy) -> None:
-        name, params = ((cfg.baseline, cfg.baseline_params) if label == "baseline"
-                        else (cfg.candidate, cfg.candidate_params))
+    def __init__(self, cfg: ReplayConfig, label: str, source, policy) -> None:
+        params = run_params(cfg, label)
         self.instances = replicas_of(label, cfg.replicas, cfg.route,
-                                     lambda: make_policy(name, params), policy)
+                                     lambda: construct(source, params), policy)
         self.label = label
         self.acc, self.meter = MetricsAccumulator(), SaturationMeter()
         self.parts: list[tuple[MetricsAccumulator, SaturationMeter]] = []

@@ -1,8 +1,9 @@
 """psgate's command line: parse options, call psgate.api, render. No logic here.
 
 Exit codes: 0 gate passed, 1 gate failed, 2 bad input or usage (including outputs that
-cannot be written and memory exhausted), 3 engine unavailable, 130/143 interrupted by
-SIGINT/SIGTERM (the previous outputs are left as they were).
+cannot be written and memory exhausted), 3 engine unavailable, 5 verify: the receipt's
+policy code is not the code here, 130/143 interrupted by SIGINT/SIGTERM (the previous
+outputs are left as they were).
 Humans read stderr (rich); machines read stdout (one JSON object) and the files.
 """
 
@@ -19,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from psgate import __version__, api
 from psgate.atomic import check_destination, write_atomic
@@ -26,9 +28,10 @@ from psgate.engines.cost import (COEFFICIENTS, CostModel, checked_coefficients,
                                  load_cost_model, load_step_cost_model, step_cost_from_params)
 from psgate.engines.replicas import check_replicas
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
-from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, InputError,
-                           PsgateError)
-from psgate.policies import policy_class, policy_names
+from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_POLICY_CHANGED,
+                           EXIT_TERMINATED, InputError, PsgateError)
+from psgate.policies import installed as installed_policies
+from psgate.policy import API_VERSION
 from psgate.experiment import DEFAULT_RESAMPLES
 from psgate.receipt.gate import Tolerances, load_gate_file
 from psgate.receipt.junit import write_junit
@@ -125,7 +128,8 @@ def _require_policies(baseline: str | None, candidate: str | None,
     """No default policy: a gate comparing a default with itself would pass on nothing."""
     for opt, v in (("--baseline", baseline), ("--candidate", candidate)):
         if v is None and not (opt == "--candidate" and candidate_axis):
-            raise InputError("missing option: name a registered policy (psgate policies), "
+            raise InputError("missing option: name a policy (psgate policies lists them; "
+                             "module:Class or path/to/file.py:Class name your own), "
                              "e.g. --baseline lru --candidate prefixshield", path=opt)
 
 
@@ -226,6 +230,8 @@ def replay(
                            json_out, quiet, verbose)
         return
     result = api.replay(cfg, progress=None if quiet else _progress_factory())
+    for note in result.notes:
+        err.print(f"psgate: note: {note}", markup=False, highlight=False, soft_wrap=True)
     _warn_saturated(result.receipt)
     if junit:
         write_junit(junit, "replay", result.receipt["gate"]["checks"])
@@ -305,15 +311,23 @@ def verify(
     trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
     gate: Annotated[Optional[str], typer.Option(help="the gate file, if not where the receipt says")] = None,
 ) -> None:
-    """Re-run a receipt's replay and confirm identical bytes (exit 1 names the first difference)."""
+    """Re-run a receipt's replay and confirm identical bytes (exit 1 names the first
+    difference; exit 5: the receipt's policy code is not the code here)."""
     res = verify_receipt(receipt_dir, trace=trace, gate=gate)
-    if res.identical:
+    for change in res.policy_changes:
+        err.print(f"{receipt_dir}: NOT verified: {change}", markup=False, soft_wrap=True)
+    if res.identical and res.policy_changes:
+        err.print(f"{receipt_dir}: with the code here, {', '.join(res.compared)} are "
+                  f"identical on replay", markup=False)
+    elif res.identical:
         err.print(f"{receipt_dir}: verified: {', '.join(res.compared)} identical on replay",
                   markup=False)
     else:
         err.print(f"{receipt_dir}: NOT verified: {res.first_difference}", markup=False)
-    _emit({"verified": res.identical, "first_difference": res.first_difference,
-           "compared": res.compared})
+    _emit({"verified": res.verified, "first_difference": res.first_difference,
+           "compared": res.compared, "policy_changes": res.policy_changes})
+    if res.policy_changes:
+        raise typer.Exit(EXIT_POLICY_CHANGED)
     raise typer.Exit(0 if res.identical else 1)
 
 
@@ -423,21 +437,26 @@ def validate(
 
 @app.command()
 def policies(json: Annotated[bool, typer.Option("--json", help="machine-readable list")] = False) -> None:
-    """List the registered eviction policies and their parameters."""
-    rows = []
-    for name in policy_names():
-        cls = policy_class(name)
-        rows.append({"name": name, "summary": cls.summary, "params": dict(cls.defaults)})
+    """List every policy a name reaches: built-in, and installed packages' entry points."""
+    rows = installed_policies()
     if json:
-        _emit({"policies": rows})
+        _emit({"policies": rows, "api_version": API_VERSION})
         return
-    t = Table(title="registered policies")
+    t = Table(title=f"policies (policy API version {API_VERSION})")
     t.add_column("name")
+    t.add_column("from")
     t.add_column("rule")
     t.add_column("parameters (defaults)")
     for r in rows:
-        t.add_row(r["name"], r["summary"],
-                  ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-")
+        origin = r["kind"] if r["kind"] == "builtin" else (
+            f"{r['class']} ({r['distribution']} {r['version']})")
+        rule = r.get("summary") or ""
+        if r.get("shadowed_by"):
+            rule = f"shadowed by the built-in '{r['name']}': name it as {r['class']}"
+        elif r.get("error"):
+            rule = f"does not load: {r['error']}"
+        params = ", ".join(f"{k}={v}" for k, v in r.get("params", {}).items()) or "-"
+        t.add_row(*(Text(render.printable(x)) for x in (r["name"], origin, rule, params)))
     err.print(t)                       # stdout carries JSON only
 
 

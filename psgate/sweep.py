@@ -44,7 +44,7 @@ from psgate.errors import EngineUnavailable, InputError
 from psgate.trace.reader import check_seed, corpus_traces
 from psgate.experiment import (DEFAULT_RESAMPLES, ExperimentConfig, parse_workload,
                                run_experiment)
-from psgate.policies import policy_names
+from psgate.policies import resolve
 from psgate.receipt.gate import Tolerances
 from psgate.receipt.receipt import dumps
 from psgate.workloads import generators
@@ -87,7 +87,7 @@ REPLAY_CODE = ("__init__.py", "api.py", "atomic.py", "contracts.py", "errors.py"
                "engines/base.py", "engines/cost.py", "engines/pool.py", "engines/replicas.py",
                "engines/results.py", "engines/sched.py", "engines/sim.py",
                "engines/step_cost.py", "invariants/",
-               "policies/", "receipt/", "stats/", "trace/", "workloads/")
+               "policies/", "policy/", "receipt/", "stats/", "trace/", "workloads/")
 
 
 def code_digest() -> str:
@@ -163,10 +163,8 @@ def cells(cfg: SweepConfig) -> list[dict]:
                 raise InputError(f"capacity values must be integers >= 2, found {values}",
                                  path="--axis")
         elif key == "candidate":
-            unknown = [v for v in values if v not in policy_names()]
-            if unknown:
-                raise InputError(f"unknown policy {unknown[0]!r}; known: "
-                                 f"{', '.join(policy_names())}", path="--axis")
+            for v in values:
+                resolve(str(v), "--axis candidate")
         elif gen is not None and (key not in gen.defaults or key == "seed"):
             raise InputError(f"'{key}' is neither capacity, candidate nor a parameter of "
                              f"'{kind}' (seeds come from --runs/--seed)", path="--axis")
@@ -186,6 +184,11 @@ def cells(cfg: SweepConfig) -> list[dict]:
             "non_regression": cfg.tolerances.to_json(),
             "code": code_digest(),
         }
+        # A policy from outside psgate: its own code is part of what made the numbers.
+        for label, name in (("baseline", spec["baseline"]), ("candidate", spec["candidate"])):
+            source = resolve(str(name), f"--{label}")
+            if source.kind != "builtin":
+                spec.setdefault("policy_code", {})[label] = source.sha256
         if cfg.scheduler == "step":     # a service-model cell's spec is as it always was
             spec.update({"scheduler": "step", "sched": cfg.sched.to_json(),
                          "step_cost": cfg.step_cost.to_json()})

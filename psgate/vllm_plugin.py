@@ -5,7 +5,9 @@ Registered as the ``vllm.general_plugins`` entry point ``psgate``; vLLM calls
 ``PSGATE_SHADOW`` unset it does nothing at all, so vLLM's native eviction is untouched:
 unsetting the variables and restarting is the way back. With it set::
 
-    PSGATE_POLICY=prefixshield               any registered policy but belady
+    PSGATE_POLICY=prefixshield               a policy spec, as psgate replay takes one (a
+                                             built-in name but belady, an installed entry
+                                             point, module:Class or path/file.py:Class)
     PSGATE_POLICY_CONFIG=policy.json         optional: {"params": {...}} (JSON or TOML)
     PSGATE_LEDGER=/var/log/psgate-ledger.csv optional: one CSV row per eviction
 
@@ -25,7 +27,7 @@ Two more switches, each usable alone (see :mod:`psgate.capture` and :mod:`psgate
     PSGATE_CAPTURE=DIR                   write a redacted trace of the live traffic to DIR
       PSGATE_CAPTURE_KEY_FILE=FILE       the hash key, hex (or PSGATE_HASH_KEY); required
       PSGATE_CAPTURE_MAX_BYTES / _MAX_SECONDS / _QUEUE   rotation and queue bounds
-    PSGATE_SHADOW=prefixshield           run a shadow policy beside the live eviction
+    PSGATE_SHADOW=prefixshield           run a shadow policy (a spec) beside the live eviction
       PSGATE_SHADOW_DIR=DIR              its reports (default: DIR/shadow of the capture,
                                          else ./psgate-shadow)
       PSGATE_SHADOW_INTERVAL_S=60        how often a summary line is written
@@ -87,9 +89,11 @@ def _active() -> bool:
 
 def register() -> None:
     """vLLM's entry point: patch only when PSGATE_POLICY, PSGATE_CAPTURE or PSGATE_SHADOW
-    is set; otherwise vLLM is left exactly as it is."""
+    is set; otherwise vLLM is left exactly as it is. A policy spec that does not load
+    stops the process here, at start, with psgate's one-line error (exit 2)."""
     if not _active():
         return
+    check_specs()
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     if getattr(KVCacheManager, "_psgate_installs", None) is not None:
         return
@@ -109,6 +113,27 @@ def register() -> None:
     KVCacheManager._psgate_installs = []
     _patch_scheduler(capture=bool(os.environ.get(ENV_CAPTURE)))
     _give_engine_core_time_to_finish()
+
+
+def check_specs() -> None:
+    """Resolve PSGATE_POLICY and PSGATE_SHADOW (and their parameters) now: a server that
+    cannot serve the policy it was told to must not start with vLLM's own eviction."""
+    from psgate.errors import PsgateError
+    from psgate.policies import make_policy
+    try:
+        params = load_params(os.environ.get(ENV_CONFIG))
+        for env in (ENV_POLICY, ENV_SHADOW):
+            spec = os.environ.get(env)
+            if spec:
+                make_policy(spec, params if env == ENV_POLICY or not os.environ.get(ENV_POLICY)
+                            else {}, env)
+    except (PsgateError, OSError, ValueError) as exc:
+        import sys
+        line = f"psgate: error: {exc}".replace("\n", " ")
+        logger.error("%s", line)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        raise SystemExit(2) from None
 
 
 def _give_engine_core_time_to_finish() -> None:
@@ -240,7 +265,7 @@ def install(mgr) -> dict:
     said = []
     name = os.environ.get(ENV_POLICY)
     if name:
-        policy = make_policy(name, params)
+        policy = make_policy(name, params, ENV_POLICY)
         ledger = os.environ.get(ENV_LEDGER)
         done["ledger"] = EvictionLedger(ledger) if ledger else None
         done["policy"] = LivePolicy(mgr, policy, clock_ns=time.monotonic_ns,
@@ -253,7 +278,7 @@ def install(mgr) -> dict:
     shadow = os.environ.get(ENV_SHADOW)
     if shadow:
         from psgate.shadow import ShadowRunner
-        policy = make_policy(shadow, params if not name else {})
+        policy = make_policy(shadow, params if not name else {}, ENV_SHADOW)
         directory = os.environ.get(ENV_SHADOW_DIR) or (
             str(Path(capture) / SHADOW_SUBDIR) if capture else "psgate-shadow")
         done["shadow"] = ShadowRunner(

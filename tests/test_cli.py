@@ -113,7 +113,7 @@ def test_exit_1_gate_file_threshold(tmp_path):
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--baseline", "nope"], ["unknown policy 'nope'"]),
+    (["--baseline", "nope"], ["--baseline: policy 'nope': no such policy"]),
     (["--capacity", "1"], ["--capacity", "at least 2"]),
     (["--trace", "missing.jsonl"], ["missing.jsonl", "no such file"]),
     (["--trace", "bundled:nothing"], ["no bundled trace named 'nothing'"]),

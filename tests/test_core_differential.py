@@ -27,7 +27,7 @@ from helpers import random_traces, write, write_lines
 from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names, register, unregister
-from psgate.policies.base import Decision
+from psgate.policy.base import Decision
 from psgate.engines.results import RequestOutcome
 from psgate.policies.lru import LRUPolicy
 from psgate.receipt.compact import open_compact
@@ -928,7 +928,7 @@ def test_the_c_heap_queues_are_seqqueues(ops):
     (popping dead entries), items, live counts and membership after any sequence of
     pushes (a block again, at an older or the same seq), removals and new queues, with
     compactions along the way."""
-    from psgate.policies.queues import SeqQueues
+    from psgate.policy.queues import SeqQueues
     mod = _compiled()
     py, c = SeqQueues(16, 2), mod.SeqHeaps(16, 2)
     for op, q, b, seq in ops:
@@ -969,7 +969,7 @@ def test_the_c_heap_queues_are_seqqueues(ops):
 def test_the_admission_history_is_the_python_one(monkeypatch, bound, ops):
     """contains_keys/touch_keys compiled against their Python forms, with drops (a small
     bound) and compactions (the same keys touched again and again)."""
-    from psgate.policies import history as hmod
+    from psgate.policy import history as hmod
     _compiled()
     monkeypatch.setattr(hmod, "_COMPACT_MIN", 4)
     got = {}
@@ -1016,8 +1016,8 @@ def test_the_core_reads_keys_as_the_trace_lays_them_out():
     from psgate.trace.keys import KEY_SHIFT, OUTPUT_KEY_BIT
     assert (mod.KEY_SHIFT, mod.OUTPUT_KEY_BIT, mod.NO_KEY_VALUE) == (KEY_SHIFT,
                                                                      OUTPUT_KEY_BIT, NO_KEY)
-    from psgate.policies import history
-    from psgate.policies.queues import SeqQueues
+    from psgate.policy import history
+    from psgate.policy.queues import SeqQueues
     assert mod.SEQ_SHIFT == SeqQueues.SHIFT
     assert (mod.OPAQUE_KEYS_FROM, mod.HISTORY_COMPACT_MIN) == (history.OPAQUE_KEYS_FROM,
                                                                history._COMPACT_MIN)
@@ -1030,7 +1030,7 @@ def test_the_core_refuses_arrays_of_another_item_type():
     """The loops read the flat arrays through raw pointers: an array whose items are not
     the C type a loop expects is refused (as a typed memoryview refused it), not misread."""
     from array import array
-    from psgate.policies.queues import BlockQueues
+    from psgate.policy.queues import BlockQueues
     mod = _compiled()
     queues = BlockQueues(4, 1)
     with pytest.raises(TypeError, match="expected an array of C long longs \\('q'\\), found 'i'"):

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import rfc8785
 
-from psgate.policies.base import Decision
+from psgate.policy.base import Decision
 from psgate.receipt.ledger import (LEDGER_COLUMNS, LedgerWriter, canonical, csv_field, csv_json,
                                    fmt_f, fmt_t, open_text)
 from psgate.trace import jcs

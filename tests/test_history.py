@@ -7,7 +7,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psgate.policies.history import PrefixHistory
+from psgate.policy.history import PrefixHistory
 
 # (group, prefix): content keys in two namespaces of 2**4 hashes (ns 0 and 1 belong to
 # group 0, ns 2 to group 1, as the sim engine's namespaces never span groups), or labels

@@ -4,8 +4,10 @@ A room is a package under psgate/ or a top-level module. Each may import only th
 its row names (imports inside functions count: a lazy import is still a dependency).
 Bottom up: errors, contracts, resources, atomic and core (which of the replay's loops are
 compiled) need nothing, invariants only core;
-trace reads and writes traces (with core's compiled hash checks); policies see contracts and their own invariant checkers,
-never an engine; engines run policies through the interface and the registry, never a
+trace reads and writes traces (with core's compiled hash checks); policy is the public
+policy API (the interface, its helpers, the contract table and the I1/I2 auditor);
+policies, the built-in ones, see that API alone, never an engine; engines run policies
+through the interface and the registry, never a
 concrete policy or a family's checker (the policy hands those over), and never the receipt,
 the reports or the CLI; stats, workloads and the receipt see of the engines only their
 results, the cost models and the registry; the receipt also holds the metrics; api,
@@ -32,14 +34,15 @@ ALLOWED: dict[str, set[str] | None] = {
     "core": set(),
     "invariants": {"core"},
     "trace": {"resources", "atomic", "contracts", "core"},
-    "policies": {"contracts", "core", "invariants"},
-    "engines": {"core", "resources", "trace", "invariants", "policies"},
+    "policy": {"contracts", "core", "invariants"},
+    "policies": {"policy"},
+    "engines": {"core", "resources", "trace", "invariants", "policy", "policies"},
     "stats": {"engines"},
     "receipt": {"core", "resources", "trace", "engines", "stats"},
     "workloads": {"contracts", "trace", "engines"},
     "calibrate": {"engines", "workloads"},
     "capture": {"trace"},
-    "shadow": {"engines", "policies", "trace"},
+    "shadow": {"engines", "policy", "policies", "trace"},
     "vllm_plugin": {"capture", "engines", "policies", "shadow", "trace"},
     "api": {"atomic", "contracts", "engines", "invariants", "policies", "receipt",
             "resources", "stats", "trace"},
@@ -56,7 +59,7 @@ ALLOWED: dict[str, set[str] | None] = {
 }
 # Where a room may reach into another only through some of its modules.
 ONLY: dict[tuple[str, str], set[str]] = {
-    ("engines", "policies"): {"psgate.policies", "psgate.policies.base"},
+    ("engines", "policies"): {"psgate.policies", "psgate.policy.base"},
     ("engines", "invariants"): {"psgate.invariants.checker"},
     ("stats", "engines"): {"psgate.engines.cost", "psgate.engines.results"},
     ("receipt", "engines"): {"psgate.engines", "psgate.engines.results"},
@@ -145,6 +148,23 @@ def test_every_package_imports_only_the_rooms_below_it():
             elif (room, other) in ONLY and target not in ONLY[(room, other)]:
                 bad.append(f"{module}:{line} imports {target} ({room} may use {other} only "
                            f"through {', '.join(sorted(ONLY[(room, other)]))})")
+    assert not bad, "\n".join(bad)
+
+
+def test_built_in_policies_use_only_the_public_policy_api():
+    """Each built-in policy is written as a user's policy is: against ``psgate.policy``
+    (the module itself, not its submodules) and, for one that extends another, that
+    built-in policy's module; the registry beside them is not theirs to use."""
+    bad = []
+    for module, is_pkg, tree in _modules():
+        if not module.startswith("psgate.policies.") or is_pkg:
+            continue
+        for line, target, _, _ in _imports(module, is_pkg, tree):
+            if target == "psgate.policy":
+                continue
+            if target.startswith("psgate.policies.") and target.count(".") == 2:
+                continue
+            bad.append(f"{module}:{line} imports {target}")
     assert not bad, "\n".join(bad)
 
 

@@ -34,7 +34,7 @@ def test_use_that_passes_without_a_hit_refreshes_next_use():
     from array import array
 
     from psgate.policies import make_policy
-    from psgate.policies.base import PolicyRequest, PoolInfo
+    from psgate.policy.base import PolicyRequest, PoolInfo
 
     pol = make_policy("belady")
     pol.set_future({7: array("q", [0, 3, 9]), 8: array("q", [0, 5])})

@@ -99,7 +99,7 @@ def test_a_subclass_that_changes_selection_is_not_batched():
 def test_work_conserving_policies_never_hold_back(tmp_path, policy, lines, capacity):
     """Such a policy never refuses an admission nor forces evictions over free blocks,
     so its waits are exactly the engine's capacity waits."""
-    import psgate.policies.base as base
+    import psgate.policy.base as base
     calls = {"allowed": 0, "refused": 0, "forced": 0}
     cls = policy_class(policy)
     orig_allowed, orig_reclaim = cls.admission_allowed, cls.reclaim_first

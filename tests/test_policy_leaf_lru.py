@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.policies import make_policy
-from psgate.policies.base import PolicyRequest, PoolInfo
+from psgate.policy.base import PolicyRequest, PoolInfo
 
 
 def run(tmp_path, events, cap, policy="leaf-lru"):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.errors import InputError
 from psgate.policies import make_policy, register, unregister
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policy.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 
 def run(tmp_path, events, cap, policy="priority-lru", **params):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from helpers import random_traces, replay_checked, replay_file, run_events, write_lines
 from psgate.errors import InputError
 from psgate.policies import make_policy, register, unregister
-from psgate.policies.base import Decision, EvictionPolicy
+from psgate.policy.base import Decision, EvictionPolicy
 
 
 def run(tmp_path, events, cap, policy="s3fifo", **params):
@@ -191,7 +191,7 @@ def test_select_does_not_mutate_and_is_memoized(tmp_path):
 
 
 def test_pin_unpin_cycles_keep_the_heaps_bounded():
-    from psgate.policies.base import PoolInfo
+    from psgate.policy.base import PoolInfo
     pol = make_policy("s3fifo")
     pol.bind(PoolInfo(num_blocks=8, num_usable=7, block_size=4))
     for b in (1, 2, 3):

@@ -19,7 +19,7 @@ import pytest
 
 from psgate.invariants.checker import NO_KEY
 from psgate.policies import make_policy
-from psgate.policies.base import PolicyRequest, PoolInfo
+from psgate.policy.base import PolicyRequest, PoolInfo
 from psgate.policies.prefixshield import PROBATIONARY, NORMAL, REUSE
 
 from helpers import NoteLog, replay_file, write

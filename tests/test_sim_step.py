@@ -251,7 +251,7 @@ def test_explain_finds_the_new_lookup_of_every_resumed_request(tmp_path):
 def test_output_block_keys_stay_out_of_prefixshield_hash_slots(tmp_path):
     """A block of generated tokens has a key whose low bits index no trace hash; the
     policy's per-hash arrays must not grow to that index (it would take gigabytes)."""
-    from psgate.policies.history import OPAQUE_KEYS_FROM
+    from psgate.policy.history import OPAQUE_KEYS_FROM
     from psgate.trace.keys import OUTPUT_KEY_BIT
 
     assert OPAQUE_KEYS_FROM == OUTPUT_KEY_BIT

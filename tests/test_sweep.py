@@ -34,7 +34,7 @@ def test_cells_are_deterministic_and_checked(tmp_path):
     assert [(c["capacity"], c["params"]["alpha"]) for c in a] == [
         (512, 0.4), (512, 0.8), (1024, 0.4), (1024, 0.8)]
     assert len({c["id"] for c in a}) == 4
-    for axes, needle in [({"nope": [1]}, "neither capacity"), ({"candidate": ["x"]}, "unknown policy"),
+    for axes, needle in [({"nope": [1]}, "neither capacity"), ({"candidate": ["x"]}, "no such policy"),
                          ({"capacity": [1]}, "capacity values"), ({"seed": [1, 2]}, "seeds come")]:
         with pytest.raises(InputError, match=needle):
             cells(SweepConfig(workload=WL, out=tmp_path, axes=axes))

@@ -23,7 +23,7 @@ from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOu
                                     RunResult)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policies.base import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
+from psgate.policy import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
 from psgate.trace.model import CancelEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from psgate.engines.vllm_queue import PolicyFreeQueue
 from psgate.invariants.checker import Verdict
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 DEFAULT_GROUP = "default"
 DEFAULT_CONTRACT = "standard"

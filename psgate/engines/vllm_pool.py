@@ -29,7 +29,7 @@ import importlib.util
 from psgate.engines.sim import PolicyFault, RequestState, SimEngine
 from psgate.engines.vllm_queue import PolicyFreeQueue
 from psgate.errors import EngineUnavailable
-from psgate.policies.base import Decision
+from psgate.policy import Decision
 from psgate.trace.keys import KEY_SHIFT
 
 SUPPORTED_VLLM = "0.32."

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest
+from psgate.policy import Decision, EvictionPolicy, PolicyRequest
 
 
 class QueueOwner(Protocol):

@@ -76,8 +76,7 @@ from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
 from psgate.errors import InputError
-from psgate.policies import make_policy
-from psgate.policies.base import PoolInfo
+from psgate.policy import PoolInfo
 from psgate.trace.keys import content_key, output_key
 from psgate.trace.model import CancelEvent, RequestEvent
 
@@ -566,7 +565,7 @@ class VllmRealEngine:
     def _compare(self, events, result: RunResult, run: "_RunTrace") -> dict:
         """Predict the same run with vllm-pool and classify every difference (the rules
         are the module docstring's)."""
-        policy = make_policy(self.policy.name, dict(self.policy.params))
+        policy = type(self.policy)(**dict(self.policy.params))     # a fresh instance
         pool = VllmPoolEngine(header=self.header, hashes=self.hashes, capacity=self.capacity,
                               policy=policy, contracts=self.contracts, done_ids=frozenset(),
                               cost=self.cost, label=self.label, trace_path=self.trace_path)

@@ -34,7 +34,7 @@ from psgate.engines.vllm_pool import (RefView, namespace_salt, prompt_token_ids,
                                       vllm_version)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policies.base import Decision, PolicyRequest, PoolInfo
+from psgate.policy import Decision, PolicyRequest, PoolInfo
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, content_key, output_key
 from psgate.trace.model import CancelEvent, RequestEvent
 

@@ -17,15 +17,14 @@ from array import array
 from bisect import bisect_right
 from heapq import heapify, heappop, heappush
 
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 NEVER = 1 << 62
 
 
-@register
 class Belady(EvictionPolicy):
     name = "belady"
+    api_version = 1
     summary = "clairvoyant reference heuristic (farthest next use); not a bound, not deployable"
     defaults = {}
     needs_future = True

@@ -34,16 +34,15 @@ from __future__ import annotations
 
 from array import array
 
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
-from psgate.policies.queues import LeafTracker, SeqQueues
+from psgate.policy import (Decision, EvictionPolicy, LeafTracker, PolicyRequest, PoolInfo,
+                          SeqQueues)
 
 LEAVES, NONLEAF = 0, 1
 
 
-@register
 class LeafLRUPolicy(EvictionPolicy):
     name = "leaf-lru"
+    api_version = 1
     summary = "least recently used leaf: only blocks with no resident child are evicted"
     defaults = {}
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from array import array
 
-from psgate import core
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
-from psgate.policies.queues import BlockQueues
+from psgate.policy import (BlockQueues, Decision, EvictionPolicy, kernels, PolicyRequest,
+                          PoolInfo)
 
 NS_PER_S = 1_000_000_000
 
 
-@register
 class LRUPolicy(EvictionPolicy):
     name = "lru"
+    api_version = 1
     summary = "vLLM native: evict the head of the free queue (least recently freed)"
     defaults = {}
 
@@ -32,7 +30,7 @@ class LRUPolicy(EvictionPolicy):
         self._q = BlockQueues(pool.num_blocks, 1)
         self._freed_ns = array("q", [0]) * pool.num_blocks
         # The compiled walk makes lru's own decisions; a subclass's _decision runs here.
-        self._core = core.get() if type(self)._decision is LRUPolicy._decision else None
+        self._core = kernels() if type(self)._decision is LRUPolicy._decision else None
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
         if not blocks:

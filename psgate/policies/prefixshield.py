@@ -45,13 +45,9 @@ from array import array
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
-from psgate import core
-from psgate.contracts import DEFAULT_CONTRACTS
-from psgate.invariants.prefixshield import BucketAudit
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
-from psgate.policies.history import PrefixHistory
-from psgate.policies.queues import LeafTracker, SeqQueues
+from psgate.policy import (BucketAudit, Decision, DEFAULT_CONTRACTS, EvictionPolicy,
+                          GroupIds, kernels, LeafTracker, PolicyRequest, PoolInfo,
+                          PrefixHistory, SeqQueues)
 
 NS_PER_S = 1_000_000_000
 _SHIFT = SeqQueues.SHIFT
@@ -64,9 +60,9 @@ def _r(x: float) -> float:
     return round(x, 9)
 
 
-@register
 class PrefixShield(EvictionPolicy):
     name = "prefixshield"
+    api_version = 1
     summary = "PrefixShield (paper): creation debt picks the group, retention class the block"
     defaults: dict[str, Any] = {"contracts": DEFAULT_CONTRACTS, "eps": 1e-9,
                                 "history_size": 65536, "leaf_only": True, "segments": True,
@@ -128,9 +124,9 @@ class PrefixShield(EvictionPolicy):
         self.tree = LeafTracker(n) if self.params["leaf_only"] else None
         # The compiled core's view (below) keeps the queues' heaps in C (SeqHeaps, the
         # same API and heads); the Python methods reach them through that API.
-        kernels = core.get()
-        compiled = kernels is not None and type(self) in _COMPILED
-        self._queues = kernels.SeqHeaps if compiled else SeqQueues
+        compiled_core = kernels()
+        compiled = compiled_core is not None and type(self) in _COMPILED
+        self._queues = compiled_core.SeqHeaps if compiled else SeqQueues
         self.gq = self._queues(n)                # per (group, segment): q = 3*g + s
         # All groups' eligible blocks per segment, for the fallback when nobody is in
         # debt. Kept up to date only while it may be needed: after a run of evictions
@@ -185,7 +181,7 @@ class PrefixShield(EvictionPolicy):
         # (psgate.core's PrefixShieldView), over this state (the group ranking and an
         # admission's new blocks are the view's while bound); only for the classes whose
         # methods they mirror.
-        self._view = kernels.PrefixShieldView(self, Decision, SEGMENTS) if compiled else None
+        self._view = compiled_core.PrefixShieldView(self, Decision, SEGMENTS) if compiled else None
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
             # the view holds these, as C structs
@@ -797,16 +793,16 @@ class PrefixShield(EvictionPolicy):
         return [b for b in range(len(self.cand)) if self.cand[b]]
 
 
-@register
 class PrefixShieldNoSeg(PrefixShield):
     name = "prefixshield-noseg"
+    api_version = 1
     summary = "PrefixShield ablation: no segments (native order inside the responsible group)"
     defaults = {**PrefixShield.defaults, "segments": False}
 
 
-@register
 class PrefixShieldNoGate(PrefixShield):
     name = "prefixshield-nogate"
+    api_version = 1
     summary = "PrefixShield ablation: promotion to Reuse regardless of debt"
     defaults = {**PrefixShield.defaults, "gate": False}
 

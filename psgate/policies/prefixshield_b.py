@@ -106,8 +106,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
-from psgate.policies import register
-from psgate.policies.base import Decision, PolicyRequest, PoolInfo
+from psgate.policy import Decision, PolicyRequest, PoolInfo
 from psgate.policies.prefixshield import PROBATIONARY, PrefixShield
 
 ADAPTIVE = "adaptive"
@@ -126,9 +125,9 @@ def _fraction(name: str, v: Any) -> float:
     return float(v)
 
 
-@register
 class PrefixShieldB(PrefixShield):
     name = "prefixshield-b"
+    api_version = 1
     summary = ("psgate's extension of PrefixShield: where nobody is responsible, "
                "Probationary-first only while Probationary candidates reach a bound, adapted "
                "from ghost hits")

@@ -46,13 +46,12 @@ from array import array
 from heapq import heapify, heappop, heappush
 from typing import Any
 
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 
-@register
 class PriorityLRUPolicy(EvictionPolicy):
     name = "priority-lru"
+    api_version = 1
     summary = ("priority-aware LRU (TensorRT-LLM retention priority): lowest priority, "
                "then lowest reuse cost, then least recently freed; hints expire")
     defaults: dict[str, Any] = {"default_priority": 35}

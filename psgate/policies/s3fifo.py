@@ -66,8 +66,7 @@ from collections import OrderedDict, deque
 from heapq import heapify, heappop, heappush
 from typing import Any
 
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 SMALL, MAIN = 0, 1
 QUEUE_NAMES = ("small", "main")
@@ -164,9 +163,9 @@ class _Plan:
         self.small_size = small_size
 
 
-@register
 class S3FIFOPolicy(EvictionPolicy):
     name = "s3fifo"
+    api_version = 1
     summary = ("S3-FIFO (SOSP'23): small FIFO 10%, main FIFO with reinsertion, ghost FIFO, "
                "2-bit counter; S -> M at move_threshold hits (1; the reference's default is "
                "2); no tenant data")

@@ -17,16 +17,14 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from psgate.policies import register
-from psgate.policies.base import Decision, EvictionPolicy, PolicyRequest, PoolInfo
-from psgate.policies.queues import BlockQueues
+from psgate.policy import BlockQueues, Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
 NS_PER_S = 1_000_000_000
 
 
-@register
 class StaticQuota(EvictionPolicy):
     name = "static-quota"
+    api_version = 1
     summary = "hard isolation: equal fixed share per group, no borrowing (waits at its share)"
     defaults: dict[str, Any] = {"shares": None}
     work_conserving = False

@@ -63,7 +63,13 @@ def run_record(result, metrics: dict, saturation: dict | None = None,
     return record
 
 
-def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict,
+def policy_record(policy, source) -> dict:
+    """config.baseline / config.candidate: the policy's name and parameters as it
+    describes itself, and its code (psgate.policies.PolicySource)."""
+    return {**policy.describe(), "source": source.to_json()}
+
+
+def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict, sources: dict,
                      contracts: list[str], gate_name: str | None, gate_sha: str | None,
                      tolerances, runs: dict, gate: dict, outputs: dict[str, Path],
                      started: float) -> dict:
@@ -86,8 +92,8 @@ def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict,
             "engine": cfg.engine, "capacity": cfg.capacity, "usable_blocks": cfg.capacity - 1,
             "block_size": header.block_size, "contracts": contracts,
             "cost_model": cfg.cost.to_json(),
-            "baseline": policies["baseline"].describe(),
-            "candidate": policies["candidate"].describe(),
+            "baseline": policy_record(policies["baseline"], sources["baseline"]),
+            "candidate": policy_record(policies["candidate"], sources["candidate"]),
             "seeds": {}, "allow_unexercised": cfg.allow_unexercised,
             "paranoid": cfg.paranoid, "ledger_hits": cfg.ledger_hits,
             "ledger": ledger_config(cfg),
@@ -115,6 +121,8 @@ def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict,
         receipt["config"]["route"] = cfg.route
     receipt["environment"] = environment(src, cfg.out, started, cfg.gate_file,
                                          summary.sha256)
+    receipt["environment"]["policy_files"] = {label: list(s.paths)
+                                              for label, s in sources.items()}
     return receipt
 
 

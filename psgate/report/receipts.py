@@ -219,7 +219,7 @@ def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
     cfg = receipt["config"]
     cost = CostModel.from_json(cfg["cost_model"])
     return ReplayConfig(
-        baseline=cfg["baseline"]["name"], candidate=cfg["candidate"]["name"],
+        baseline=policy_spec(cfg["baseline"]), candidate=policy_spec(cfg["candidate"]),
         baseline_params=cfg["baseline"]["params"], candidate_params=cfg["candidate"]["params"],
         capacity=cfg["capacity"], engine=cfg["engine"], out=out, force=True,
         allow_unexercised=cfg["allow_unexercised"], paranoid=cfg["paranoid"],
@@ -230,6 +230,14 @@ def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
         ledger_level=cfg.get("ledger", {}).get("level"),
         limits=Limits(**cfg.get("limits", {})), replicas=cfg.get("replicas", 1),
         route=cfg.get("route", "round-robin"), **step_settings(cfg))
+
+
+def policy_spec(record: dict) -> str:
+    """How a receipt's run named its policy: the spec it recorded (a built-in's name,
+    ``module:Class``, ``file.py:Class``, an entry point), or the name alone in a receipt
+    made before specs were recorded. A file spec is read from where the replay ran."""
+    source = record.get("source")
+    return source["spec"] if source else record["name"]
 
 
 def step_settings(cfg: dict) -> dict:
@@ -279,7 +287,7 @@ def replay_run(receipt: dict, prepared, run: str, recorder):
     cfg, header, summary, hashes = prepared
     name = cfg.baseline if run == "baseline" else cfg.candidate
     params = cfg.baseline_params if run == "baseline" else cfg.candidate_params
-    policy = make_policy(name, params)
+    policy = make_policy(name, params, f"config.{run}.source.spec")
     src = TraceSource.resolve(cfg.trace)
     if policy.needs_future:
         policy.set_future(future_uses(src, hashes))

@@ -16,6 +16,12 @@ is taken on trust:
 The first difference is named (file and line, or JSON path) with exit 1; a receipt
 that cannot be read as one (bad JSON, off its schema, bytes that are not UTF-8, a
 broken gzip stream) is bad input, exit 2.
+
+The replay runs the policy code found here, named as the receipt recorded it. Where that
+code is not the receipt's (``config.<run>.source``: another SHA-256 over its files,
+another version or class), verify says so first, then whether the replay with this code
+reproduces the receipt all the same, and exits 5: the receipt is evidence about other
+code, which is not the same finding as an edited receipt.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import hashlib
 import itertools
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from psgate import api
@@ -40,6 +46,36 @@ class VerifyResult:
     identical: bool
     first_difference: str | None
     compared: list[str]
+    # One line per run whose policy code here is not the receipt's (config.<run>.source)
+    policy_changes: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return self.identical and not self.policy_changes
+
+
+def policy_changes(receipt: dict, again: dict, prefix: str = "") -> list[str]:
+    """Each run whose policy source in the replay differs from the receipt's; the
+    replay's record is then set to the receipt's, so that what is compared next is what
+    the code did, not which code it was."""
+    out = []
+    for run in ("baseline", "candidate"):
+        mine = receipt["config"][run].get("source")
+        here = again["config"][run].get("source")
+        if mine is None or here is None or mine == here:
+            continue
+        what = [f"{k} {here.get(k)!r:.80} here, {mine.get(k)!r:.80} in the receipt"
+                for k in ("class", "distribution", "version", "api_version")
+                if mine.get(k) != here.get(k)]
+        if mine.get("sha256") != here.get("sha256"):
+            files = sorted(set(mine.get("files", [])) ^ set(here.get("files", [])))
+            what.append(f"source SHA-256 {here['sha256'][:16]}... here, "
+                        f"{str(mine.get('sha256'))[:16]}... in the receipt"
+                        + (f" (files only on one side: {', '.join(files)})" if files else ""))
+        out.append(f"{prefix}{run} policy '{mine.get('spec')}': the code is not the "
+                   f"receipt's: {'; '.join(what) or 'its record differs'}")
+        again["config"][run]["source"] = mine
+    return out
 
 
 def first_json_difference(a, b, path: str = "") -> str | None:
@@ -119,8 +155,10 @@ def _compare_files(mine: Path, again: Path, names, prefix: str, compared: list[s
 
 
 def _compare_replay(directory: Path, receipt: dict, again: dict, out: Path, prefix: str,
-                    compared: list[str]) -> str | None:
-    """A replay's receipt outside environment, then its outputs to the last line."""
+                    compared: list[str], changes: list[str]) -> str | None:
+    """A replay's receipt outside environment, then its outputs to the last line; a
+    policy whose code differs is added to ``changes`` and not counted as a difference."""
+    changes += policy_changes(receipt, again, prefix)
     compared.append(f"{prefix}receipt.json (outside environment)")
     diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
     if diff:
@@ -233,6 +271,7 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
             exp.corpus = str(_corpus(receipt, runs, work))
             exp.corpus_label = source["directory"]
         again = run_experiment(exp).receipt
+        changes: list[str] = []
         out = work / "out"
         for run in again["runs"]:
             rid, prefix = run["id"], f"{run['id']}/"
@@ -241,21 +280,22 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
             mine = runs[rid]
             redo = read_receipt_file(out / "runs" / rid / "receipt.json")
             diff = _compare_replay(directory / "runs" / rid, mine, redo, out / "runs" / rid,
-                                   prefix, compared)
+                                   prefix, compared, changes)
             if diff:
-                return VerifyResult(False, diff, compared)
+                return VerifyResult(False, diff, compared, changes)
             if source["kind"] == "workload":
                 diff = _compare_files(directory, out, [run["trace"]["path"]], "", compared)
                 if diff:
                     return VerifyResult(False, diff, compared)
         diff = _compare_files(directory, out, sorted(again["outputs"]), "", compared)
         if diff:
-            return VerifyResult(False, diff, compared)
+            return VerifyResult(False, diff, compared, changes)
         compared.append("receipt.json (outside environment, recomputed from the runs)")
+        policy_changes(receipt, again)      # said per run above
         diff = first_json_difference(deterministic_part(receipt), deterministic_part(again))
         if diff:
-            return VerifyResult(False, f"receipt.json{diff}", compared)
-        return VerifyResult(True, None, compared)
+            return VerifyResult(False, f"receipt.json{diff}", compared, changes)
+        return VerifyResult(True, None, compared, changes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -275,7 +315,8 @@ def verify(directory: str | Path, trace: str | None = None, gate: str | None = N
     try:
         cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate)
         again = api.replay(cfg, progress=progress).receipt
-        diff = _compare_replay(directory, receipt, again, work / "out", "", compared)
-        return VerifyResult(diff is None, diff, compared)
+        changes: list[str] = []
+        diff = _compare_replay(directory, receipt, again, work / "out", "", compared, changes)
+        return VerifyResult(diff is None, diff, compared, changes)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -127,9 +127,16 @@ class Decision:
 
 
 class EvictionPolicy(ABC):
-    """Base class; subclasses register with :func:`psgate.policies.register`."""
+    """Base class of every eviction policy, psgate's own and a user's.
+
+    A subclass sets ``name`` (how receipts and ledgers call it), ``api_version`` (the
+    version of :mod:`psgate.policy` it was written against), ``summary`` and
+    ``defaults`` (its parameters, the only ones its constructor accepts)."""
 
     name: ClassVar[str] = ""
+    # The policy API version the class was written against (psgate.policy.API_VERSION);
+    # a class that declares none, or a newer one than psgate provides, is refused.
+    api_version: ClassVar[int | None] = None
     summary: ClassVar[str] = ""
     # Parameters and their defaults; a run's receipt records the values used.
     defaults: ClassVar[dict[str, Any]] = {}
@@ -165,7 +172,7 @@ class EvictionPolicy(ABC):
         """A candidate was hit and is no longer a candidate."""
 
     def touch_queues(self):
-        """The :class:`~psgate.policies.queues.BlockQueues` from which on_touch only
+        """The :class:`~psgate.policy.queues.BlockQueues` from which on_touch only
         unlinks the block, or None: with it, the compiled core unlinks a request's hits
         itself instead of calling on_touch once per hit."""
         return None
