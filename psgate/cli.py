@@ -30,6 +30,7 @@ from psgate.engines.replicas import check_replicas
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_POLICY_CHANGED,
                            EXIT_TERMINATED, InputError, PsgateError)
+from psgate.policies import describe as describe_policy
 from psgate.policies import installed as installed_policies
 from psgate.policy import API_VERSION
 from psgate.experiment import DEFAULT_RESAMPLES
@@ -318,12 +319,13 @@ def verify(
         err.print(f"{receipt_dir}: NOT verified: {change}", markup=False, soft_wrap=True)
     if res.identical and res.policy_changes:
         err.print(f"{receipt_dir}: with the code here, {', '.join(res.compared)} are "
-                  f"identical on replay", markup=False)
+                  f"identical on replay", markup=False, soft_wrap=True)
     elif res.identical:
         err.print(f"{receipt_dir}: verified: {', '.join(res.compared)} identical on replay",
                   markup=False)
     else:
-        err.print(f"{receipt_dir}: NOT verified: {res.first_difference}", markup=False)
+        err.print(f"{receipt_dir}: NOT verified: {res.first_difference}", markup=False,
+                  soft_wrap=True)
     _emit({"verified": res.verified, "first_difference": res.first_difference,
            "compared": res.compared, "policy_changes": res.policy_changes})
     if res.policy_changes:
@@ -436,9 +438,12 @@ def validate(
 
 
 @app.command()
-def policies(json: Annotated[bool, typer.Option("--json", help="machine-readable list")] = False) -> None:
-    """List every policy a name reaches: built-in, and installed packages' entry points."""
-    rows = installed_policies()
+def policies(
+    specs: Annotated[Optional[list[str]], typer.Argument(help="also describe these policy specs (module:Class, path/to/file.py:Class)", show_default=False)] = None,
+    json: Annotated[bool, typer.Option("--json", help="machine-readable list")] = False,
+) -> None:
+    """List every policy a name reaches (built-in, installed entry points) and any SPEC given."""
+    rows = installed_policies() + [describe_policy(s, "SPEC") for s in specs or []]
     if json:
         _emit({"policies": rows, "api_version": API_VERSION})
         return
@@ -448,8 +453,8 @@ def policies(json: Annotated[bool, typer.Option("--json", help="machine-readable
     t.add_column("rule")
     t.add_column("parameters (defaults)")
     for r in rows:
-        origin = r["kind"] if r["kind"] == "builtin" else (
-            f"{r['class']} ({r['distribution']} {r['version']})")
+        origin = r["kind"] if r["kind"] == "builtin" else r["class"] + (
+            f" ({r['distribution']} {r['version']})" if r.get("distribution") else "")
         rule = r.get("summary") or ""
         if r.get("shadowed_by"):
             rule = f"shadowed by the built-in '{r['name']}': name it as {r['class']}"
@@ -780,6 +785,7 @@ def bench(
     mooncake: Annotated[Optional[Path], typer.Option(help="a Mooncake trace (JSONL): replay its first requests compiled and in Python (target core_vs_python_mooncake)")] = None,
     mooncake_requests: Annotated[int, typer.Option(help="how many of its requests")] = 6000,
     mooncake_block_size: Annotated[int, typer.Option(help="tokens per block, re-blocked from Mooncake's 512")] = 16,
+    policy: Annotated[Optional[str], typer.Option(help="also time this policy (a spec: your own) beside lru on the reuse trace (target policy_lru_e2e)")] = None,
 ) -> None:
     """Measure replay throughput, victim selection and memory per block against the targets."""
     from psgate import bench as bench_lib
@@ -794,7 +800,8 @@ def bench(
     result = bench_lib.run(bench_lib.BenchConfig(quick=quick, repeats=repeats,
                                                  vllm_python=vllm_python, mooncake=mooncake,
                                                  mooncake_requests=mooncake_requests,
-                                                 mooncake_block_size=mooncake_block_size),
+                                                 mooncake_block_size=mooncake_block_size,
+                                                 policy=policy),
                            progress=lambda msg: err.print(msg, markup=False, highlight=False))
     if json:
         _emit(result)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgate import __version__, core
+from psgate.policies import resolve
 from psgate.bench.memory import memory, requests_memory
 from psgate.bench.timing import end_to_end, hot_loop, time_selection
 from psgate.bench.traces import (load, write_debt_trace, write_mooncake_trace,
@@ -59,6 +60,7 @@ class BenchConfig:
     mooncake_requests: int = 6000        # compiled and in Python (core_vs_python_mooncake)
     mooncake_capacity: int = 16384
     mooncake_block_size: int = 16        # re-blocked from Mooncake's 512 tokens, as vLLM's 16
+    policy: str | None = None            # a policy spec (a user's): timed beside lru
 
     def resolved_scale(self) -> Scale:
         return self.scale or (QUICK if self.quick else FULL)
@@ -96,6 +98,8 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
     repeats = cfg.repeats or 3
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
+    if cfg.policy:
+        resolve(cfg.policy, "--policy")     # a spec that does not load: before any timing
     own_dir = cfg.workdir is None
     work = Path(tempfile.mkdtemp(prefix="psgate-bench-")) if own_dir else cfg.workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -115,12 +119,14 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
             traces[name] = write_reuse_trace(path, n, blocks, cap, cold=cold)
             loaded = load(path)
             nb = traces[name]["blocks"]
-            hot: dict[str, list[float]] = {pol: [] for pol in POLICIES}
-            e2e: dict[str, list[float]] = {pol: [] for pol in POLICIES}
+            timed = tuple(dict.fromkeys(POLICIES + ((cfg.policy,) if cfg.policy and name == "reuse"
+                                                   else ())))
+            hot: dict[str, list[float]] = {pol: [] for pol in timed}
+            e2e: dict[str, list[float]] = {pol: [] for pol in timed}
             step: list[float] = []
             pure: list[float] = []
             for _ in range(repeats):
-                for pol in POLICIES:
+                for pol in timed:
                     dt, info[f"{name}_{pol}"] = hot_loop(loaded, pol, cap)
                     hot[pol].append(dt)
                     e2e[pol].append(end_to_end(path, pol, cap, work / "out"))
@@ -141,7 +147,7 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                                                    "scheduler", "unit": "s", **_stats(step),
                                            "blocks_per_s": nb / min(step)}
                 say(f"{name} lru, step scheduler: hot loop {nb / min(step):,.0f} blocks/s")
-            for pol in POLICIES:
+            for pol in timed:
                 m[f"{name}_hot_{pol}"] = {"what": f"{name} trace, sim hot loop, {pol}",
                                           "unit": "s", **_stats(hot[pol]),
                                           "blocks_per_s": nb / min(hot[pol])}
@@ -259,6 +265,18 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
     def halve(d: dict) -> dict:       # e2e times cover two runs: per-run time
         return {k: (v / 2 if k in ("min", "median") else v) for k, v in d.items()}
 
+    own = cfg.policy
+    noown = None if own else "needs --policy SPEC"
+    own_note = ""
+    if own:
+        evictions = info[f"reuse_{own}"]["evictions"]
+        extra = m[f"reuse_hot_{own}"]["min"] - m["reuse_hot_lru"]["min"]
+        info["policy"] = {"spec": own, "evictions": evictions,
+                          "extra_us_per_eviction": (1e6 * extra / evictions
+                                                    if evictions else None)}
+        own_note = (f"{own}: {1e6 * extra / evictions:+.2f} us per eviction over lru's, "
+                    f"{evictions} evictions" if evictions else f"{own}: no eviction")
+
     targets = [
         _target("e2e_vs_vllm", "sim LRU end to end (ledger) / vLLM with Request build, "
                 "blocks/s", ">=", 5.0,
@@ -296,6 +314,9 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                 1.2, m["cold_hot_prefixshield"], m["cold_hot_lru"]),
         _target("cold_e2e", "cold trace, prefixshield / lru time, end to end", "<=",
                 1.2, m["cold_e2e_prefixshield"], m["cold_e2e_lru"]),
+        _target("policy_lru_e2e", f"--policy's replay time / lru's, end to end (ledger), "
+                f"reuse trace", "<=", 3.0, m.get(f"reuse_e2e_{own}"), m["reuse_e2e_lru"],
+                unit_note=own_note, skip=noown),
         _target("mem_requests", f"replay bytes/request at {scale.memory_requests[1]:,} "
                 f"requests over {REQUEST_BYTES_TARGET:g} B", "<=", 1.0,
                 m.get("memory_requests"), _const(REQUEST_BYTES_TARGET),

@@ -13,6 +13,7 @@ or override is public; names with a leading underscore stay inside their module.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable
 
@@ -21,7 +22,7 @@ from psgate.engines.cost import CostModel
 from psgate.engines.pool import BlockPool
 from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
                                     RunResult)
-from psgate.errors import InputError
+from psgate.errors import InputError, PsgateError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policy import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
@@ -60,6 +61,33 @@ class RequestState:
 
 class PolicyFault(Exception):
     """The policy chose a block that is not a candidate; the run cannot go on."""
+
+
+def policy_fault(policy: EvictionPolicy, exc: BaseException) -> str | None:
+    """What to say of an exception raised in the code of a policy from outside psgate,
+    or None for any other (psgate's own code, a signal): a user's policy that raises
+    ends its run as aborted, named in the receipt (the gate then fails), as a policy
+    choosing a pinned block does; a fault of psgate's is not the policy's to answer for.
+    The location is the innermost frame in the policy's own modules."""
+    if isinstance(exc, PsgateError) or not isinstance(exc, Exception):
+        return None
+    files = set()
+    for klass in type(policy).__mro__:
+        module = sys.modules.get(klass.__module__)
+        path = getattr(module, "__file__", None)
+        if path and not klass.__module__.startswith("psgate.") and klass.__module__ != "psgate":
+            files.add(path)
+    hit = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in files:
+            hit = tb
+        tb = tb.tb_next
+    if hit is None:
+        return None
+    code = hit.tb_frame.f_code
+    return (f"policy '{policy.name}' raised {type(exc).__name__}: {exc} in "
+            f"{code.co_name} ({code.co_filename}:{hit.tb_lineno})")
 
 
 class NullRecorder:

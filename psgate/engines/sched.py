@@ -40,7 +40,8 @@ from collections import deque
 from collections.abc import Iterable
 
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
-from psgate.engines.base import NS_PER_MS, PolicyFault, ReplayEngine, RequestState
+from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
+                                 policy_fault)
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
@@ -121,6 +122,10 @@ class StepSimEngine(ReplayEngine):
                     self.now = max(self.now, self._next.t_ns)
         except PolicyFault as exc:
             self.aborted = str(exc)
+        except Exception as exc:
+            self.aborted = policy_fault(self.policy, exc)
+            if self.aborted is None:
+                raise
         for r in list(self.running) + list(self.waiting):
             r.outcome.state = UNFINISHED
             self.counts["unfinished"] += 1

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from psgate.engines.base import (NS_PER_MS, NullRecorder, PolicyFault, ReplayEngine,
-                                 RequestState)
+                                 RequestState, policy_fault)
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.errors import InputError
 from psgate.trace.keys import KEY_SHIFT
@@ -61,6 +61,10 @@ class SimEngine(ReplayEngine):
             self._drain()
         except PolicyFault as exc:
             self.aborted = str(exc)
+        except Exception as exc:
+            self.aborted = policy_fault(self.policy, exc)
+            if self.aborted is None:
+                raise
         return self.result()
 
     def _advance(self, t: int, move_clock: bool = True) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
-from psgate.engines.base import PolicyFault, ReplayEngine, RequestState
+from psgate.engines.base import PolicyFault, ReplayEngine, RequestState, policy_fault
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (RefView, namespace_salt, prompt_token_ids, tokens_for,
@@ -330,6 +330,10 @@ class VllmSchedEngine(ReplayEngine):
                     self.now = max(self.now, pending.t_ns)
         except PolicyFault as exc:
             self.aborted = str(exc)
+        except Exception as exc:
+            self.aborted = policy_fault(self.policy, exc)
+            if self.aborted is None:
+                raise
         self._unfinished()
         return self.result()
 

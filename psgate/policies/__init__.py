@@ -20,6 +20,7 @@ compares. Every failure is one line naming the spec and what was expected (exit 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -104,10 +105,15 @@ class PolicySource:
     sha256: str = ""
     notes: tuple[str, ...] = field(default=())
 
+    @property
+    def class_name(self) -> str:
+        """``module:Class``, or ``file.py:Class`` for a file (its module name is private)."""
+        return f"{self.file if self.kind == FILE else self.module}:{self.qualname}"
+
     def to_json(self) -> dict:
         """The receipt's record (deterministic: no absolute path, no time)."""
         out: dict[str, Any] = {"kind": self.kind, "spec": self.spec,
-                               "class": f"{self.module}:{self.qualname}"}
+                               "class": self.class_name}
         if self.file is not None:
             out["file"] = self.file
         if self.entry_point is not None:
@@ -159,7 +165,9 @@ def _import_file(spec: str, path_text: str, where: str | None):
     if not path.is_file():
         raise _fail(spec, where, f"no such file '{path_text}'")
     resolved = path.resolve()
-    name = _FILE_MODULE_PREFIX + hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
+    # One module per path and content: a file edited within one process is its new code.
+    digest = hashlib.sha256(str(resolved).encode() + b"\0" + resolved.read_bytes())
+    name = _FILE_MODULE_PREFIX + digest.hexdigest()[:16]
     if name in sys.modules:
         return sys.modules[name]
     loader_spec = importlib.util.spec_from_file_location(name, resolved)
@@ -236,20 +244,10 @@ def _split(spec: str, where: str | None) -> tuple[str, str] | None:
     return target, qualname
 
 
-_resolved: dict[tuple[str, str], PolicySource] = {}
-
-
 def resolve(spec: str, where: str | None = None) -> PolicySource:
-    """The class a spec names, checked, with its source described (once per process and
-    working directory: the code a process runs does not change under it). ``where`` (an
-    option or a field) prefixes every error."""
-    _load_builtin()
-    if spec in _REGISTRY:           # a name registered at run time may change: not kept
-        return _resolve(spec, where)
-    key = (spec, str(Path.cwd()))
-    if key not in _resolved:
-        _resolved[key] = _resolve(spec, where)
-    return _resolved[key]
+    """The class a spec names, checked, with its source described. ``where`` (an option
+    or a field) prefixes every error."""
+    return _resolve(spec, where)
 
 
 def _resolve(spec: str, where: str | None) -> PolicySource:
@@ -305,7 +303,10 @@ def _dist_name(ep) -> str:
     return ep.dist.metadata["Name"] if ep.dist else "an unknown distribution"
 
 
+@functools.lru_cache(maxsize=None)
 def _distribution_of(module: str) -> tuple[str, str] | None:
+    """The installed distribution providing ``module``'s top-level package, if exactly one
+    does (scanning every distribution once per process is the slow part of a resolve)."""
     top = module.split(".")[0]
     names = metadata.packages_distributions().get(top) or []
     if len(names) != 1:
@@ -391,10 +392,7 @@ def make_policy(spec: str, params: dict[str, Any] | None = None, where: str | No
 def installed() -> list[dict]:
     """Every policy a plain name reaches or could: the built-in ones, then each installed
     entry point (one that fails to load is listed with its error)."""
-    rows = []
-    for name in policy_names():
-        src = resolve(name)
-        rows.append(_row(src))
+    rows = [describe(name) for name in policy_names()]
     for ep in _entry_points():
         row = {"name": ep.name, "kind": ENTRY_POINT, "class": ep.value,
                "distribution": _dist_name(ep),
@@ -414,9 +412,14 @@ def installed() -> list[dict]:
     return rows
 
 
+def describe(spec: str, where: str | None = None) -> dict:
+    """``psgate policies``' row for any spec: where its class comes from, its parameters."""
+    return _row(resolve(spec, where))
+
+
 def _row(src: PolicySource) -> dict:
     cls = src.cls
-    row = {"name": cls.name, "kind": src.kind, "class": f"{src.module}:{src.qualname}",
+    row = {"name": cls.name, "kind": src.kind, "class": src.class_name,
            "distribution": src.distribution, "version": src.version,
            "summary": cls.summary, "params": dict(cls.defaults),
            "api_version": cls.api_version, "sha256": src.sha256}

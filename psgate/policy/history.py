@@ -33,6 +33,9 @@ OPAQUE_KEYS_FROM = 1 << 62
 
 
 class PrefixHistory:
+    """Per group (``add_group`` gives its id), the last ``bound`` distinct keys touched:
+    ``contains(g, key)`` and ``touch(g, key)`` (the module docstring has the layout)."""
+
     def __init__(self, bound: int, key_shift: int | None = None) -> None:
         self.bound = bound
         self.shift = key_shift

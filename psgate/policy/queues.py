@@ -13,6 +13,9 @@ from heapq import heapify, heappop, heappush
 
 
 class BlockQueues:
+    """FIFO queues of block ids over three int32 arrays: append, remove and head in O(1);
+    ``where[b]`` is the queue holding b, or NONE."""
+
     NONE = -1
 
     def __init__(self, num_blocks: int, num_queues: int = 1) -> None:
