@@ -13,12 +13,14 @@ from psgate.bench import render
 
 TARGETS = ["e2e_vs_vllm", "hot_vs_vllm", "core_vs_python", "core_vs_python_mooncake",
            "step_vs_service_hot", "ps_lru_hot", "ps_lru_e2e", "select_4096",
-           "select_growth", "mem_lru", "mem_ps", "cold_hot", "cold_e2e", "mem_requests"]
+           "select_growth", "mem_lru", "mem_ps", "cold_hot", "cold_e2e", "policy_lru_e2e",
+           "mem_requests"]
 
 
 @pytest.fixture(scope="module")
 def bench_run():
-    proc = subprocess.run([sys.executable, "-m", "psgate.cli", "bench", "--quick", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "psgate.cli", "bench", "--quick", "--json",
+                           "--policy", "leaf-lru"],
                           capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     return proc
@@ -53,6 +55,9 @@ def test_targets(bench_run):
     by_id = {t["id"]: t for t in targets}
     assert by_id["select_growth"]["result"] == "SKIP"      # full run only
     assert by_id["core_vs_python_mooncake"]["result"] == "SKIP"     # needs --mooncake
+    assert by_id["policy_lru_e2e"]["result"] != "SKIP"             # --policy was given
+    assert "us per eviction over lru's" in by_id["policy_lru_e2e"]["note"]
+    assert result["details"]["policy"]["spec"] == "leaf-lru"
     assert result["replay_code"] in ("compiled", "python")
     # the compiled core measured against the Python engine whenever it is built
     assert (by_id["core_vs_python"]["result"] == "SKIP") == (result["replay_code"] == "python")

@@ -3,6 +3,8 @@ code, verify against changed code, and a user's policy that raises mid-replay.""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import textwrap
 from pathlib import Path
@@ -13,6 +15,7 @@ from psgate.errors import InputError
 from psgate.policies import make_policy, policy_names, resolve
 from psgate.policy import API_VERSION
 
+from helpers import ledger_csv
 from test_cli import assert_one_line_error, psgate, small_trace
 
 # A user's policy: lru's order, its own code (no psgate module but the API).
@@ -211,6 +214,13 @@ def test_the_receipt_records_the_code_and_verify_holds_it_to_it(tmp_path):
     assert receipt["environment"]["policy_files"]["candidate"] == [str(tmp_path / "own.py")]
     ok = psgate("verify", out, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
+    # explain replays the candidate with the same code to list every candidate
+    rows = list(csv.DictReader(io.StringIO(ledger_csv(out).decode())))
+    seq = next(r["seq"] for r in rows if r["run"] == "candidate" and r["kind"] == "evict")
+    why = psgate("explain", out, "--decision", seq, "--candidates", cwd=tmp_path)
+    assert why.returncode == 0, why.stderr
+    assert "policy fresh-first" in why.stdout and "Ranking fields: tag=x" in why.stdout
+    assert "All 6 candidates at that moment, as fresh-first lists them" in why.stdout
     (tmp_path / "own.py").write_text(OWN + "\n# changed\n")
     changed = psgate("verify", out, cwd=tmp_path)
     assert changed.returncode == 5, changed.stderr

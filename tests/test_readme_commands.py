@@ -40,7 +40,7 @@ SKIPPED = {
     "PSGATE_POLICY=prefixshield PSGATE_POLICY_CONFIG=policy.json "
     "PSGATE_LEDGER=/var/log/psgate-evictions.csv vllm serve MODEL --enable-prefix-caching":
         "serves a model with vLLM",
-    "psgate bench [--quick] [--json] [--repeats N] [--vllm-python PY]":
+    "psgate bench [--quick] [--json] [--repeats N] [--vllm-python PY] [--policy SPEC]":
         "a synopsis; tests/test_bench.py runs psgate bench --quick --json (about a minute)",
     "python tools/bench_prefixshield_b.py [--quick]":
         "about 5 minutes even with --quick on this machine",
