@@ -24,7 +24,7 @@ from psgate.engines.cost import COEFFICIENTS, CostModel
 from psgate.engines import engine_class
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import InputError
-from psgate.policies import make_policy
+from psgate.policies import make_policy, resolve
 from psgate.receipt.gate import Tolerances
 from psgate.resources import BUNDLED_PREFIX, load_schema
 from psgate.trace.future import future_uses
@@ -207,6 +207,13 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
     if cfg.get("gate_file"):
         gate_path = resolve_input(cfg["gate_file"]["path"], env.get("gate_abspath"), gate,
                                   "gate", cfg["gate_file"]["sha256"])
+    for run in ("baseline", "candidate"):      # the code is found here, or said where not
+        try:
+            resolve(policy_spec(cfg[run]), f"config.{run}.source.spec")
+        except InputError as exc:
+            raise InputError(f"{exc} (a receipt is re-run with the policy code found here: "
+                             f"run from the directory the replay ran in, with the policy's "
+                             f"package installed)") from None
     return dataclasses.replace(
         replay_settings(receipt, out), trace=trace_path, gate_file=gate_path,
         trace_label=receipt["trace"]["path"],
