@@ -9,7 +9,9 @@ Humans read stderr (rich); machines read stdout (one JSON object) and the files.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,6 +26,7 @@ from rich.text import Text
 
 from psgate import __version__, api
 from psgate.atomic import check_destination, write_atomic
+from psgate.check import DEFAULT_EXAMPLES, DEFAULT_TIME_LIMIT_S, check_policy
 from psgate.engines.cost import (COEFFICIENTS, CostModel, checked_coefficients,
                                  load_cost_model, load_step_cost_model, step_cost_from_params)
 from psgate.engines.replicas import check_replicas
@@ -463,6 +466,48 @@ def policies(
         params = ", ".join(f"{k}={v}" for k, v in r.get("params", {}).items()) or "-"
         t.add_row(*(Text(render.printable(x)) for x in (r["name"], origin, rule, params)))
     err.print(t)                       # stdout carries JSON only
+
+
+@app.command("check-policy")
+def check_policy_cmd(
+    spec: Annotated[str, typer.Argument(help="the policy: a built-in name, an installed entry point, module:Class or path/to/file.py:Class")],
+    param: Annotated[Optional[list[str]], typer.Option(help="policy parameter KEY=VALUE (JSON values)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the generated traces and of hypothesis")] = 0,
+    examples: Annotated[int, typer.Option(help="generated traces (each replayed under both schedulers) and hypothesis examples")] = DEFAULT_EXAMPLES,
+    time_limit: Annotated[float, typer.Option(help="seconds each contract may run: a policy stuck in a hook fails it")] = DEFAULT_TIME_LIMIT_S,
+    junit: Annotated[Optional[Path], typer.Option(help="also write one JUnit test case per contract")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing --junit file")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="every contract's result as one JSON object on stdout")] = False,
+) -> None:
+    """Check a policy against psgate's policy contract (the one the built-in policies
+    keep): exit 0 when every contract passed (skips allowed), 1 when any failed, 2 when
+    the spec does not load."""
+    if junit:       # a bad path is bad input before any work
+        check_destination(junit)
+        _refuse_existing(junit, force, "--junit")
+    marks = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
+
+    def show(r) -> None:
+        sep = ":" if r.verdict == "fail" else " "
+        err.print(f"{marks[r.verdict]} {r.name}{sep} {_one_line(r.detail)}", markup=False,
+                  highlight=False, emoji=False, soft_wrap=True)
+
+    started = time.monotonic()
+    with contextlib.redirect_stdout(sys.stderr):     # a policy's prints: stdout is JSON only
+        report = check_policy(spec, _params(param, "--param"), seed=seed, examples=examples,
+                              time_limit_s=time_limit, on_result=show)
+    n = report.counts()
+    err.print(f"check-policy {_one_line(spec)} ({report.policy['name']}): {n['pass']} passed, "
+              f"{n['fail']} failed, {n['skip']} skipped in {time.monotonic() - started:.1f} s",
+              markup=False, highlight=False, emoji=False, soft_wrap=True)
+    if junit:
+        write_junit(junit, "check-policy", [
+            {"name": r.name, "verdict": r.verdict, "observed": r.verdict, "op": "in",
+             "threshold": "pass, skip", "note": r.detail}
+            for r in report.results])
+    if json_out:
+        _emit(report.to_json())
+    raise typer.Exit(0 if report.passed else 1)
 
 
 ledger_app = typer.Typer(no_args_is_help=True, help="Work with a replay's ledger.")

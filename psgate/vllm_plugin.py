@@ -117,20 +117,37 @@ def register() -> None:
 
 def check_specs() -> None:
     """Resolve PSGATE_POLICY and PSGATE_SHADOW (and their parameters) now: a server that
-    cannot serve the policy it was told to must not start with vLLM's own eviction."""
-    from psgate.errors import PsgateError
+    cannot serve the policy it was told to must not start with vLLM's own eviction.
+
+    ``vllm serve`` calls :func:`register` while it builds its argument parser (every
+    ``vllm`` command does), before it parses the command line or configures its logging,
+    and lets the SystemExit through: the process exits 2 with this one line on stderr and
+    no engine is started. The line is logged too only where logging already has a handler
+    (an engine core, an application's own logging); before that, a log record would reach
+    stderr a second time through Python's last-resort handler."""
+    from psgate.errors import InputError, PsgateError
     from psgate.policies import make_policy
     try:
         params = load_params(os.environ.get(ENV_CONFIG))
         for env in (ENV_POLICY, ENV_SHADOW):
             spec = os.environ.get(env)
             if spec:
-                make_policy(spec, params if env == ENV_POLICY or not os.environ.get(ENV_POLICY)
-                            else {}, env)
+                policy = make_policy(spec, params if env == ENV_POLICY
+                                     or not os.environ.get(ENV_POLICY) else {}, env)
+                # What LivePolicy refuses in the engine core (a traceback there), here.
+                if policy.needs_future:
+                    raise InputError(f"policy '{spec}': it needs the trace's future and "
+                                     f"cannot run inside a live engine", path=env)
+                if not policy.work_conserving:
+                    raise InputError(f"policy '{spec}': it makes requests wait (admission "
+                                     f"control), which vLLM's scheduler does not ask a "
+                                     f"block pool about; replay it with --engine sim or "
+                                     f"vllm-pool", path=env)
     except (PsgateError, OSError, ValueError) as exc:
         import sys
         line = f"psgate: error: {exc}".replace("\n", " ")
-        logger.error("%s", line)
+        if logger.hasHandlers():
+            logger.error("%s", line)
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         raise SystemExit(2) from None
@@ -241,6 +258,13 @@ def params_digest(policy) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
 
+def code_digest(spec: str) -> str:
+    """The first 16 hex digits of the SHA-256 over the policy's source files, as a replay's
+    receipt records it in full (``config.candidate.source.sha256``): which code serves."""
+    from psgate.policies import resolve
+    return resolve(spec).sha256[:16]
+
+
 def install(mgr) -> dict:
     """Install what the environment asks for into one KVCacheManager: the policy
     (PSGATE_POLICY), the shadow (PSGATE_SHADOW) and the capture hooks (PSGATE_CAPTURE)."""
@@ -270,8 +294,8 @@ def install(mgr) -> dict:
         done["ledger"] = EvictionLedger(ledger) if ledger else None
         done["policy"] = LivePolicy(mgr, policy, clock_ns=time.monotonic_ns,
                                     describe=describer(policy), recorder=done["ledger"])
-        said.append(f"policy {name} (params sha256:{params_digest(policy)}), "
-                    f"ledger {ledger or 'off'}")
+        said.append(f"policy {name} (params sha256:{params_digest(policy)}, code "
+                    f"sha256:{code_digest(name)}), ledger {ledger or 'off'}")
     else:
         said.append("policy: vLLM's own eviction")
     capture = os.environ.get(ENV_CAPTURE)
@@ -285,8 +309,8 @@ def install(mgr) -> dict:
             mgr, policy, directory, live_policy=name or "native", describe=describer(policy),
             interval_s=float(os.environ.get(ENV_SHADOW_INTERVAL, "60")), t0=t0,
             flush_s=flush_s)
-        said.append(f"shadow {shadow} (params sha256:{params_digest(policy)}) -> "
-                    f"{Path(directory).resolve()}")
+        said.append(f"shadow {shadow} (params sha256:{params_digest(policy)}, code "
+                    f"sha256:{code_digest(shadow)}) -> {Path(directory).resolve()}")
     if capture:
         done["capture"] = _CaptureHooks(mgr, flush_s)
         said.append(f"capture -> {Path(capture).resolve()}")

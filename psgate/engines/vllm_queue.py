@@ -71,7 +71,8 @@ class PolicyFreeQueue:
         if n <= 0:
             return []
         free = self.free
-        take = min(n - self.owner.reclaim_first(n), len(free))
+        # 0..n: sim aborts a replay whose policy asks otherwise; a live server keeps serving
+        take = min(n - max(0, min(n, self.owner.reclaim_first(n))), len(free))
         ids = [free.popleft() for _ in range(take)]
         if take < n:
             req, now = self.owner.context()

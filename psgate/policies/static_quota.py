@@ -78,7 +78,10 @@ class StaticQuota(EvictionPolicy):
         # the group past its share (admission checked its prompt only), and with none of
         # its own blocks evictable the rest comes from free blocks, not from a victim
         # that does not exist.
-        return min(self.mine.sizes[g], max(0, self.held[g] + num_new_blocks - self.shares[g]))
+        # And never more than the batch: a group already over its share by more than the
+        # batch (a decode took it there) gives back this batch's worth, not its excess.
+        return min(num_new_blocks, self.mine.sizes[g],
+                   max(0, self.held[g] + num_new_blocks - self.shares[g]))
 
     def on_allocated(self, req: PolicyRequest, blocks: list[int]) -> None:
         g = self._g(req.group)

@@ -1,0 +1,33 @@
+"""Broken on purpose: returns block 0 (vLLM's null block), which is never a candidate.
+Caught by victims-are-candidates."""
+
+from psgate.policy import BlockQueues, Decision, EvictionPolicy
+
+
+class NullBlockVictim(EvictionPolicy):
+    name = "broken-null-block-victim"
+    api_version = 1
+
+    def bind(self, pool):
+        super().bind(pool)
+        self.q = BlockQueues(pool.num_blocks)
+
+    def on_free(self, blocks, now_ns):
+        for b in blocks:
+            self.q.append(0, b)
+
+    def on_touch(self, block):
+        self.q.remove(block)
+
+    def select_victim(self, req, now_ns):
+        return Decision(victim=0, num_candidates=self.q.sizes[0], position=0, queue="fifo")
+
+    def on_evict(self, block):
+        self.q.remove(block)
+
+    @property
+    def num_candidates(self):
+        return self.q.sizes[0]
+
+    def candidates(self):
+        return self.q.items(0)
