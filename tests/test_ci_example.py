@@ -12,14 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import actionlint_path, assert_actionlint
+
 ROOT = Path(__file__).resolve().parents[1]
 CI = ROOT / "examples" / "ci"
 WORKFLOW = CI / "psgate-gate.yml"
-
-
-def _actionlint() -> str | None:
-    here = Path(sys.executable).parent / "actionlint"
-    return str(here) if here.is_file() else shutil.which("actionlint")
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +29,13 @@ def _steps(workflow: dict) -> list[dict]:
     return workflow["jobs"]["gate"]["steps"]
 
 
-def test_workflow_passes_actionlint():
-    exe = _actionlint()
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("actionlint is missing in CI: the test extra installs it")
-        pytest.skip("actionlint not installed here (pip install -e '.[test]')")
-    proc = subprocess.run([exe, "-no-color", str(WORKFLOW)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_workflow_passesactionlint_path():
+    assert_actionlint(WORKFLOW)
 
 
 def test_actionlint_finds_a_broken_workflow(tmp_path):
     """The lint is live: the same workflow with an unknown expression fails it."""
-    exe = _actionlint()
+    exe = actionlint_path()
     if exe is None:
         pytest.skip("actionlint not installed here")
     bad = tmp_path / "bad.yml"

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import assert_actionlint, shell_blocks
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own-policy"
 README = EXAMPLE / "README.md"
@@ -42,35 +44,11 @@ PROGRAM = re.compile(r"^(pip|psgate|python3?)\s")
 EXPECT = re.compile(r"\s+#\s*exit (\d+)\s*$")
 
 
-def _blocks(text: str) -> list[list[str]]:
-    """Shell code blocks: ```sh fences, and indented blocks after a blank line."""
-    lines, out, i, prev_blank = text.split("\n"), [], 0, True
-    while i < len(lines):
-        fence = re.match(r"^```(\w*)", lines[i])
-        if fence:
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
-            if fence.group(1) in ("sh", "bash", "shell", "console"):
-                out.append(lines[i + 1:j])
-            i, prev_blank = j + 1, False
-        elif lines[i].startswith("    ") and prev_blank:
-            body = []
-            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
-                body.append(lines[i][4:])
-                i += 1
-            out.append(body)
-        else:
-            prev_blank = not lines[i].strip()
-            i += 1
-    return out
-
-
 def readme_commands() -> list[tuple[str, int]]:
     """Every command of the README's code blocks, in order, with the exit code it must
     give: N where the line ends in ``# exit N``, else 0."""
     cmds = []
-    for block in _blocks(README.read_text()):
+    for block in shell_blocks(README.read_text()):
         for line in block:
             m = EXPECT.search(line)
             cmd = line[:m.start()] if m else line
@@ -303,20 +281,8 @@ def test_verify_tells_the_policy_code_changed(readme_run):
 
 
 # -- the CI workflow ---------------------------------------------------------------------
-def _actionlint() -> str | None:
-    here = Path(sys.executable).parent / "actionlint"
-    return str(here) if here.is_file() else shutil.which("actionlint")
-
-
-def test_workflow_passes_actionlint():
-    exe = _actionlint()
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("actionlint is missing in CI: the test extra installs it")
-        pytest.skip("actionlint not installed here (pip install -e '.[test]')")
-    proc = subprocess.run([exe, "-no-color", str(WORKFLOW)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_workflow_passesactionlint_path():
+    assert_actionlint(WORKFLOW)
 
 
 def test_workflow_steps_run_in_a_policy_repository(tmp_path):

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import shell_blocks
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = {"README.md": ROOT / "README.md", "examples/ci/README.md": ROOT / "examples/ci/README.md"}
 EXAMPLE_TRACE = ROOT / "psgate" / "data" / "traces" / "example.jsonl"
@@ -107,32 +109,6 @@ FIXTURES = {
 }
 
 
-def _blocks(text: str) -> list[list[str]]:
-    """The shell code blocks: ```sh fences and indented blocks (4 spaces after a blank)."""
-    lines, out, i, prev_blank = text.split("\n"), [], 0, True
-    while i < len(lines):
-        m = re.match(r"^```(\w*)", lines[i])
-        if m:
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
-            if m.group(1) in ("sh", "bash", "shell", "console"):
-                out.append(lines[i + 1:j])
-            i, prev_blank = j + 1, False
-            continue
-        if lines[i].startswith("    ") and prev_blank:
-            body = []
-            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
-                body.append(lines[i][4:])
-                i += 1
-            out.append(body)
-            prev_blank = True
-            continue
-        prev_blank = not lines[i].strip()
-        i += 1
-    return out
-
-
 def _commands(block: list[str]) -> list[str]:
     cmds, cur = [], None
     for ln in block:
@@ -152,17 +128,17 @@ def _commands(block: list[str]) -> list[str]:
     return cmds
 
 
-def readme_blocks() -> list[tuple[str, int, list[str]]]:
+def readmeshell_blocks() -> list[tuple[str, int, list[str]]]:
     out = []
     for doc, path in DOCS.items():
-        for k, block in enumerate(_blocks(path.read_text())):
+        for k, block in enumerate(shell_blocks(path.read_text())):
             cmds = _commands(block)
             if cmds:
                 out.append((doc, k, cmds))
     return out
 
 
-BLOCKS = readme_blocks()
+BLOCKS = readmeshell_blocks()
 
 
 def test_tables_name_only_commands_the_readme_has():
@@ -174,7 +150,7 @@ def test_tables_name_only_commands_the_readme_has():
 
 def _stat_gate() -> str:
     """The README's stat checks (the block of TOML that uses ``stat``), as a gate file."""
-    for block in _blocks(DOCS["README.md"].read_text()):
+    for block in shell_blocks(DOCS["README.md"].read_text()):
         text = "\n".join(block)
         if text.lstrip().startswith("[[check]]") and "stat = " in text:
             return text + "\n"

@@ -26,7 +26,8 @@ from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOu
                                     RunResult)
 from psgate.errors import InputError, PsgateError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
-from psgate.policy import Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo
+from psgate.policy import (Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo,
+                           non_finite)
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
 from psgate.trace.model import CancelEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
@@ -59,17 +60,6 @@ class RequestState:
         self.awaits_done = awaits_done
         self.outcome = outcome
         self.wait_start_ns = -1
-
-
-def _non_finite_json(value) -> bool:
-    """Whether a JSON-like value holds a float that is NaN or infinite."""
-    if type(value) is float:
-        return value != value or value in (float("inf"), float("-inf"))
-    if type(value) in (list, tuple):
-        return any(_non_finite_json(v) for v in value)
-    if type(value) is dict:
-        return any(_non_finite_json(v) for v in value.values())
-    return False
 
 
 class PolicyFault(Exception):
@@ -530,7 +520,7 @@ class ReplayEngine(BlockPool):
                 except (TypeError, orjson.JSONEncodeError) as exc:
                     problem = f"rank {rank!r:.60} is not JSON: {exc}"
                 else:
-                    if _non_finite_json(rank):
+                    if non_finite(rank):
                         problem = f"rank {rank!r:.60} holds a number that is not finite"
             if problem is not None:
                 raise PolicyFault(f"{self.where_fn(r)()}: policy '{self.policy.name}' "

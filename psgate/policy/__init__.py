@@ -30,6 +30,8 @@ What it holds:
 - :data:`DEFAULT_CONTRACTS`, the contract table (refill blocks/s, burst blocks) that the
   PrefixShield family charges against, and :class:`BucketAudit`, the independent
   checker of invariants I1 and I2 for a policy that charges token buckets;
+- :func:`non_finite`, whether a value holds a NaN or an infinity (no JSON, and a
+  comparison with it decides nothing);
 - :func:`kernels`, psgate's compiled helpers over these types where they are built
   (None elsewhere: a policy must run without them, they only make it faster).
 
@@ -46,7 +48,7 @@ from psgate import core
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.invariants.prefixshield import BucketAudit
 from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyRequest,
-                                PoolInfo)
+                                PoolInfo, non_finite)
 from psgate.policy.history import PrefixHistory
 from psgate.policy.queues import BlockQueues, LeafTracker, SeqQueues
 
@@ -55,7 +57,7 @@ NS_PER_S = 1_000_000_000
 
 __all__ = ["API_VERSION", "NS_PER_S", "BlockQueues", "BucketAudit", "DEFAULT_CONTRACTS",
            "Decision", "EvictionPolicy", "GroupIds", "LeafTracker", "PolicyRequest",
-           "PoolInfo", "PrefixHistory", "SeqQueues", "kernels"]
+           "PoolInfo", "PrefixHistory", "SeqQueues", "kernels", "non_finite"]
 
 
 def kernels():

@@ -30,20 +30,22 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
-def _non_finite(value: Any) -> bool:
+def non_finite(value: Any) -> bool:
+    """Whether a JSON-like value (numbers, lists, tuples, dicts) holds a NaN or an
+    infinity: such a number decides nothing in a comparison and is no JSON."""
     if type(value) is float:
         return value != value or value in (float("inf"), float("-inf"))
     if type(value) in (list, tuple):
-        return any(_non_finite(v) for v in value)
+        return any(non_finite(v) for v in value)
     if type(value) is dict:
-        return any(_non_finite(v) for v in value.values())
+        return any(non_finite(v) for v in value.values())
     return False
 
 
 def _check_param(policy: str, key: str, value: Any, default: Any) -> None:
     """A NaN compares false with everything, so a NaN threshold would silently switch a
     rule off; a number given as text ("NaN" from the command line) is no number either."""
-    if _non_finite(value):
+    if non_finite(value):
         raise ValueError(f"parameter '{key}': expected finite numbers, found {value!r}")
     numeric = type(default) in (int, float)
     if numeric and type(value) not in (int, float):
