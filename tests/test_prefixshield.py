@@ -906,8 +906,9 @@ def test_kinetic_index_matches_brute_force(tmp_path, seed):
         log.admission = admission
         pol.on_admit = admit_hook
         pol.select_victim = select_hook
-        # one select_victim per victim (evict_batch is checked against it elsewhere)
-        engine.batch_evictions = False
+        # one select_victim per victim (evict_batch is checked against it elsewhere), each
+        # after the engine evicted the one before (brute() reads the engine's pool)
+        engine.batch_evictions = engine.batch_records = False
 
     result, log, engine = replay(path, 41, params={"contracts": KC}, paranoid=False,
                                  setup=setup)
