@@ -94,7 +94,8 @@ from psgate.engines import engine_class
 from psgate.engines.base import NullRecorder
 from psgate.errors import InputError, PsgateError
 from psgate.invariants.checker import NO_KEY
-from psgate.policies import BUILTIN, PolicySource, construct, resolve
+from psgate.policies import (BUILTIN, PolicySource, construct, innermost_frame,
+                             policy_code_files, resolve)
 from psgate.policy import DEFAULT_CONTRACTS, Decision, EvictionPolicy
 from psgate.receipt.ledger import LEDGER_COLUMNS, REQUEST_COLUMNS
 from psgate.receipt.receipt import validate_receipt
@@ -772,21 +773,6 @@ def _is_rank_fault(message: str) -> bool:
                                          or "expected a dict" in message)
 
 
-def _policy_files(cls: type) -> set[str]:
-    """The files of the policy's own code: each class in its MRO outside the policy API
-    (psgate's built-in policies included: check-policy holds them to the contract too)."""
-    out = set()
-    for klass in cls.__mro__:
-        mod = klass.__module__
-        if mod in ("builtins", "abc") or mod == "psgate.policy" or \
-                mod.startswith("psgate.policy."):
-            continue
-        path = getattr(sys.modules.get(mod), "__file__", None)
-        if path:
-            out.add(path)
-    return out
-
-
 # -- the checks ------------------------------------------------------------------------
 class _Checker:
     def __init__(self, source: PolicySource, params: dict, seed: int, examples: int,
@@ -797,7 +783,8 @@ class _Checker:
         self.seed = seed
         self.examples = examples
         self.limit = limit
-        self.files = _policy_files(self.cls)
+        # psgate's built-in policies included: check-policy holds them to the contract too
+        self.files = policy_code_files(self.cls)
         self.has_candidates = self.cls.candidates is not EvictionPolicy.candidates
         self.probe: _Probe | None = None       # the instance replaying now (for the timer)
         self.stuck: str | None = None          # the contract that timed out
@@ -930,13 +917,10 @@ class _Checker:
     def _locate(self, tb) -> str:
         """file:line of the innermost frame of the policy's code in a traceback, else of
         the innermost frame."""
-        hit = last = None
-        while tb is not None:
-            last = tb
-            if tb.tb_frame.f_code.co_filename in self.files:
-                hit = tb
-            tb = tb.tb_next
-        at = hit or last
+        last = tb
+        while last is not None and last.tb_next is not None:
+            last = last.tb_next
+        at = innermost_frame(tb, self.files) or last
         if at is None:
             return "an unknown place"
         return f"{_shown_path(at.tb_frame.f_code.co_filename)}:{at.tb_lineno}"

@@ -13,7 +13,6 @@ or override is public; names with a leading underscore stay inside their module.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Iterable
 
@@ -26,6 +25,7 @@ from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOu
                                     RunResult)
 from psgate.errors import InputError, PsgateError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.policies import innermost_frame, policy_code_files
 from psgate.policy import (Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo,
                            non_finite)
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
@@ -74,18 +74,7 @@ def policy_fault(policy: EvictionPolicy, exc: BaseException) -> str | None:
     The location is the innermost frame in the policy's own modules."""
     if isinstance(exc, PsgateError) or not isinstance(exc, Exception):
         return None
-    files = set()
-    for klass in type(policy).__mro__:
-        module = sys.modules.get(klass.__module__)
-        path = getattr(module, "__file__", None)
-        if path and not klass.__module__.startswith("psgate.") and klass.__module__ != "psgate":
-            files.add(path)
-    hit = None
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename in files:
-            hit = tb
-        tb = tb.tb_next
+    hit = innermost_frame(exc.__traceback__, policy_code_files(type(policy), builtin=False))
     if hit is None:
         return None
     code = hit.tb_frame.f_code

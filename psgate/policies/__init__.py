@@ -247,10 +247,6 @@ def _split(spec: str, where: str | None) -> tuple[str, str] | None:
 def resolve(spec: str, where: str | None = None) -> PolicySource:
     """The class a spec names, checked, with its source described. ``where`` (an option
     or a field) prefixes every error."""
-    return _resolve(spec, where)
-
-
-def _resolve(spec: str, where: str | None) -> PolicySource:
     if not isinstance(spec, str) or not spec:
         raise _fail(str(spec), where, "expected NAME, module:Class or path/to/file.py:Class")
     _load_builtin()
@@ -317,18 +313,41 @@ def _distribution_of(module: str) -> tuple[str, str] | None:
         return None
 
 
-def _source_files(cls: type, spec_file: str | None) -> list[tuple[str, Path]]:
-    """(label, path) of every file whose code the class runs, as PolicySource says."""
-    out: dict[str, Path] = {}
+def _policy_modules(cls: type):
+    """(klass, module name, file) for each class of the MRO with a file of its own, outside
+    the policy API (whose code psgate's version and ``api_version`` name) and Python's
+    own ``object`` and ``ABC``."""
     for klass in cls.__mro__:
         mod_name = klass.__module__
         if mod_name in ("builtins", "abc") or mod_name == "psgate.policy" or \
                 mod_name.startswith("psgate.policy."):
             continue
-        module = sys.modules.get(mod_name)
-        path = getattr(module, "__file__", None)
-        if path is None:
-            continue
+        path = getattr(sys.modules.get(mod_name), "__file__", None)
+        if path is not None:
+            yield klass, mod_name, path
+
+
+def policy_code_files(cls: type, builtin: bool = True) -> set[str]:
+    """The files of a policy class's own code, as the interpreter names them in frames;
+    ``builtin=False`` leaves out psgate's own modules (a built-in policy it extends)."""
+    return {path for _, mod_name, path in _policy_modules(cls)
+            if builtin or not (mod_name == "psgate" or mod_name.startswith("psgate."))}
+
+
+def innermost_frame(tb, files: set[str]):
+    """The innermost traceback entry whose code is in ``files``, or None."""
+    hit = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in files:
+            hit = tb
+        tb = tb.tb_next
+    return hit
+
+
+def _source_files(cls: type, spec_file: str | None) -> list[tuple[str, Path]]:
+    """(label, path) of every file whose code the class runs, as PolicySource says."""
+    out: dict[str, Path] = {}
+    for klass, mod_name, path in _policy_modules(cls):
         path = Path(path).resolve()
         if mod_name.startswith(_FILE_MODULE_PREFIX):
             out[spec_file if klass is cls and spec_file else path.name] = path
