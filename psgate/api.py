@@ -21,15 +21,17 @@ from psgate.atomic import StagedOutput, atomic_file, check_destination, prepare_
 from psgate.contracts import CONTRACT_NAMES
 from psgate.engines import ENGINES, engine_class
 from psgate.engines.cost import CostModel
+from psgate.engines.pool import MAX_BLOCKS
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.engines.replicas import check_replicas, merge_results, replicas_of
 from psgate.engines.results import OutcomeSink, Tee
 from psgate.engines.vllm_pool import vllm_version
 from psgate.errors import EXIT_GATE_FAILED, EXIT_PASS, InputError
+from psgate.inputs import read_capped
 from psgate.policies import construct, resolve
 from psgate.receipt.assemble import assemble_receipt, run_record
-from psgate.receipt.gate import (GateSpec, Tolerances, effective_tolerances, evaluate,
-                                 load_gate_file, needs_paired)
+from psgate.receipt.gate import (MAX_GATE_FILE_BYTES, GateSpec, Tolerances,
+                                 effective_tolerances, evaluate, load_gate_file, needs_paired)
 from psgate.receipt.ledger import (COMPRESSIONS, GZIP_LEVEL, GZIP_LEVELS, LEDGER_ROWS,
                                    LEGACY_GZIP_LEVEL, LedgerWriter, RequestSpool, gzip_writer,
                                    ledger_name, write_requests)
@@ -39,8 +41,8 @@ from psgate.stats.bootstrap import paired_summary
 from psgate.stats.metrics import MetricsAccumulator, run_metrics
 from psgate.stats.saturation import SaturationMeter
 from psgate.trace.future import future_uses
-from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, require_utf8_name,
-                                 validate_trace)
+from psgate.trace.reader import (HashTable, Limits, TraceReader, TraceSource, corpus_traces,
+                                 require_utf8_name, trace_directory, validate_trace)
 
 DEFAULT_TRACE = BUNDLED_PREFIX + DEFAULT_BUNDLED_TRACE
 DEFAULT_CAPACITY = 512
@@ -145,6 +147,14 @@ def contract_table(default: tuple[str, ...], policies) -> list[str]:
 
 
 def validate(trace: str, limits: Limits | None = None) -> dict:
+    """The trace's summary; for a directory (a corpus, a capture), each ``*.jsonl`` trace's
+    under ``traces`` and the totals, every one checked as replay would check it."""
+    directory = trace_directory(trace)
+    if directory is not None:
+        each = [validate(str(p), limits) for p in corpus_traces(directory)]
+        return {"path": trace, "traces": each,
+                **{k: sum(t[k] for t in each)
+                   for k in ("lines", "requests", "cancels", "dones", "skipped_unknown")}}
     header, summary = validate_trace(trace, limits=limits)
     return {"path": summary.path, "block_size": header.block_size,
             "sha256": summary.sha256, "canonical_sha256": summary.canonical_sha256,
@@ -173,10 +183,8 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                                          or cfg.ledger_level not in GZIP_LEVELS):
         raise InputError(f"expected a zlib level from 1 to 9, found {cfg.ledger_level!r}",
                          path="--ledger-level (config.ledger.level)")
-    if cfg.capacity < 2:
-        raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
-                         f"found {cfg.capacity}", path="--capacity")
     sources = policy_sources(cfg)
+    check_capacity(cfg.capacity, sources)
     policies = {label: construct(src, run_params(cfg, label), f"--{label}")
                 for label, src in sources.items()}
     contracts = contract_table(cfg.contracts, policies.values())
@@ -187,7 +195,8 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     effective_tolerances(spec, cfg.tolerances).validated()   # bad input before any work
     gate_sha = None
     if cfg.gate_file:
-        gate_sha = hashlib.sha256(Path(cfg.gate_file).read_bytes()).hexdigest()
+        gate_sha = hashlib.sha256(read_capped(cfg.gate_file, "gate file",
+                                              MAX_GATE_FILE_BYTES)).hexdigest()
 
     src = TraceSource.resolve(cfg.trace)
     if cfg.trace_label:
@@ -208,6 +217,23 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
             except OSError:
                 pass
         raise
+
+
+def check_capacity(capacity: int, sources: dict) -> None:
+    """--capacity against the pool's limit and each policy's own (``max_blocks``), before
+    any work: past them a run would fail after minutes of reading the trace, or never
+    finish allocating its arrays."""
+    if capacity < 2:
+        raise InputError(f"expected at least 2 configured blocks (one is vLLM's null block), "
+                         f"found {capacity}", path="--capacity")
+    if capacity > MAX_BLOCKS:
+        raise InputError(f"expected at most {MAX_BLOCKS} configured blocks (2^31 - 1: block "
+                         f"ids are 32-bit), found {capacity}", path="--capacity")
+    for label, src in sources.items():
+        limit = getattr(src.cls, "max_blocks", None)
+        if limit is not None and capacity > limit:
+            raise InputError(f"policy '{src.cls.name}' (--{label}) holds at most {limit} "
+                             f"configured blocks, found {capacity}", path="--capacity")
 
 
 def policy_sources(cfg: ReplayConfig) -> dict:

@@ -1,7 +1,8 @@
 """psgate's command line: parse options, call psgate.api, render. No logic here.
 
 Exit codes: 0 gate passed, 1 gate failed, 2 bad input or usage (including outputs that
-cannot be written and memory exhausted), 3 engine unavailable, 5 verify: the receipt's
+cannot be written and memory exhausted), 3 engine unavailable, 4 internal error (a psgate
+bug; PSGATE_DEBUG=1 prints its traceback), 5 verify: the receipt's
 policy code is not the code here, 130/143 interrupted by SIGINT/SIGTERM (the previous
 outputs are left as they were).
 Humans read stderr (rich); machines read stdout (one JSON object) and the files.
@@ -10,6 +11,8 @@ Humans read stderr (rich); machines read stdout (one JSON object) and the files.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,20 +22,21 @@ import signal
 
 import orjson
 import typer
+import typer.main
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from psgate import __version__, api
-from psgate.atomic import check_destination, write_atomic
+from psgate.atomic import check_output, write_atomic
 from psgate.check import DEFAULT_EXAMPLES, DEFAULT_TIME_LIMIT_S, check_policy
 from psgate.engines.cost import (COEFFICIENTS, CostModel, checked_coefficients,
                                  load_cost_model, load_step_cost_model, step_cost_from_params)
 from psgate.engines.replicas import check_replicas
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
-from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_POLICY_CHANGED,
-                           EXIT_TERMINATED, InputError, PsgateError)
+from psgate.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED,
+                           EXIT_POLICY_CHANGED, EXIT_TERMINATED, InputError, PsgateError)
 from psgate.policies import describe as describe_policy
 from psgate.policies import installed as installed_policies
 from psgate.policy import API_VERSION
@@ -47,7 +51,7 @@ from psgate.report.html import build_report
 from psgate.report import render
 from psgate.report.verify import verify as verify_receipt
 from psgate.trace.importers import import_trace
-from psgate.trace.reader import MAX_BLOCK_SIZE, Limits, require_utf8_name
+from psgate.trace.reader import MAX_BLOCK_SIZE, Limits, require_utf8_name, trace_directory
 from psgate.trace.stats import trace_stats
 from psgate.trace.redact import UNKEYED_WARNING, key_fingerprint, load_key, redact_lines
 from psgate.trace.writer import write_trace
@@ -144,6 +148,21 @@ def _refuse_existing(path: Path, force: bool, option: str) -> None:
                          f"{option}", path=str(path))
 
 
+def _output(path: Path, option: str, force: bool | None, **protect) -> None:
+    """Every single-file writer's checks, before any work: the path can take a file and is
+    none of the command's inputs (psgate.atomic.check_output: ``protect`` names them), and
+    an existing one is replaced only with --force (``force`` None: no such rule)."""
+    check_output(path, option, **protect)
+    if force is not None:
+        _refuse_existing(path, force, option)
+
+
+def _spec_file(spec: str | None) -> tuple[str, str | None]:
+    """A policy spec's source file (path/to/file.py:Class), which no output may replace."""
+    head = (spec or "").rpartition(":")[0]
+    return "the policy source", head if head.endswith(".py") else None
+
+
 def _tolerances(hit: float, tokens: float, ttft: float, min_requests: int,
                 min_requests_ttft: int) -> Tolerances:
     return Tolerances(hit=hit, tokens=tokens, ttft=ttft, min_requests=min_requests,
@@ -201,8 +220,10 @@ def replay(
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
     _require_policies(baseline, candidate)
     if junit:       # a bad path is bad input before any work, not a failure after the receipt
-        check_destination(junit)
-        _refuse_existing(junit, force, "--junit")
+        _output(junit, "--junit", force, out_dir=out, inputs=[
+            ("the --trace input", trace), ("the --gate file", gate),
+            ("the --cost-model file", cost_model), ("the --model-config", model_config),
+            _spec_file(baseline), _spec_file(candidate)])
     cfg = api.ReplayConfig(
         trace=trace, baseline=baseline, candidate=candidate, capacity=capacity, engine=engine,
         model_config=model_config, time_compression=time_compression, pacing=pacing,
@@ -222,7 +243,7 @@ def replay(
         limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight),
         replicas=replicas, route=route)
     check_replicas(replicas, route, engine)
-    corpus = trace if not trace.startswith("bundled:") and Path(trace).is_dir() else None
+    corpus = trace if trace_directory(trace) is not None else None
     if workload is not None and trace != api.DEFAULT_TRACE:
         raise InputError("give --workload or --trace, not both", path="--workload")
     if workload is None and corpus is None and runs != 1:
@@ -380,7 +401,7 @@ def diff(
 ) -> None:
     """Two receipts side by side; exit 1 when B regresses beyond the gate's thresholds."""
     if junit:
-        check_destination(junit)
+        _output(junit, "--junit", None, inputs=[("the --gate file", gate)], receipts=[a, b])
     spec = load_gate_file(gate) if gate else None
     res = diff_receipts(str(a), str(b), force=force, spec=spec)
     render.render_diff(err, res, a, b)
@@ -401,8 +422,8 @@ def report(
     trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
 ) -> None:
     """One self-contained HTML report (plots inline, no network) for a receipt."""
-    check_destination(output)
-    _refuse_existing(output, force, "--output")
+    _output(output, "--output", force, inputs=[("the --trace file", trace)],
+            receipts=[receipt_dir])
     write_atomic(output, build_report(receipt_dir, trace).encode())
     err.print(f"report written to {output}", markup=False)
     _emit({"report": str(output)})
@@ -435,8 +456,9 @@ def validate(
     """Check a trace line by line without replaying it."""
     summary = api.validate(trace, _limits(max_line_bytes, max_blocks_per_request,
                                           Limits().max_in_flight))
-    err.print(f"{trace}: valid psgate-trace v1 ({summary['requests']} requests, "
-              f"{summary['distinct_blocks']} distinct blocks)", markup=False)
+    for one in summary.get("traces", [summary]):
+        err.print(f"{one['path']}: valid psgate-trace v1 ({one['requests']} requests, "
+                  f"{one['distinct_blocks']} distinct blocks)", markup=False)
     _emit(summary)
 
 
@@ -483,8 +505,7 @@ def check_policy_cmd(
     keep): exit 0 when every contract passed (skips allowed), 1 when any failed, 2 when
     the spec does not load."""
     if junit:       # a bad path is bad input before any work
-        check_destination(junit)
-        _refuse_existing(junit, force, "--junit")
+        _output(junit, "--junit", force, inputs=[_spec_file(spec)])
     marks = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
 
     def show(r) -> None:
@@ -523,7 +544,8 @@ def ledger_convert(
     """The CSV ledger a compact ledger codes, byte for byte as --ledger-compression none writes it."""
     src = source / "ledger.compact.csv.gz" if source.is_dir() else source
     dst = out if out is not None else src.with_name("ledger.csv")
-    _refuse_existing(dst, force, "--out")
+    _output(dst, "--out", force, inputs=[("the compact ledger being converted", src)],
+            receipts=[src.parent])
     n = api.convert_ledger(src, dst)
     err.print(f"{dst}: {n} ledger lines from {src}", markup=False)
 
@@ -543,8 +565,7 @@ def trace_gen(
 ) -> None:
     """Write a seeded, deterministic psgate-trace v1 of a registered workload."""
     require_utf8_name(str(output), "--output")
-    check_destination(output)
-    _refuse_existing(output, force, "--output")
+    _output(output, "--output", force, inputs=[("the --cost-model file", cost_model)])
     params = _params(param, "--param")
     if seed is not None:
         params["seed"] = seed
@@ -573,8 +594,7 @@ def trace_import(
     """Import a public trace (Mooncake, WEKA sessions, Bailian) as psgate-trace v1."""
     require_utf8_name(str(output), "--output")
     require_utf8_name(src)
-    check_destination(output)
-    _refuse_existing(output, force, "--output")
+    _output(output, "--output", force, inputs=[("the source trace", src)])
     opts = _params(option, "--option")
     if group_by is not None:
         opts["group_by"] = group_by
@@ -599,8 +619,8 @@ def trace_redact(
 ) -> None:
     """Turn a raw request log into a psgate-trace v1: keyed chained hashes, nothing raw."""
     require_utf8_name(str(output), "--output")
-    check_destination(output)
-    _refuse_existing(output, force, "--output")
+    _output(output, "--output", force, inputs=[("the raw request log", raw),
+                                               ("the --key-file", key_file)])
     if not 1 <= block_size <= MAX_BLOCK_SIZE:
         raise InputError(f"expected an integer in 1..{MAX_BLOCK_SIZE}, found {block_size}",
                          path="--block-size")
@@ -619,7 +639,8 @@ def trace_stats_cmd(
 ) -> None:
     """Requests, blocks, reuse distances, infinite-cache hit ratio, creation pressure."""
     st = trace_stats(trace)
-    render.render_trace_stats(err, trace, st)
+    for path, one in st.get("traces", {trace: st}).items():
+        render.render_trace_stats(err, path, one)
     if json:
         _emit(st)
 
@@ -673,7 +694,9 @@ def sweep(
     from psgate.sweep import SweepConfig, parse_axis, sweep as run_sweep
 
     if junit:
-        check_destination(junit)
+        _output(junit, "--junit", None, inputs=[
+            ("the --cost-model file", cost_model), _spec_file(baseline), _spec_file(candidate),
+            *(("the sweep's output", out / n) for n in ("table.csv", "table.json", "sweep.json"))])
     axes: dict[str, list] = {}
     for a in axis or []:
         key, values = parse_axis(a)
@@ -681,6 +704,9 @@ def sweep(
             raise InputError(f"axis '{key}' given twice", path="--axis")
         axes[key] = values
     _require_policies(baseline, candidate, candidate_axis="candidate" in axes)
+    for cap in axes.get("capacity", [capacity]):    # every cell's, before the first runs
+        if type(cap) is int:
+            api.check_capacity(cap, {})
     cfg = SweepConfig(workload=workload, out=out, axes=axes, baseline=baseline,
                       candidate=candidate or "", capacity=capacity, runs=runs, seed=seed,
                       resamples=resamples, workers=workers, executor=executor, address=address,
@@ -753,8 +779,9 @@ def calibrate(
 ) -> None:
     """Time batched steps on this machine (or read a real engine's from a lockstep receipt)
     and fit a cost-model file (step and per-request)."""
-    check_destination(output)       # before minutes of timing, not after
-    _refuse_existing(output, force, "--output")
+    _output(output, "--output", force,        # before minutes of timing, not after
+            inputs=[("the --model-config", model_config), ("the --convert file", convert)],
+            receipts=[from_receipt])
     from psgate.calibrate.run import CalibrateConfig, calibrate as run_calibration, summary
 
     if sum(x is not None for x in (model_config, convert, from_receipt)) != 1:
@@ -892,11 +919,99 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+DEBUG_ENV = "PSGATE_DEBUG"
+# What to lower when memory runs out, by command: the advice must name that command's own
+# input, not replay's --capacity.
+_MEMORY_ADVICE = {
+    "replay": "lower --capacity or replay a smaller trace",
+    "sweep": "lower --capacity (or its axis) or the workload's size",
+    "verify": "the receipt's trace is too large for this machine",
+    "explain": "the receipt's trace or ledger is too large for this machine",
+    "report": "the receipt's trace or ledger is too large for this machine",
+    "validate": "the trace is too large for this machine; lower --max-blocks-per-request",
+    "trace stats": "the trace is too large for this machine",
+    "trace gen": "lower the generator's sizes (duration, rates, requests, tokens)",
+    "trace import": "import a smaller source trace",
+    "trace redact": "redact a smaller raw log",
+    "check-policy": "lower --examples",
+    "calibrate": "lower the --cached/--uncached/--decodes grid",
+}
+
+
+def _command_name(argv: list[str]) -> str:
+    """The (sub)command argv names, for advice: the first one or two words not options."""
+    words = [a for a in argv if not a.startswith("-")][:2]
+    if words and words[0] in ("trace", "ledger"):
+        return " ".join(words)
+    return words[0] if words else ""
+
+
+def _internal_error(exc: BaseException) -> None:
+    """An exception psgate did not expect is a psgate bug: exit 4 with one line naming it
+    and where the traceback went, never 1, which CI would read as the candidate failing."""
+    import tempfile
+    import traceback
+
+    tb = "".join(traceback.format_exception(exc))
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    what = f"{type(exc).__name__}: {exc}"[:300]
+    if os.environ.get(DEBUG_ENV):
+        sys.stderr.write(tb)
+        where = "the traceback is above"
+    else:
+        try:
+            fd, name = tempfile.mkstemp(prefix="psgate-traceback-", suffix=".txt")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(f"psgate {__version__}: {' '.join(sys.argv)}\n{tb}")
+            where = f"traceback in {name} (or rerun with {DEBUG_ENV}=1)"
+        except OSError:
+            where = f"rerun with {DEBUG_ENV}=1 for the traceback"
+    _fail(f"internal error (a psgate bug, not a gate verdict): {what}{at}; {where}; "
+          f"please report it", EXIT_INTERNAL)
+
+
+# The click typer parses with: typer >= 0.22 vendors its own copy (typer._click), older
+# releases use click itself; its exceptions are the ones to catch either way.
+_clickx = importlib.import_module(typer.BadParameter.__module__)
+_click_utils = importlib.import_module(typer.BadParameter.__module__.rpartition(".")[0]
+                                       + ".utils")
+_NoArgsIsHelp = getattr(_clickx, "NoArgsIsHelpError", ())
+_Exits = (typer.Exit, getattr(_clickx, "Exit", typer.Exit))
+_Aborts = (typer.Abort, getattr(_clickx, "Abort", typer.Abort))
+
+
+def _usage_line(exc) -> str:
+    """click's usage error as one line: the command, what was wrong, where help is."""
+    ctx = getattr(exc, "ctx", None)
+    cmd = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"{cmd}{' '.join(exc.format_message().split())}{hint}"
+
+
+def _run_app() -> None:
+    """The app without click's standalone handling, which prints usage errors as a box
+    and exits 1 on a broken pipe or an EOF; main() decides every exit code instead."""
+    command = typer.main.get_command(app)
+    try:
+        with command.make_context(_click_utils._detect_program_name(), sys.argv[1:]) as ctx:
+            command.invoke(ctx)
+    except _Exits as exc:
+        if exc.exit_code:
+            sys.exit(exc.exit_code)
+    except _NoArgsIsHelp:
+        sys.exit(EXIT_BAD_INPUT)       # the help is already printed, as before
+    except _clickx.ClickException as exc:
+        _fail(f"error: {_usage_line(exc)}", EXIT_BAD_INPUT)
+    except _Aborts:
+        raise Interrupted("interrupted; nothing was written") from None
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     try:
-        app()
+        _run_app()
     except PsgateError as exc:
         _fail(f"{'' if isinstance(exc, Interrupted) else 'error: '}{exc}", exc.exit_code)
     except BrokenPipeError:
@@ -905,8 +1020,11 @@ def main() -> None:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         _fail(f"error: {where}{exc.strerror or exc}", EXIT_BAD_INPUT)
     except MemoryError:
-        _fail("error: out of memory; lower --capacity or replay a smaller trace",
-              EXIT_BAD_INPUT)
+        advice = _MEMORY_ADVICE.get(_command_name(sys.argv[1:]),
+                                    "the input is too large for this machine")
+        _fail(f"error: out of memory; {advice}", EXIT_BAD_INPUT)
+    except Exception as exc:    # noqa: BLE001 - anything else is psgate's own bug
+        _internal_error(exc)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,17 @@
 
 Exit codes: 0 the gate passed, 1 the gate failed, 2 bad input or usage (an output the file
 system refuses and memory exhausted included: one line either way, never a traceback),
-3 an engine that is not installed or cannot start, 5 (``psgate verify``) the receipt's
-policy code is not the code found here, 130 and 143 interrupted by SIGINT and SIGTERM
-(128 + the signal, as a shell reports it).
+3 an engine that is not installed or cannot start, 4 an internal error (a psgate bug: one
+line saying so and where the traceback is, never 1, which CI reads as a policy regression),
+5 (``psgate verify``) the receipt's policy code is not the code found here, 130 and 143
+interrupted by SIGINT and SIGTERM (128 + the signal, as a shell reports it).
 """
 
 EXIT_PASS = 0
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_ENGINE_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
 EXIT_POLICY_CHANGED = 5
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143

@@ -133,8 +133,6 @@ def _plan(cfg: ExperimentConfig) -> tuple[list[tuple[str, int | None, Path | Non
                              path="--runs")
         d = Path(cfg.corpus)
         traces = corpus_traces(d)
-        if not traces:
-            raise InputError("no *.jsonl traces in this directory", path=str(d))
         for p in traces:    # every trace is checked before any run is written
             validate_trace(str(p), limits=cfg.replay.limits)
         ids = [_ID.sub("_", p.stem) for p in traces]

@@ -3,6 +3,7 @@ what happened."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -277,3 +279,14 @@ def assert_actionlint(workflow: Path) -> None:
     proc = subprocess.run([exe, "-no-color", str(workflow)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def traced_peak(fn) -> int:
+    """Peak bytes Python allocated while ``fn()`` ran (tracemalloc), after a collection."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -14,7 +14,7 @@ from psgate.bench import render
 TARGETS = ["e2e_vs_vllm", "hot_vs_vllm", "core_vs_python", "core_vs_python_mooncake",
            "step_vs_service_hot", "ps_lru_hot", "ps_lru_e2e", "select_4096",
            "select_growth", "mem_lru", "mem_ps", "cold_hot", "cold_e2e", "policy_lru_e2e",
-           "mem_requests"]
+           "mem_groups", "mem_requests"]
 
 
 @pytest.fixture(scope="module")

@@ -343,3 +343,165 @@ def test_memory_error_is_one_line(monkeypatch, run_main, tmp_path, corpus):
                          "--quiet")
     _one_line(code, err, 2, "out of memory")
     assert not (tmp_path / "o").exists()
+
+
+# an output is never an input (issue 52) -----------------------------------------------------
+
+CI = Path(__file__).resolve().parent.parent / "examples" / "ci"
+R = ["replay", "--trace", "t.jsonl", "--baseline", "lru", "--candidate", "prefixshield",
+     "--quiet"]
+
+
+def _bounded(*args, cwd=None, timeout=120):
+    """psgate in a subprocess that cannot hang the suite (a FIFO opened for reading blocks
+    until a writer comes)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "psgate.cli", *map(str, args)],
+                              capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"psgate {' '.join(map(str, args))} hung") from None
+
+
+@pytest.fixture
+def ci(tmp_path) -> Path:
+    """The reproduction's directory: t.jsonl, g.toml and a receipt in o2 (compact ledger)."""
+    shutil.copy(CI / "incident.jsonl", tmp_path / "t.jsonl")
+    shutil.copy(CI / "gate.toml", tmp_path / "g.toml")
+    proc = _bounded(*R, "--out", "o2", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    return tmp_path
+
+
+FORCED = {
+    "junit-trace": (R + ["--out", "o1", "--junit", "t.jsonl"], "--junit", "t.jsonl"),
+    "junit-gate": (R + ["--out", "o1", "--gate", "g.toml", "--junit", "g.toml"], "--junit",
+                   "g.toml"),
+    "junit-own-receipt": (R + ["--out", "o2", "--junit", "o2/receipt.json"], "--junit",
+                          "o2/receipt.json"),
+    "junit-hard-link": (R + ["--out", "o1", "--junit", "hard.xml"], "--junit", "t.jsonl"),
+    "junit-symlink": (R + ["--out", "o1", "--junit", "soft.xml"], "--junit", "t.jsonl"),
+    "report-receipt": (["report", "o2", "-o", "o2/receipt.json"], "--output", "receipt"),
+    "report-ledger": (["report", "o2", "-o", "o2/ledger.compact.csv.gz"], "--output",
+                      "ledger.compact.csv.gz"),
+    "convert-receipt": (["ledger", "convert", "o2", "-o", "o2/receipt.json"], "--out",
+                        "receipt"),
+    "redact-key": (["trace", "redact", "t.jsonl", "--key-file", "k.hex", "-o", "k.hex"],
+                   "--output", "--key-file"),
+    "diff-receipt": (["diff", "o2", "o2", "--junit", "o2/requests.csv"], "--junit",
+                     "requests.csv"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORCED))
+def test_force_never_replaces_an_input(ci, case):
+    args, option, collides = FORCED[case]
+    (ci / "k.hex").write_text("ab" * 32 + "\n")
+    os.link(ci / "t.jsonl", ci / "hard.xml")
+    (ci / "soft.xml").symlink_to("t.jsonl")
+    before = _snapshot(ci)
+    proc = _bounded(*args, "--force", cwd=ci)
+    assert_one_line_error(proc, 2, option, collides)
+    assert _snapshot(ci) == before
+    assert not (ci / "o1").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_force_never_replaces_a_fifo_or_a_device(ci, kind):
+    if kind == "fifo":
+        target = ci / "pipe"
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/null")
+    for args in (R + ["--out", "o1", "--junit", target], ["report", "o2", "-o", target],
+                 ["trace", "gen", "random", "-o", target]):
+        proc = _bounded(*args, "--force", cwd=ci)
+        assert_one_line_error(proc, 2, str(target),
+                              "a FIFO" if kind == "fifo" else "a character device")
+    assert (ci / "pipe").is_fifo() if kind == "fifo" else Path("/dev/null").is_char_device()
+    assert not (ci / "o1").exists()
+
+
+def test_planted_lock_symlink_is_refused_not_written_through(ci):
+    (ci / "victim.txt").write_text("keep me\n")
+    (ci / "o4").mkdir()
+    (ci / "o4" / ".psgate.lock").symlink_to("../victim.txt")
+    proc = _bounded(*R, "--out", "o4", cwd=ci)
+    assert_one_line_error(proc, 2, "o4", ".psgate.lock", "symbolic link")
+    assert (ci / "victim.txt").read_text() == "keep me\n"
+    assert sorted(p.name for p in (ci / "o4").iterdir()) == [".psgate.lock"]
+
+
+@pytest.mark.parametrize("command", ["verify", "summary", "explain", "report", "diff"])
+def test_fifo_receipt_is_refused_not_read(ci, command):
+    (ci / "o6").mkdir()
+    os.mkfifo(ci / "o6" / "receipt.json")
+    args = {"verify": ["verify", "o6"], "summary": ["summary", "o6"],
+            "explain": ["explain", "o6", "--decision", "1"],
+            "report": ["report", "o6", "-o", "r.html"], "diff": ["diff", "o2", "o6"]}[command]
+    proc = _bounded(*args, cwd=ci, timeout=60)
+    assert_one_line_error(proc, 2, "o6/receipt.json", "FIFO")
+
+
+@pytest.mark.parametrize("option", ["--key-file", "--gate", "--trace", "ledger"])
+def test_fifo_inputs_are_refused_not_read(ci, option):
+    os.mkfifo(ci / "pipe")
+    args = {"--key-file": ["trace", "redact", "t.jsonl", "--key-file", "pipe", "-o", "r.jsonl"],
+            "--gate": R + ["--out", "o7", "--gate", "pipe"],
+            "--trace": ["replay", "--trace", "pipe", *EXP, "--out", "o7"],
+            "ledger": ["ledger", "convert", "pipe", "-o", "l.csv"]}[option]
+    proc = _bounded(*args, cwd=ci, timeout=60)
+    assert_one_line_error(proc, 2, "pipe", "FIFO" if option.startswith("--") and
+                          option != "--trace" else "")
+
+
+def test_single_replay_with_force_clears_an_old_experiment(finished, corpus):
+    assert (finished / "runs").is_dir() and (finished / "runs.csv").is_file()
+    proc = psgate("replay", "--trace", corpus / "t1.jsonl", "--out", finished, "--force", *EXP)
+    assert proc.returncode in (0, 1), proc.stderr
+    names = sorted(p.name for p in finished.iterdir())
+    assert names == ["ledger.compact.csv.gz", "receipt.json", "requests.csv"], names
+
+
+def test_junit_mode_follows_the_umask_like_every_output(tmp_path, corpus):
+    proc = subprocess.run(
+        [sys.executable, "-m", "psgate.cli", "replay", "--trace", str(corpus / "t1.jsonl"),
+         "--out", str(tmp_path / "o"), "--junit", str(tmp_path / "j.xml"), *EXP],
+        capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert (tmp_path / "j.xml").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "o" / "receipt.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_full_disk_on_the_junit_file_names_it(monkeypatch, run_main, receipt_dir, tmp_path):
+    junit = tmp_path / "j.xml"
+    real_replace = os.replace
+
+    def full(src, dst, *a, **k):
+        if str(dst) == str(junit):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_replace(src, dst, *a, **k)
+    monkeypatch.setattr(os, "replace", full)
+    code, err = run_main("diff", receipt_dir, receipt_dir, "--junit", junit)
+    monkeypatch.undo()
+    last = err.strip().splitlines()[-1]     # after diff's table, which goes first
+    assert code == 2 and last.startswith("psgate: error:") and "Traceback" not in err, err
+    assert str(junit) in last and "No space left on device" in last, last
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_unwritable_junit_is_refused_before_anything_is_written(monkeypatch, run_main,
+                                                                tmp_path, corpus):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_os_open = os.open
+
+    def os_open(path, flags, *a, **k):
+        if str(path).startswith(str(ro)) and flags & os.O_CREAT:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_os_open(path, flags, *a, **k)
+    monkeypatch.setattr(os, "open", os_open)
+    code, err = run_main("replay", "--trace", corpus / "t1.jsonl", "--out", tmp_path / "o",
+                         "--junit", ro / "j.xml", *EXP)
+    monkeypatch.undo()
+    _one_line(code, err, 2, str(ro / "j.xml"), "Permission denied")
+    assert not (tmp_path / "o").exists()

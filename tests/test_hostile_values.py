@@ -411,3 +411,157 @@ def test_validate_takes_the_replay_caps(run, tmp_path):
 def test_integers_beyond_json_numbers_are_refused(run, tmp_path):
     p = write(tmp_path / "t.jsonl", [HEADER, req(0, 0.0, priority=2**53)])
     refused(run("validate", p), f"{p}:2: field 'priority'")
+
+
+# -- issue 52: crashes and unbounded reads become one line, exit 2 ---------------------------
+
+INCIDENT = REPO / "examples" / "ci" / "incident.jsonl"
+GATE = REPO / "examples" / "ci" / "gate.toml"
+
+
+def psgate_proc(*args, cwd=None, env=None, timeout=60):
+    """``psgate ARGS`` in a subprocess with a deadline: for what could hang or fill memory
+    if the check it tests were gone."""
+    import subprocess
+    e = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "psgate.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=e, timeout=timeout)
+
+
+def replay_args(tmp_path, *extra):
+    return ("replay", "--trace", INCIDENT, "--baseline", "lru", "--candidate", "prefixshield",
+            "--quiet", "--out", tmp_path / "o", *extra)
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (("--capacity", 2**63), ("--capacity", "at most 2147483647")),
+    (("--capacity", 2**31), ("--capacity", "at most 2147483647")),
+    (("--capacity", 4194305), ("--capacity", "'prefixshield'", "at most 4194303")),
+    (("--capacity", 4194305, "--candidate", "s3fifo"), ("--capacity", "'s3fifo'", "4194303")),
+    (("--capacity", 4194305, "--baseline", "leaf-lru"), ("--capacity", "'leaf-lru'")),
+    (("--min-requests", 10**20), ("--min-requests", "9007199254740991")),
+    (("--min-requests-ttft", 10**20), ("--min-requests-ttft",)),
+    (("--tolerance-hit", 2), ("--tolerance-hit", "0..1", "[defaults] tolerance_hit")),
+    (("--tolerance-ttft", 1e7), ("--tolerance-ttft",)),
+    (("--candidate-param", "eps=-1"), ("--candidate", "'eps' must be >= 0")),
+    (("--candidate", "static-quota", "--candidate-param", "shares=[1]"),
+     ("--candidate", "'shares' must map")),
+    (("--candidate", "static-quota", "--candidate-param", 'shares={"tenant-a": -1}'),
+     ("--candidate", "'shares' must map")),
+    (("--candidate", "static-quota", "--candidate-param", 'shares={"tenant-a": 5000}'),
+     ("'shares' add up to 5000 blocks",)),
+])
+def test_replay_values_past_a_limit_are_one_line(tmp_path, extra, needles):
+    # In a subprocess: before the fix a capacity of 2^31 allocated for 20 s and more.
+    proc = psgate_proc(*replay_args(tmp_path, *extra))
+    refused((proc.returncode, proc.stdout, proc.stderr), *needles)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_gate_file_and_the_options_share_their_bounds(run, tmp_path):
+    gate = tmp_path / "g.toml"
+    gate.write_text("[defaults]\nmin_requests = 99999999999999999999\n")
+    refused(run(*replay_args(tmp_path, "--gate", gate)), str(gate),
+            "defaults.min_requests", "9007199254740991")
+    gate.write_text("[defaults]\ntolerance_hit = 2\n")
+    refused(run(*replay_args(tmp_path, "--gate", gate)), "defaults.tolerance_hit")
+    assert run(*replay_args(tmp_path, "--tolerance-hit", 1, "--min-requests",
+                            2**53 - 1))[0] in (0, 1)
+
+
+def test_a_deeply_nested_gate_file_is_bad_input(run, tmp_path):
+    gate = tmp_path / "deep.toml"
+    gate.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    refused(run(*replay_args(tmp_path, "--gate", gate)), str(gate), "nested too deeply")
+
+
+def test_an_output_directory_in_a_symlink_loop_is_bad_input(run, tmp_path):
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    refused(run("replay", "--trace", INCIDENT, "--quiet", "--out", tmp_path / "l1"),
+            "l1", "symbolic link loop")
+
+
+@pytest.mark.parametrize("what", ["gate", "key", "cost-model"])
+def test_small_input_files_have_a_size_cap(run, tmp_path, what):
+    big = tmp_path / "big"
+    with open(big, "wb") as fh:          # sparse: the cap is read from the size, not the bytes
+        fh.truncate(64 << 20)
+    if what == "gate":
+        result = run(*replay_args(tmp_path, "--gate", big))
+        cap = "1048576"
+    elif what == "key":
+        result = run("trace", "redact", INCIDENT, "-o", tmp_path / "r.jsonl", "--key-file", big)
+        cap = "4096"
+    else:
+        result = run(*replay_args(tmp_path, "--cost-model", big))
+        cap = str(16 << 20)
+    refused(result, str(big), f"at most {cap} bytes")
+
+
+def test_redact_reads_its_log_line_by_line_with_the_trace_cap(tmp_path):
+    log = tmp_path / "raw.jsonl"
+    with open(log, "wb") as fh:          # one line of 40 MB, no newline
+        fh.truncate(40 << 20)
+    proc = psgate_proc("trace", "redact", log, "-o", tmp_path / "r.jsonl", "--unkeyed")
+    refused((proc.returncode, proc.stdout, proc.stderr), f"{log}:1", "line longer than 8388608")
+
+
+@pytest.mark.parametrize("param, needles", [
+    ("attack_gap_s=1e-9", ("'attack_gap_s'", "at most 2000000")),
+    ("attack_blocks=10000000", ("'attack_blocks'", "1048576")),
+    ("attack_blocks=1000000", ("33554432",)),
+    ("duration_s=1e12", ("duration_s",)),
+])
+def test_generator_parameters_are_bounded_by_what_a_trace_holds(tmp_path, param, needles):
+    proc = psgate_proc("trace", "gen", "example", "-o", tmp_path / "x.jsonl", "--param", param)
+    refused((proc.returncode, proc.stdout, proc.stderr), "--param", *needles)
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_out_of_memory_advice_fits_the_command(run, tmp_path, monkeypatch):
+    import psgate.workloads as workloads
+
+    def boom(*a, **k):
+        raise MemoryError
+    monkeypatch.setattr(workloads, "_check_size", boom)
+    code, _, err = run("trace", "gen", "example", "-o", tmp_path / "x.jsonl")
+    assert code == 2 and "out of memory" in err and "--capacity" not in err, err
+    assert "generator" in err
+    monkeypatch.setattr(cli.api, "replay", boom)
+    code, _, err = run(*replay_args(tmp_path))
+    assert code == 2 and "out of memory; lower --capacity" in err, err
+
+
+@pytest.mark.parametrize("args, needles", [
+    (("replay", "--bogus"), ("psgate replay", "No such option: --bogus")),
+    (("replay", "--capacity", "abc"), ("psgate replay", "'--capacity'")),
+    (("trace", "gen"), ("psgate trace gen", "Missing argument")),
+    (("no-such-command",), ("No such command",)),
+])
+def test_usage_errors_are_one_line(run, args, needles):
+    refused(run(*args), *needles)
+
+
+def test_help_is_still_help(run):
+    code, out, _ = run("replay", "--help")
+    assert code == 0 and "Usage:" in out and "replay [OPTIONS]" in out and "--capacity" in out
+
+
+def test_a_crash_is_exit_4_never_1(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(cli.api, "replay", boom)
+    code, _, err = run(*replay_args(tmp_path))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 4 and len(lines) == 1, err
+    assert "psgate bug" in lines[0] and "RuntimeError: injected" in lines[0]
+    (tb,) = tmp_path.glob("psgate-traceback-*.txt")
+    assert str(tb) in lines[0] and "RuntimeError: injected" in tb.read_text()
+    code, _, err = run(*replay_args(tmp_path), env={"PSGATE_DEBUG": "1"})
+    assert code == 4 and "Traceback (most recent call last)" in err
+    assert err.strip().splitlines()[-1].startswith("psgate: internal error")

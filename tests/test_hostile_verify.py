@@ -390,3 +390,53 @@ def test_malformed_experiment_receipts(made, tmp_path, kind):
     d = copy(made, "exp", tmp_path / "run")
     spoil(d / "runs" / "t2" / "receipt.json")
     one_line_error(run_cli("verify", d), str(d / "runs" / "t2" / "receipt.json"), *needles)
+
+
+# --- what is in the directory besides what the receipt records (issue 52) -----------------
+
+def test_planted_run_directory_is_named(made, tmp_path):
+    d = copy(made, "exp", tmp_path)
+    shutil.copytree(d / "runs" / "t2", d / "runs" / "run-009")
+    not_verified(run_cli("verify", d), "runs/run-009")
+
+
+def test_planted_generated_trace_is_named(made, tmp_path):
+    d = copy(made, "wl", tmp_path)
+    first = sorted((d / "traces").iterdir())[0]
+    shutil.copy(first, d / "traces" / "run-999.jsonl")
+    not_verified(run_cli("verify", d), "traces/run-999.jsonl")
+
+
+@pytest.mark.parametrize("name,planted", [("one", "requests.csv"), ("gz", "ledger.csv"),
+                                          ("exp", "ledger.csv"), ("exp", "runs/t1/runs.csv")])
+def test_planted_output_the_receipt_does_not_record_is_named(made, tmp_path, name, planted):
+    d = copy(made, name, tmp_path)
+    if planted == "requests.csv":       # one records it: plant a second ledger instead
+        planted = "ledger.csv.gz"
+    (d / planted).write_text("run,policy\n")
+    not_verified(run_cli("verify", d), planted, "not an output this receipt records")
+
+
+def test_converted_ledger_beside_the_compact_one_verifies_unless_edited(made, tmp_path):
+    d = tmp_path / "c"
+    assert replay("--trace", made / "corp" / "t1.jsonl", "--out", d).code in (0, 1)
+    assert run_cli("ledger", "convert", d).code == 0
+    ran = run_cli("verify", d)
+    assert ran.code == 0, (ran.err, ran.out)
+    with open(d / "ledger.csv", "a") as fh:
+        fh.write("candidate,lru,999\n")
+    not_verified(run_cli("verify", d), "ledger.csv", "not the conversion")
+
+
+def test_reindented_receipt_verifies_as_the_readme_says(made, tmp_path):
+    """receipt.json is compared as JSON values, not bytes (README, "What verify checks"):
+    the same receipt re-indented with its keys in another order still verifies."""
+    d = copy(made, "one", tmp_path)
+    doc = json.loads((d / "receipt.json").read_text())
+    (d / "receipt.json").write_text(json.dumps(dict(reversed(list(doc.items()))), indent=7))
+    ran = run_cli("verify", d)
+    assert ran.code == 0 and ran.result["verified"] is True, (ran.err, ran.out)
+    edit_json(d / "receipt.json", pass_everything)      # a changed value still is caught
+    not_verified(run_cli("verify", d), "receipt.json/gate/")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "compared with the replay's as JSON values" in readme

@@ -2,8 +2,8 @@
 
 A room is a package under psgate/ or a top-level module. Each may import only the rooms
 its row names (imports inside functions count: a lazy import is still a dependency).
-Bottom up: errors, contracts, resources, atomic and core (which of the replay's loops are
-compiled) need nothing, invariants only core;
+Bottom up: errors, inputs (files that must be regular), contracts, resources, atomic and
+core (which of the replay's loops are compiled) need nothing, invariants only core;
 trace reads and writes traces (with core's compiled hash checks); policy is the public
 policy API (the interface, its helpers, the contract table and the I1/I2 auditor);
 policies, the built-in ones, see that API alone, never an engine; engines run policies
@@ -25,10 +25,12 @@ from pathlib import Path
 import psgate
 
 ROOT = Path(psgate.__file__).resolve().parent
-BASE = {"psgate", "errors"}      # the package itself (its version) and the error types
+BASE = {"psgate", "errors", "inputs"}   # the package itself (its version), the error types
+# and the reading of an input that must be a regular file
 
 ALLOWED: dict[str, set[str] | None] = {
     "errors": set(),
+    "inputs": set(),
     "contracts": set(),
     "resources": set(),
     "atomic": set(),
@@ -39,9 +41,9 @@ ALLOWED: dict[str, set[str] | None] = {
     "policies": {"policy"},
     "engines": {"core", "resources", "trace", "invariants", "policy", "policies"},
     "stats": {"engines"},
-    "receipt": {"core", "resources", "trace", "engines", "stats"},
+    "receipt": {"atomic", "core", "resources", "trace", "engines", "stats"},
     "workloads": {"contracts", "trace", "engines"},
-    "calibrate": {"engines", "workloads"},
+    "calibrate": {"atomic", "engines", "workloads"},
     "capture": {"trace"},
     "shadow": {"engines", "policy", "policies", "trace"},
     "vllm_plugin": {"capture", "engines", "policies", "shadow", "trace"},

@@ -139,7 +139,7 @@ BAD = {
     "no api version": ("noversion.py:Old", "declares no policy API version"),
     "newer api": ("newer.py:Future", f"written for policy API version {API_VERSION + 1}"),
     "bad syntax of the spec": ("a b:C", "is neither a module name nor a .py file"),
-    "unknown name": ("no-such-policy", "no such policy; built-in: belady"),
+    "unknown name": ("no-such-policy", "no such policy; built-in: arc, belady"),
 }
 
 

@@ -210,6 +210,9 @@ def test_summary_escapes_names_in_markdown(hostile):
     assert md_escape(f"group:{BAD}") in md and "\\[/bad\\]" in md
     assert md_escape("<img src=x>") == "&lt;img src=x&gt;"
     assert "|" not in md_escape("a|b").replace("\\|", "")
+    # a tenant named with a terminal escape prints as text, not as a colour change
+    shown = md_escape("t\x1b[31mred\x07")
+    assert "\x1b" not in shown and "\x07" not in shown and "x1b" in shown
 
 
 # -- the HTML report ----------------------------------------------------------------------

@@ -177,3 +177,32 @@ def test_stats_cli_json(tmp_path):
     assert proc.returncode == 0
     s = json.loads(proc.stdout)
     assert s["requests"] == 282 and s["per_group"]["tenant-x"]["creation_pressure_ratio"] > 1
+
+
+def test_stats_and_validate_read_a_capture_directory_as_replay_does(tmp_path):
+    """replay --trace DIR replays each *.jsonl of a directory (a capture's rotated files,
+    a corpus); validate and trace stats read the same directory, trace by trace, rather
+    than refusing it."""
+    cap = tmp_path / "capture"
+    cap.mkdir()
+    write(cap, [{"t": 0, "id": "A", "blocks": ["a1", "a2"], "tail": 1}],
+          name="capture-000001.jsonl")
+    write(cap, [{"t": 0, "id": "B", "blocks": ["b1"], "tail": 1},
+                {"t": 1, "id": "C", "blocks": ["b1"], "tail": 1}], name="capture-000002.jsonl")
+    (cap / "capture-summary.json").write_text("{}")          # not a trace: not read
+    proc = psgate("validate", cap)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [Path(t["path"]).name for t in doc["traces"]] == ["capture-000001.jsonl",
+                                                             "capture-000002.jsonl"]
+    assert doc["requests"] == 3
+    proc = psgate("trace", "stats", cap, "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)["traces"]
+    assert [stats[k]["requests"] for k in sorted(stats)] == [1, 2]
+    assert stats[str(cap / "capture-000002.jsonl")]["unique_blocks"] == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args in (("validate", empty), ("trace", "stats", empty)):
+        proc = psgate(*args)
+        assert proc.returncode == 2 and "no *.jsonl traces" in proc.stderr

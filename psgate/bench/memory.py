@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from psgate.bench.traces import INSTANT, INSTANT_STEPS, TINY_CAPACITY, load, make_engine
@@ -72,21 +73,57 @@ def requests_memory_child(trace: str, out: str) -> dict:
     return {"peak_rss": _peak_rss()}
 
 
-def requests_memory(small: Path, large: Path, n_small: int, n_large: int,
-                    work: Path) -> dict:
-    """RSS growth per request between two replays, each in its own fresh process."""
+def peak_growth(traces: tuple[Path, Path], counts: tuple[int, int], work: Path) -> dict:
+    """Peak RSS of a replay of each trace, each in its own fresh process, and the growth
+    per unit of ``counts`` (requests, tenants) between them."""
     peaks = []
-    for trace in (small, large):
+    for trace in traces:
         proc = subprocess.run([sys.executable, "-m", "psgate.bench", "--requests-memory-child",
                                str(trace), str(work / "out-requests")], capture_output=True,
                               text=True, env=child_env())
         if proc.returncode != 0:
             raise RuntimeError(f"memory child failed: {proc.stderr.strip()[-500:]}")
         peaks.append(json.loads(proc.stdout)["peak_rss"])
-    if None in peaks:
-        return {"requests": [n_small, n_large], "peak_rss": peaks, "bytes_per_request": None}
-    return {"requests": [n_small, n_large], "peak_rss": peaks,
-            "bytes_per_request": (peaks[1] - peaks[0]) / (n_large - n_small)}
+    growth = None if None in peaks else (peaks[1] - peaks[0]) / (counts[1] - counts[0])
+    return {"counts": list(counts), "peak_rss": peaks, "bytes_per_unit": growth}
+
+
+# A child that runs ``python -m psgate ARGS`` as a user would (stdout discarded) and then
+# prints its own peak RSS on the real stdout: a process boundary, as the user's shell has.
+_COMMAND_CHILD = """
+import os, runpy, sys
+from psgate.bench.memory import _peak_rss
+keep = os.dup(1)
+with open(os.devnull, "wb") as null:
+    os.dup2(null.fileno(), 1)
+sys.argv = ["psgate", *sys.argv[1:]]
+try:
+    runpy.run_module("psgate", run_name="__main__")
+    code = 0
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 1
+sys.stdout.flush()
+os.dup2(keep, 1)
+print('{"code": %d, "peak_rss": %s}' % (code, _peak_rss() or "null"))
+"""
+
+
+def command_cost(args: list[str]) -> dict:
+    """CPU seconds (the child's own rusage, from wait4) and peak RSS (its own VmHWM: a
+    wait4 maxrss would count the bench process it was forked from) of one ``psgate``
+    command in a fresh process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-c", _COMMAND_CHILD, *args], stdout=out,
+                                stderr=err, env=child_env())
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        err.seek(0)
+        lines = out.read().splitlines()
+        got = json.loads(lines[-1]) if lines else {}
+        if os.waitstatus_to_exitcode(status) != 0 or got.get("code") != 0:
+            raise RuntimeError(f"psgate {' '.join(args)} failed: "
+                               f"{err.read().decode(errors='replace')[-500:]}")
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": got["peak_rss"]}
 
 
 def child_env() -> dict:

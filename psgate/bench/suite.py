@@ -13,12 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from psgate import __version__, core
 from psgate.policies import resolve
-from psgate.bench.memory import memory, requests_memory
+from psgate.bench.memory import command_cost, memory, peak_growth
 from psgate.bench.timing import end_to_end, hot_loop, time_selection
 from psgate.bench.traces import (load, write_debt_trace, write_mooncake_trace,
-                                 write_reuse_trace, write_tiny_trace)
+                                 write_reuse_trace, write_tenants_trace, write_tiny_trace)
 from psgate.bench.vllm_driver import merge_vllm, vllm_in_child, vllm_measure
 
 BENCH_FORMAT = 1
@@ -26,6 +28,10 @@ SELECT_TARGET_US = 2.0
 CORE_TARGET = 10.0           # compiled core over the Python engine, same replay
 BYTES_TARGET = 200.0
 REQUEST_BYTES_TARGET = 300.0
+# A replay's receipt holds each tenant's metrics for both runs and its gate checks (about
+# 3.3 KB of JSON per tenant); what a replay holds per tenant is that receipt in memory and
+# its running sums. A G x G structure would be 8 bytes x G per tenant: 400 KB at 50,000.
+GROUP_BYTES_TARGET = 24_000.0
 Progress = Callable[[str], None]
 POLICIES = ("lru", "prefixshield")
 
@@ -40,10 +46,12 @@ class Scale:
     select: tuple[tuple[int, int, float], ...]
     memory_blocks: int
     memory_requests: tuple[int, int] = (100_000, 1_000_000)     # small, large trace
+    memory_groups: tuple[int, int] = (5_000, 50_000)             # few, many tenants
 
 
 QUICK = Scale(reuse=(400, 32, 1024), cold=(400, 32, 1024), select=((4096, 32, 1.0),),
-              memory_blocks=65536, memory_requests=(10_000, 50_000))
+              memory_blocks=65536, memory_requests=(10_000, 50_000),
+              memory_groups=(1_000, 5_000))
 FULL = Scale(reuse=(10000, 64, 131072), cold=(4000, 64, 16384),
              select=((4096, 32, 32.0), (1048576, 1024, 1.0)), memory_blocks=1048576,
              memory_requests=(100_000, 1_000_000))
@@ -218,8 +226,10 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
         # a real trace, compiled and in Python, rounds interleaved as above
         if cfg.mooncake is not None and core.get() is not None:
             path = work / "mooncake.jsonl"
-            traces["mooncake"] = write_mooncake_trace(path, cfg.mooncake, cfg.mooncake_requests,
-                                                      cfg.mooncake_block_size)
+            traces["mooncake"] = {**write_mooncake_trace(path, cfg.mooncake,
+                                                         cfg.mooncake_requests,
+                                                         cfg.mooncake_block_size),
+                                  "capacity": cfg.mooncake_capacity}
             got: dict[str, list[float]] = {"compiled": [], "python": []}
             for _ in range(repeats):
                 for code in got:
@@ -235,23 +245,45 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                     "unit": "s", **_stats(values)}
             say(f"Mooncake {cfg.mooncake_requests} requests: compiled "
                 f"{m['mooncake_compiled']['min']:.1f} s, Python {m['mooncake_python']['min']:.1f} s")
+            # explain on that receipt, each question in a fresh process: memory bounded by
+            # what the answer needs, time linear in the ledger rows read before it
+            rcpt = work / "mooncake-receipt"
+            end_to_end(path, "lru", cfg.mooncake_capacity, rcpt, candidate="prefixshield",
+                       scheduler="step", keep=True)
+            first = next(orjson.loads(x) for x in path.read_bytes().splitlines()[1:]
+                         if b'"request"' in x)
+            questions = {"decision": ["--decision", "2"],
+                         "decision_baseline": ["--decision", "2", "--run", "baseline"],
+                         "request": ["--request", first["id"]]}
+            for q, args in questions.items():
+                r = command_cost(["explain", str(rcpt), *args])
+                m[f"explain_mooncake_{q}"] = {
+                    "what": f"explain {' '.join(args)} on that Mooncake receipt, CPU "
+                            f"(peak RSS {r['peak_rss'] / 1e6:.0f} MB)", "unit": "s",
+                    **_stats([r["cpu_s"]])}
+                info[f"explain_mooncake_{q}"] = r
+                say(f"explain {' '.join(args)}: {r['cpu_s']:.1f} s, "
+                    f"{r['peak_rss'] / 1e6:.0f} MB")
+            shutil.rmtree(rcpt, ignore_errors=True)
             path.unlink()
 
-        # replay memory per request, a short and a long trace of tiny requests
-        n_small, n_large = scale.memory_requests
-        small, large = work / "tiny_small.jsonl", work / "tiny_large.jsonl"
-        traces["tiny_small"] = write_tiny_trace(small, n_small)
-        traces["tiny_large"] = write_tiny_trace(large, n_large)
-        r = requests_memory(small, large, n_small, n_large, work)
-        small.unlink()
-        large.unlink()
-        info["memory_requests"] = r
-        if r["bytes_per_request"] is not None:
-            m["memory_requests"] = {"what": f"replay peak RSS per request, {n_large} vs "
-                                            f"{n_small} requests", "unit": "B",
-                                    **_stats([r["bytes_per_request"]])}
-            say(f"memory per request: {r['bytes_per_request']:.0f} bytes ({n_large:,} vs "
-                f"{n_small:,} requests)")
+        # replay memory per request (a short and a long trace of tiny requests) and per
+        # tenant (few and many tenants, two requests each): the growth between the two
+        for key, unit, counts, write in (
+                ("memory_requests", "request", scale.memory_requests, write_tiny_trace),
+                ("memory_groups", "tenant", scale.memory_groups, write_tenants_trace)):
+            paths = (work / f"{unit}_small.jsonl", work / f"{unit}_large.jsonl")
+            for path, n, size in zip(paths, counts, ("small", "large")):
+                traces[f"{unit}_{size}"] = write(path, n)
+            r = peak_growth(paths, counts, work)
+            for path in paths:
+                path.unlink()
+            info[key] = r
+            if r["bytes_per_unit"] is not None:
+                m[key] = {"what": f"replay peak RSS per {unit}, {counts[1]} vs {counts[0]} "
+                                  f"{unit}s", "unit": "B", **_stats([r["bytes_per_unit"]])}
+                say(f"memory per {unit}: {r['bytes_per_unit']:.0f} bytes ({counts[1]:,} vs "
+                    f"{counts[0]:,} {unit}s)")
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -317,6 +349,10 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
         _target("policy_lru_e2e", f"--policy's replay time / lru's, end to end (ledger), "
                 f"reuse trace", "<=", 3.0, m.get(f"reuse_e2e_{own}"), m["reuse_e2e_lru"],
                 unit_note=own_note, skip=noown),
+        _target("mem_groups", f"replay bytes/tenant at {scale.memory_groups[1]:,} "
+                f"tenants over {GROUP_BYTES_TARGET:g} B", "<=", 1.0,
+                m.get("memory_groups"), _const(GROUP_BYTES_TARGET),
+                skip=None if "memory_groups" in m else "no peak RSS here"),
         _target("mem_requests", f"replay bytes/request at {scale.memory_requests[1]:,} "
                 f"requests over {REQUEST_BYTES_TARGET:g} B", "<=", 1.0,
                 m.get("memory_requests"), _const(REQUEST_BYTES_TARGET),

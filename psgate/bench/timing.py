@@ -30,13 +30,14 @@ def hot_loop(loaded: Loaded, policy: str, capacity: int,
 
 
 def end_to_end(trace: Path, policy: str, capacity: int, out: Path, *, python: bool = False,
-               candidate: str | None = None, scheduler: str = "service",
+               candidate: str | None = None, scheduler: str = "service", keep: bool = False,
                **options) -> float:
     """Seconds for psgate.api.replay (what ``psgate replay`` runs) with ``policy`` as
     baseline and candidate: validation, two runs, full ledger, requests.csv, receipt. Under
     the service model, whose admissions and releases are those of the vLLM KVCacheManager
     replay it is compared with (each request allocated at t and freed at done_t).
-    ``python``: on the Python engine (PSGATE_CORE=0), whether or not the core is built."""
+    ``python``: on the Python engine (PSGATE_CORE=0), whether or not the core is built.
+    ``keep``: leave the receipt in ``out`` (for what reads it next)."""
     from psgate import api
     cfg = api.ReplayConfig(trace=str(trace), baseline=policy, candidate=candidate or policy,
                            capacity=capacity, out=out, force=True, cost=INSTANT,
@@ -54,7 +55,8 @@ def end_to_end(trace: Path, policy: str, capacity: int, out: Path, *, python: bo
             os.environ.pop("PSGATE_CORE", None)
         else:
             os.environ["PSGATE_CORE"] = before
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     return dt
 
 

@@ -104,6 +104,28 @@ def write_tiny_trace(path: Path, requests: int, seed: int = 1) -> dict:
     return {"requests": requests, "blocks": requests, "capacity": TINY_CAPACITY}
 
 
+def write_tenants_trace(path: Path, groups: int, per_group: int = 2, seed: int = 1) -> dict:
+    """``per_group`` rounds over ``groups`` tenants, one two-block request each, 0.1 ms
+    apart and held 0.1 ms: every tenant reuses its own prompt, so a larger trace adds
+    tenants, not blocks per tenant (the state that must grow linearly in tenants)."""
+    rng = random.Random(seed)
+    dt = 0.0001
+    with open(path, "wb") as fh:
+        fh.write(orjson.dumps(header_line(BLOCK_SIZE, source=f"psgate bench tenants "
+                                                              f"groups={groups} seed={seed}"))
+                 + b"\n")
+        for i in range(groups * per_group):
+            g = i % groups
+            t = round(i * dt, 6)
+            fh.write(orjson.dumps({
+                "t": t, "op": "request", "id": f"r{i}", "group": f"tenant-{g}",
+                "contract": CONTRACT_NAMES[g % 3], "scope": "m",
+                "blocks": [f"{2 * g:x}", f"{2 * g + 1:x}"], "tail": rng.randrange(1, BLOCK_SIZE),
+                "out": 4, "role": "benign", "done_t": round(t + dt, 6)}) + b"\n")
+    return {"requests": groups * per_group, "blocks": 2 * groups, "groups": groups,
+            "capacity": TINY_CAPACITY}
+
+
 class Loaded(NamedTuple):
     """A validated trace with its events in memory (the hot loop's input)."""
 

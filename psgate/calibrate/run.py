@@ -23,6 +23,7 @@ from pathlib import Path
 import orjson
 
 from psgate import __version__
+from psgate.atomic import write_atomic
 from psgate.engines.cost import COEFFICIENTS, COST_MODEL_FORMAT, COST_MODEL_VERSION
 from psgate.engines.cost import validate_cost_model_doc
 from psgate.engines.step_cost import STEP_COEFFICIENTS
@@ -320,9 +321,7 @@ def write_document(doc: dict, out: Path, force: bool) -> None:
         raise InputError("already exists; pass --force to replace it", path=str(out))
     if out.parent and not out.parent.is_dir():
         raise InputError("the output's directory does not exist", path=str(out))
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
-    os.replace(tmp, out)
+    write_atomic(out, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
 def _cpu_name() -> str:

@@ -14,6 +14,7 @@ or override is public; names with a leading underscore stay inside their module.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Iterable
 
 import orjson
@@ -135,13 +136,17 @@ class ReplayEngine(BlockPool):
         self.occ_max: list[int] = []
         self.occ_area: list[int] = []
         self.occ_t: list[int] = []
-        self.evict_matrix: list[list[int]] = []
+        # evict_matrix[evictor][owner] = blocks the evictor's requests took from the owner; one
+        # sparse row per group (a dense G x G table is quadratic in tenants).
+        self.evict_matrix: list[Counter[int]] = []
 
         try:
             self.policy.bind(PoolInfo(num_blocks=n, num_usable=n - 1, block_size=self.bs,
                                       groups=tuple(groups), key_shift=KEY_SHIFT))
         except Exception as exc:
             fault = policy_fault(self.policy, exc)
+            if fault is None and type(exc) is ValueError:   # a built-in refusing this pool
+                fault = f"policy '{self.policy.name}': {exc}"
             if fault is None:
                 raise
             raise InputError(fault) from None   # before any event: the policy cannot start
@@ -214,9 +219,7 @@ class ReplayEngine(BlockPool):
             self.occ_max.append(0)
             self.occ_area.append(0)
             self.occ_t.append(self.now)
-            for row in self.evict_matrix:
-                row.append(0)
-            self.evict_matrix.append([0] * (g + 1))
+            self.evict_matrix.append(Counter())
         return g
 
     def occ_add(self, g: int, delta: int) -> None:
@@ -604,7 +607,7 @@ class ReplayEngine(BlockPool):
             area = self.occ_area[g] + self.occ[g] * (end - self.occ_t[g])
             occ_mean[name] = area / span
         names = self.group_names
-        matrix = {names[a]: {names[b]: n for b, n in enumerate(row) if n}
+        matrix = {names[a]: {names[b]: row[b] for b in sorted(row) if row[b]}
                   for a, row in enumerate(self.evict_matrix)}
         return RunResult(
             label=self.label, policy=self.policy.describe(), usable_blocks=self.num_usable,

@@ -31,6 +31,7 @@ import orjson
 
 from psgate.engines.step_cost import STEP_COEFFICIENTS, StepCostModel
 from psgate.errors import InputError
+from psgate.inputs import read_capped
 
 COST_MODEL_FORMAT = "psgate-cost-model"
 COST_MODEL_VERSION = 2              # what psgate calibrate writes
@@ -42,6 +43,9 @@ DEFAULT_SOURCE = "psgate defaults (Qwen2.5-1.5B on NVIDIA L4, rough)"
 # No coefficient reaches 1,000 s: beyond that it is no hardware's time, and near the float
 # range (1e308) a modeled duration becomes infinite and has no nanosecond value at all.
 MAX_COEFFICIENT_MS = 1e6
+# The largest calibrated file shipped is about 230 KB; a file past this is a wrong path,
+# refused before it is read into memory.
+MAX_COST_MODEL_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,7 @@ def read_cost_model_doc(path: str | Path) -> tuple[dict, bytes]:
     require_utf8_name(str(path))
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_capped(p, "cost-model file", MAX_COST_MODEL_BYTES)
     except FileNotFoundError:
         raise InputError("no such cost-model file", path=str(p)) from None
     except IsADirectoryError:

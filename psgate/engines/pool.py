@@ -26,6 +26,11 @@ from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, content_key
 from psgate.trace.reader import HashTable
 
 
+# Block ids are signed 32-bit in every per-block array (the pool's, the checker's and the
+# policies'), so a pool has at most 2^31 - 1 configured blocks.
+MAX_BLOCKS = 2**31 - 1
+
+
 class BlockPool:
     """``num_blocks`` blocks: who pins each (``ref``), what it holds (``key``), which group
     it is charged to (``owner``), the truly free ones (``free``) and where each content key

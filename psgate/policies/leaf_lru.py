@@ -14,7 +14,9 @@ Choices:
 - Recency is the block's last free (vLLM's free-queue order), so among leaves the
   order is exactly ``lru``'s. A parent whose last resident child is evicted becomes
   eligible at its own position: both queues are ``SeqQueues`` (heaps by freed_seq),
-  O(log n) per event.
+  O(log n) per event. The tree, the two queues and the candidate count are
+  ``LeafCandidates`` (the policy API's, shared with the other leaf-first policies:
+  fifo, mru, lfu, slru, tlru); this module supplies only the key, freed_seq.
 - "Child" is the tree the requests built: the block a request held at the previous
   position when the block was cached (``LeafTracker``, guarded by a generation
   counter against reused block ids). Evicting only leaves never orphans a block.
@@ -34,10 +36,8 @@ from __future__ import annotations
 
 from array import array
 
-from psgate.policy import (Decision, EvictionPolicy, LeafTracker, PolicyRequest, PoolInfo,
+from psgate.policy import (Decision, EvictionPolicy, LeafCandidates, PolicyRequest, PoolInfo,
                           SeqQueues)
-
-LEAVES, NONLEAF = 0, 1
 
 
 class LeafLRUPolicy(EvictionPolicy):
@@ -45,63 +45,42 @@ class LeafLRUPolicy(EvictionPolicy):
     api_version = 1
     summary = "least recently used leaf: only blocks with no resident child are evicted"
     defaults = {}
+    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the sequence
 
     def bind(self, pool: PoolInfo) -> None:
         super().bind(pool)
         n = pool.num_blocks
-        self.tree = LeafTracker(n)
-        self.q = SeqQueues(n, 2)
+        self.c = LeafCandidates(n)             # keyed by freed_seq
+        self.tree = self.c.tree
         self.freed_seq = array("q", [0]) * n
-        self.cand = bytearray(n)
         self.seq = 0
-        self.num_cand = 0
 
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
                   key: int = -1) -> None:
-        self.tree.cached(block, parent)
+        self.c.cached(block, parent)
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
-        tree, q, freed, cand = self.tree, self.q, self.freed_seq, self.cand
+        push, freed = self.c.push, self.freed_seq
+        s = self.seq
         for b in blocks:
-            self.seq += 1
-            freed[b] = self.seq
-            cand[b] = 1
-            q.push(LEAVES if tree.is_leaf(b) else NONLEAF, b, self.seq)
-        self.num_cand += len(blocks)
+            s += 1
+            freed[b] = s
+            push(b, s)
+        self.seq = s
 
     def on_touch(self, block: int) -> None:
-        self.q.remove(block)
-        self.cand[block] = 0
-        self.num_cand -= 1
+        self.c.remove(block)
 
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        q = self.q
-        b = q.head(LEAVES)
-        if b >= 0:
-            return Decision(victim=b, num_candidates=self.num_cand, position=0, queue="leaf",
-                            segments={"leaf": q.live[LEAVES], "nonleaf": q.live[NONLEAF]},
-                            rank={"freed_seq": self.freed_seq[b], "leaf": True})
-        b = q.head(NONLEAF)     # guard, see the module docstring
-        return Decision(victim=b, num_candidates=self.num_cand, position=0,
-                        queue="ancestry-fallback",
-                        segments={"leaf": 0, "nonleaf": q.live[NONLEAF]},
-                        rank={"freed_seq": self.freed_seq[b], "leaf": False,
-                              "ancestry_fallback": True})
+        freed = self.freed_seq
+        return self.c.decision(lambda b, leaf: {"freed_seq": freed[b], "leaf": leaf})
 
     def on_evict(self, block: int) -> None:
-        q = self.q
-        if self.cand[block]:
-            q.remove(block)
-            self.cand[block] = 0
-            self.num_cand -= 1
-        parent = self.tree.evicted(block)
-        if parent >= 0 and self.cand[parent] and q.where[parent] == NONLEAF:
-            q.remove(parent)
-            q.push(LEAVES, parent, self.freed_seq[parent])
+        self.c.evicted(block)
 
     @property
     def num_candidates(self) -> int:
-        return self.num_cand
+        return self.c.num
 
     def candidates(self) -> list[int]:
-        return self.q.items(LEAVES) + self.q.items(NONLEAF)
+        return self.c.items()

@@ -68,6 +68,7 @@ class PrefixShield(EvictionPolicy):
                                 "history_size": 65536, "leaf_only": True, "segments": True,
                                 "gate": True}
     family = "prefixshield"
+    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the sequence
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -82,6 +83,8 @@ class PrefixShield(EvictionPolicy):
         for key in ("leaf_only", "segments", "gate"):
             if not isinstance(self.params[key], bool):
                 raise ValueError(f"'{key}' must be true or false")
+        if self.params["eps"] < 0:      # a negative tolerance would call a balanced group indebted
+            raise ValueError(f"'eps' must be >= 0, found {self.params['eps']!r}")
         if not isinstance(self.params["history_size"], int) or self.params["history_size"] < 1:
             raise ValueError("'history_size' must be a positive integer")
         self.contract_names = sorted(table)

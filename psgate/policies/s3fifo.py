@@ -165,6 +165,7 @@ class _Plan:
 
 class S3FIFOPolicy(EvictionPolicy):
     name = "s3fifo"
+    max_blocks = _BMASK                # block ids share a heap entry with the position
     api_version = 1
     summary = ("S3-FIFO (SOSP'23): small FIFO 10%, main FIFO with reinsertion, ghost FIFO, "
                "2-bit counter; S -> M at move_threshold hits (1; the reference's default is "

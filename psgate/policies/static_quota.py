@@ -29,18 +29,24 @@ class StaticQuota(EvictionPolicy):
     defaults: dict[str, Any] = {"shares": None}
     work_conserving = False
 
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        shares = self.params["shares"]      # checked here, so a bad table is bad input
+        if shares is not None and (not isinstance(shares, dict) or not all(
+                type(v) is int and v >= 0 for v in shares.values())):
+            raise ValueError(f"'shares' must map group names to block counts (integers "
+                             f">= 0), found {shares!r:.60}")
+
     def bind(self, pool: PoolInfo) -> None:
         super().bind(pool)
         n = pool.num_blocks
         groups = list(pool.groups)
         shares = self.params["shares"]
         if shares is not None:
-            if not isinstance(shares, dict) or not all(
-                    isinstance(v, int) and v >= 0 for v in shares.values()):
-                raise ValueError("'shares' must map group names to block counts")
-            if sum(shares.values()) > pool.num_usable:
+            if sum(shares.values()) > pool.num_usable:   # the engine: bad input naming it
                 raise ValueError(f"'shares' add up to {sum(shares.values())} blocks; only "
-                                 f"{pool.num_usable} are usable")
+                                 f"{pool.num_usable} are usable (--capacity less the null "
+                                 f"block)")
             groups += [g for g in shares if g not in groups]
             self.share = {g: shares.get(g, 0) for g in groups}
         else:

@@ -25,6 +25,8 @@ What it holds:
 - helpers over flat arrays: :class:`BlockQueues` (intrusive FIFO queues, O(1)),
   :class:`SeqQueues` (queues ordered by a sequence number, O(log n)),
   :class:`LeafTracker` (which cached blocks are leaves of the chains requests built),
+  :class:`LeafCandidates` (a leaf-first policy's candidates: leaves before non-leaves,
+  each ordered by the policy's integer key, a parent eligible again at its own key),
   :class:`PrefixHistory` (per-group bounded LRU sets of content keys), :class:`GroupIds`
   (dense group ids);
 - :data:`DEFAULT_CONTRACTS`, the contract table (refill blocks/s, burst blocks) that the
@@ -50,14 +52,14 @@ from psgate.invariants.prefixshield import BucketAudit
 from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyRequest,
                                 PoolInfo, non_finite)
 from psgate.policy.history import PrefixHistory
-from psgate.policy.queues import BlockQueues, LeafTracker, SeqQueues
+from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker, SeqQueues
 
 API_VERSION = 1
 NS_PER_S = 1_000_000_000
 
 __all__ = ["API_VERSION", "NS_PER_S", "BlockQueues", "BucketAudit", "DEFAULT_CONTRACTS",
-           "Decision", "EvictionPolicy", "GroupIds", "LeafTracker", "PolicyRequest",
-           "PoolInfo", "PrefixHistory", "SeqQueues", "kernels", "non_finite"]
+           "Decision", "EvictionPolicy", "GroupIds", "LeafCandidates", "LeafTracker",
+           "PolicyRequest", "PoolInfo", "PrefixHistory", "SeqQueues", "kernels", "non_finite"]
 
 
 def kernels():

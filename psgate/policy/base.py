@@ -147,6 +147,10 @@ class EvictionPolicy(ABC):
     # Work-conserving: never makes a request wait or evict while capacity is idle.
     work_conserving: ClassVar[bool] = True
     wants_block_keys: ClassVar[bool] = False
+    # Most configured blocks (the null block included) the policy's structures can hold,
+    # or None for no limit of its own: a replay refuses a larger --capacity before any
+    # work rather than failing in bind() after the trace was read and other runs ran.
+    max_blocks: ClassVar[int | None] = None
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.defaults))

@@ -34,12 +34,15 @@ import gzip
 import io
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import compress
 from operator import itemgetter
 
 import orjson
 
 from psgate import core
 from psgate.errors import InputError
+from psgate.inputs import open_input
 from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
@@ -292,62 +295,6 @@ class CompactEncoder:
         return out
 
 
-class CompactDecoder:
-    """Compact rows in, the CSV ledger's rows out, byte for byte."""
-
-    def __init__(self, header: str, version: str = VERSION) -> None:
-        enc = self._enc = CompactEncoder(header)       # the same columns and predictions
-        self.columns, self.json_cols, self.plain_cols = enc.columns, enc.json_cols, enc.plain_cols
-        self._hash_col = enc._hash_col
-        self._hashes = HashIds(HashIds.V1_LIMIT if version == "1" else None)
-        self._last = enc._last
-        self._blank = (enc._blank[0], {i: [] for i in self.json_cols},
-                       {i: [] for i in self.json_cols})
-        self._by_kind: dict = {}
-
-    def decode(self, codes: list[str]) -> str:
-        kind = codes[0]
-        prev_own, prev_keys, prev_values = self._by_kind.get(kind) or self._blank
-        enc = self._enc
-        fields = [""] * len(self.columns)
-        fields[_KIND_COL] = kind
-        hash_col = self._hash_col
-        for k, (i, pred) in enumerate(zip(self.plain_cols, enc.predict(self._last, prev_own)),
-                                      start=1):
-            code = codes[k]
-            if i == hash_col and code.startswith("#"):
-                fields[i] = self._hashes.name(int(code[1:]))
-            else:
-                fields[i] = _uncode(code, pred)
-        k = 1 + len(self.plain_cols)
-        h = fields[hash_col]
-        if h:
-            self._hashes.see(h)
-        keys_now, values_now = dict(prev_keys), dict(prev_values)
-        for i in self.json_cols:
-            mark = codes[k]
-            k += 1
-            if mark.startswith("!"):
-                fields[i] = mark[1:]
-                continue
-            same = mark == ""
-            keys = prev_keys.get(i) if same else orjson.loads(mark[1:])
-            if keys is None:
-                raise ValueError("a JSON column's keys are predicted before any were given")
-            pv = prev_values.get(i) if same else None
-            values = []
-            for j in range(len(keys)):
-                values.append(_uncode(codes[k], pv[j] if pv is not None else ""))
-                k += 1
-            fields[i] = _json_text(keys, values) if keys else ""
-            keys_now[i], values_now[i] = keys, values
-        if k != len(codes):
-            raise ValueError(f"{len(codes) - k} codes left over")
-        self._last = enc._shared(fields)
-        self._by_kind[kind] = (enc._own(fields), keys_now, values_now)
-        return ",".join(fields) + "\n"
-
-
 def compiled_coder(enc: CompactEncoder):
     """The compiled form of ``enc``'s encode (psgate._core.CompactCoder), starting from
     ``enc``'s state, or None where the core is off or not built."""
@@ -408,13 +355,193 @@ class CompactLedgerFile:
         self._raw.close()
 
 
-def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
-    """The CSV ledger's lines (header first, each with its "\\n") from a compact stream's
-    text. A stream that is not a compact ledger, or is cut or altered so that a row does
-    not decode, is an InputError naming the row."""
-    if csv.field_size_limit() < _FIELD_LIMIT:      # a 200 kB request id is a field too
-        csv.field_size_limit(_FIELD_LIMIT)
-    rows = csv.reader(stream)
+_ODD = re.compile(r'[",\r\n]')       # a field text csv would not read back as itself
+
+
+class CompactReader:
+    """A compact ledger's rows for a reader that wants a few of them (``psgate explain``):
+    each row is decoded into the decoder's state code by code, nothing done for a field
+    that equals its prediction, and no CSV row is made until one is asked for
+    (:meth:`line`, the CSV ledger's line, byte for byte). :meth:`text`
+    is one field's text in the current row. ``simple`` says that every plain field of the
+    row is read back by csv as its own text (no quote, comma or line break) and no JSON
+    column was kept verbatim, so a field's text is its value."""
+
+    def __init__(self, header: str, version: str = VERSION) -> None:
+        enc = CompactEncoder(header)
+        self.columns = enc.columns
+        self._shared_cols, self._own_cols, self._json_cols = (enc.shared_cols, enc.own_cols,
+                                                              enc.json_cols)
+        self._ns, self._no = len(enc.shared_cols), len(enc.own_cols)
+        self._seq_at = enc._seq_at
+        self._hash_at = enc.own_cols.index(enc._hash_col)
+        self._hashes = HashIds(HashIds.V1_LIMIT if version == "1" else None)
+        self._where = {}                # column name -> (0 shared / 1 own / 2 JSON, index)
+        for j, i in enumerate(enc.shared_cols):
+            self._where[self.columns[i]] = (0, j)
+        for j, i in enumerate(enc.own_cols):
+            self._where[self.columns[i]] = (1, j)
+        for i in enc.json_cols:
+            self._where[self.columns[i]] = (2, i)
+        self._where["kind"] = (3, _KIND_COL)
+        self._last = [""] * self._ns
+        self._seq: int | None = None    # the seq column as a number while it is one
+        self._by_kind: dict[str, list] = {}
+        self._odd: set = set()          # state slots whose text is not its csv value
+        self._raw: dict[int, str] = {}  # JSON columns kept verbatim ("!") in this row
+        self.kind = ""
+        self._own: list[str] = []
+        self._keys: dict = {}
+        self._values: dict = {}
+
+    def _set(self, slot, value: str) -> str:
+        if _ODD.search(value):
+            self._odd.add(slot)
+        elif self._odd:
+            self._odd.discard(slot)
+        return value
+
+    def advance(self, codes: list[str]) -> None:
+        """Decode the next compact row into the state (ValueError, IndexError, TypeError or
+        orjson.JSONDecodeError where it does not decode)."""
+        kind = codes[0]
+        st = self._by_kind.get(kind)
+        if st is None:
+            st = [[""] * self._no, {i: [] for i in self._json_cols},
+                  {i: [] for i in self._json_cols}, None]
+        own, keys_of, values_of = st[0], st[1], st[2]
+        ns, no = self._ns, self._no
+        last, seq_at = self._last, self._seq_at
+        nz = [k for k in compress(range(1, 1 + ns + no), codes[1:1 + ns + no])]
+        seq_done = False
+        for k in nz:
+            code = codes[k]
+            if k <= ns:
+                j = k - 1
+                if j == seq_at:
+                    seq_done = True
+                    pred = self.seq_pred()
+                    text = _uncode(code, pred)
+                    self._seq = int(text) if _INT.match(text) else None
+                    last[j] = self._set((0, j), text)
+                else:
+                    last[j] = self._set((0, j), _uncode(code, last[j]))
+            else:
+                j = k - 1 - ns
+                if j == self._hash_at and code.startswith("#"):
+                    own[j] = self._set((1, kind, j), self._hashes.name(int(code[1:])))
+                else:
+                    own[j] = self._set((1, kind, j), _uncode(code, own[j]))
+        if not seq_done and self._seq is not None:
+            s = self._seq + 1
+            if -10 ** 18 < s < 10 ** 18:
+                self._seq = s
+            else:                        # beyond a machine word: kept as text from here
+                last[seq_at] = str(s)
+                self._seq = None
+        h = own[self._hash_at]
+        if h:
+            self._hashes.see(h)
+        if self._raw:
+            self._raw = {}
+        k = 1 + ns + no
+        n = len(codes)
+        if st[3] is not None and st[3] == n and not any(codes[k:]):
+            pass                         # every JSON column as predicted
+        else:
+            keys_now, values_now = dict(keys_of), dict(values_of)
+            for i in self._json_cols:
+                mark = codes[k]
+                k += 1
+                if mark.startswith("!"):
+                    self._raw[i] = mark[1:]
+                    continue
+                same = mark == ""
+                keys = keys_of.get(i) if same else orjson.loads(mark[1:])
+                if keys is None:
+                    raise ValueError("a JSON column's keys are predicted before any were given")
+                pv = values_of.get(i) if same else None
+                values = []
+                for j in range(len(keys)):
+                    values.append(_uncode(codes[k], pv[j] if pv is not None else ""))
+                    k += 1
+                keys_now[i], values_now[i] = keys, values
+            if k != n:
+                raise ValueError(f"{n - k} codes left over")
+            st[1], st[2] = keys_now, values_now
+            # the length of a row whose JSON columns are all as predicted
+            st[3] = (1 + ns + no + sum(1 + len(keys_now[i]) for i in self._json_cols)
+                     if not self._raw else None)
+        self._by_kind[kind] = st
+        self.kind, self._own, self._keys, self._values = kind, own, st[1], st[2]
+
+    def seq_pred(self) -> str:
+        return str(self._seq + 1) if self._seq is not None else self._pred_text()
+
+    def _pred_text(self) -> str:
+        seq = self._last[self._seq_at]
+        return str(int(seq) + 1) if _INT.match(seq) else seq
+
+    @property
+    def simple(self) -> bool:
+        if self._raw or _ODD.search(self.kind):
+            return False
+        if not self._odd:
+            return True
+        kind = self.kind
+        return not any(s[0] == 0 or s[1] == kind for s in self._odd)
+
+    def text(self, name: str) -> str:
+        """The current row's field ``name`` as the CSV row has it."""
+        where, j = self._where[name]
+        if where == 0:
+            if j == self._seq_at and self._seq is not None:
+                return str(self._seq)
+            return self._last[j]
+        if where == 1:
+            return self._own[j]
+        if where == 3:
+            return self.kind
+        if j in self._raw:
+            return self._raw[j]
+        keys = self._keys[j]
+        return _json_text(keys, self._values[j]) if keys else ""
+
+    def value(self, name: str) -> str:
+        """The current row's field ``name`` as csv reads it, in a ``simple`` row."""
+        text = self.text(name)
+        if self._where[name][0] == 2 and text:
+            return text[1:-1].replace('""', '"')
+        return text
+
+    def json_keys(self, name: str) -> list[str] | None:
+        """The keys of a JSON column of the current row (None where it was kept verbatim)."""
+        j = self._where[name][1]
+        return None if j in self._raw else self._keys[j]
+
+    def line(self) -> str:
+        """The current row as the CSV ledger has it."""
+        fields = [""] * len(self.columns)
+        fields[_KIND_COL] = self.kind
+        last = self._last
+        for j, i in enumerate(self._shared_cols):
+            fields[i] = last[j]
+        if self._seq is not None:
+            fields[self._shared_cols[self._seq_at]] = str(self._seq)
+        for j, i in enumerate(self._own_cols):
+            fields[i] = self._own[j]
+        for i in self._json_cols:
+            if i in self._raw:
+                fields[i] = self._raw[i]
+            else:
+                keys = self._keys[i]
+                fields[i] = _json_text(keys, self._values[i]) if keys else ""
+        return ",".join(fields) + "\n"
+
+
+def _compact_header(rows: Iterator[list[str]], name: str) -> tuple[str, CompactReader]:
+    """The ledger's CSV header and a reader for the rows after it, from a compact stream's
+    first two rows (an InputError where they are not a compact ledger's)."""
     try:
         magic = next(rows)
         if len(magic) != 2 or magic[0] != MAGIC or magic[1] not in READS:
@@ -426,37 +553,78 @@ def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
     try:
         if len(header) != 1:
             raise ValueError(f"{len(header)} fields")
-        dec = CompactDecoder(header[0], magic[1])
+        return header[0], CompactReader(header[0], magic[1])
     except (ValueError, TypeError) as exc:
         raise InputError(f"expected the ledger's CSV header, found {header!r:.60} ({exc})",
                          path=name, line=2) from None
-    yield header[0] + "\n"
-    for n, codes in enumerate(rows, start=3):
-        try:
-            yield dec.decode(codes)
-        except (ValueError, IndexError, TypeError, orjson.JSONDecodeError) as exc:
-            raise InputError(f"row does not decode: {exc}", path=name, line=n) from None
 
 
-def open_compact(path) -> Iterator[str]:
-    """The CSV ledger's lines from a ledger.compact.csv.gz file."""
-    with io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="") as fh:
-        yield from decode(fh, str(path))
+def _compact_rows(stream: Iterable[str], name: str
+                  ) -> tuple[str, Iterator[tuple[int, CompactReader]]]:
+    """The CSV header, and (compact row number, the reader holding that row) for each row:
+    the same reader each time, so read what a row is asked for before taking the next. A
+    row that does not decode (a file cut or altered) is an InputError naming it."""
+    if csv.field_size_limit() < _FIELD_LIMIT:      # a 200 kB request id is a field too
+        csv.field_size_limit(_FIELD_LIMIT)
+    rows = csv.reader(stream)
+    header, reader = _compact_header(rows, name)
+
+    def each() -> Iterator[tuple[int, CompactReader]]:
+        advance = reader.advance
+        for n, codes in enumerate(rows, start=3):
+            try:
+                advance(codes)
+            except (ValueError, IndexError, TypeError, orjson.JSONDecodeError) as exc:
+                raise InputError(f"row does not decode: {exc}", path=name, line=n) from None
+            yield n, reader
+    return header, each()
 
 
-def compact_lines(path) -> Iterator[str]:
-    """The lines of the CSV a ledger.compact.csv.gz file codes, each with its "\n" (a row
-    with a line break in a quoted field is more than one); a file that is cut, not gzip,
-    not UTF-8 or does not decode is an InputError naming it (and the compact row, where
-    one is to blame)."""
+def decode(stream: Iterable[str], name: str = "ledger") -> Iterator[str]:
+    """The CSV ledger's lines (header first, each with its "\\n") from a compact stream's
+    text. A stream that is not a compact ledger, or is cut or altered so that a row does
+    not decode, is an InputError naming the row."""
+    header, rows = _compact_rows(stream, name)
+    yield header + "\n"
+    for _, reader in rows:
+        yield reader.line()
+
+
+@contextmanager
+def _compact_file(path) -> Iterator[io.TextIOWrapper]:
+    """A ledger.compact.csv.gz file's text; a file that is cut, not gzip or not UTF-8 is an
+    InputError naming it."""
     import zlib
     try:
-        for row in open_compact(path):         # every row ends with "\n"
-            for line in row[:-1].split("\n"):
-                yield line + "\n"
+        with open_input(path, "ledger") as raw, \
+                io.TextIOWrapper(gzip.open(raw, "rb"), encoding="utf-8", newline="") as fh:
+            yield fh
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 ({exc.reason}; expected the UTF-8 compact ledger psgate "
                          f"writes)", path=str(path)) from None
     except (EOFError, zlib.error, gzip.BadGzipFile, csv.Error) as exc:
         raise InputError(f"not a complete compact ledger ({exc}; expected the gzip psgate "
                          f"writes)", path=str(path)) from None
+
+
+def open_compact(path) -> Iterator[str]:
+    """The CSV ledger's lines from a ledger.compact.csv.gz file (errors as compact_lines')."""
+    with _compact_file(path) as fh:
+        yield from decode(fh, str(path))
+
+
+def compact_lines(path) -> Iterator[str]:
+    """The lines of the CSV a ledger.compact.csv.gz file codes, each with its "\\n" (a row
+    with a line break in a quoted field is more than one); a file that is cut, not gzip,
+    not UTF-8 or does not decode is an InputError naming it (and the compact row, where
+    one is to blame)."""
+    for row in open_compact(path):         # every row ends with "\n"
+        for line in row[:-1].split("\n"):
+            yield line + "\n"
+
+
+def read_compact(path) -> Iterator[tuple[int, CompactReader]]:
+    """(compact row number, the reader holding that row) for each row of a
+    ledger.compact.csv.gz file (see _compact_rows); errors as :func:`compact_lines`'."""
+    with _compact_file(path) as fh:
+        yield from _compact_rows(fh, str(path))[1]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 
 from psgate.errors import InputError
-from psgate.resources import first_schema_error
+from psgate.inputs import read_capped
+from psgate.resources import first_schema_error, load_schema
 from psgate.trace.reader import require_utf8_name
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
@@ -31,6 +32,9 @@ _TOML_POS = re.compile(r" \(at line (\d+), column (\d+)\)$")
 # A threshold is ref + delta, recorded in the receipt: both finite (a NaN or an infinity
 # would make a comparison that decides nothing) and small enough to stay a JSON number.
 MAX_THRESHOLD = 1e15
+# A gate file is a few checks: a larger one is a wrong path (a trace, /dev/zero), refused
+# before it is read into memory.
+MAX_GATE_FILE_BYTES = 1 << 20
 
 
 # The non-regression checks: metric -> (direction, tolerance kind). "higher" metrics
@@ -73,14 +77,24 @@ class Tolerances:
                    min_requests_ttft=doc["min_requests_ttft"], enabled=doc["enabled"])
 
     def validated(self) -> "Tolerances":
-        for opt, v in (("--tolerance-hit", self.hit), ("--tolerance-tokens", self.tokens),
-                       ("--tolerance-ttft", self.ttft)):
-            if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
-                raise InputError(f"expected a finite number >= 0, found {v}", path=opt)
-        for opt, n in (("--min-requests", self.min_requests),
-                       ("--min-requests-ttft", self.min_requests_ttft)):
-            if n < 1:
-                raise InputError(f"expected a positive integer, found {n}", path=opt)
+        """The command's options held to the bounds a gate file's [defaults] table has
+        (schemas/gate.schema.json, the one source of both), so an option cannot pass
+        what the same value in a gate file is refused for."""
+        bounds = load_schema("gate")["properties"]["defaults"]["properties"]
+        for opt, key, v in (("--tolerance-hit", "tolerance_hit", self.hit),
+                            ("--tolerance-tokens", "tolerance_tokens", self.tokens),
+                            ("--tolerance-ttft", "tolerance_ttft", self.ttft),
+                            ("--min-requests", "min_requests", self.min_requests),
+                            ("--min-requests-ttft", "min_requests_ttft",
+                             self.min_requests_ttft)):
+            b = bounds[key]
+            lo, hi = b["minimum"], b["maximum"]
+            integer = b["type"] == "integer"
+            ok = (type(v) is int if integer else type(v) in (int, float) and math.isfinite(v))
+            if not (ok and lo <= v <= hi):
+                what = "an integer" if integer else "a finite number"
+                raise InputError(f"expected {what} in {lo!r}..{hi!r}, found {v!r:.40} (the "
+                                 f"bound of a gate file's [defaults] {key})", path=opt)
         return self
 
 
@@ -117,13 +131,16 @@ def load_gate_file(path: str) -> GateSpec:
     require_utf8_name(path)
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_capped(p, "gate file", MAX_GATE_FILE_BYTES)
     except OSError as exc:
         raise InputError(f"cannot read gate file: {exc.strerror}", path=path) from None
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError("not valid UTF-8", path=path) from None
+    except RecursionError:      # tomllib parses nested arrays and tables recursively
+        raise InputError("arrays or inline tables nested too deeply for a gate file",
+                         path=path) from None
     except tomllib.TOMLDecodeError as exc:
         msg = getattr(exc, "msg", str(exc))
         line, col = getattr(exc, "lineno", None), getattr(exc, "colno", None)

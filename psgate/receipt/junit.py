@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from psgate.atomic import write_atomic
 
 
 def junit_xml(suite: str, checks: list[dict]) -> bytes:
@@ -32,13 +32,6 @@ def junit_xml(suite: str, checks: list[dict]) -> bytes:
 
 
 def write_junit(path: str | Path, suite: str, checks: list[dict]) -> None:
-    """Atomically: a temporary file beside the target, then a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(junit_xml(suite, checks))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """As every other output is written: whole or not at all, with the umask's mode, and
+    a failure naming the file."""
+    write_atomic(path, junit_xml(suite, checks))

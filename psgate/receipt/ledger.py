@@ -22,6 +22,7 @@ import orjson
 
 from psgate import core
 from psgate.engines.results import OutcomeSink, RequestOutcome
+from psgate.inputs import open_input, require_regular
 
 LEDGER_COLUMNS = (
     "run", "policy", "seq", "t", "kind", "request", "group", "contract", "block", "hash",
@@ -167,6 +168,7 @@ def open_text(path: Path):
     if path.name.endswith(".compact.csv.gz"):
         from psgate.receipt.compact import open_compact
         return contextlib.closing(open_compact(path))      # iterable lines, closed by with
+    require_regular(path, "ledger")
     if path.name.endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
     return open(path, newline="", encoding="utf-8")
@@ -463,7 +465,7 @@ def write_requests(path: Path, runs: list[tuple[str, str, list[RequestOutcome]]]
 
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_input(path, "output file") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

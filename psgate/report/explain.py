@@ -21,6 +21,7 @@ from psgate.errors import InputError
 from psgate.receipt.ledger import fmt_t
 from psgate.report.receipts import (config_from_receipt, load_receipt, prepare_replay,
                                     replay_run, text_lines)
+from psgate.report.verify import recorded_outputs_difference
 from psgate.trace.keys import OUTPUT_KEY_BIT, split_key
 from psgate.trace.model import RequestEvent
 from psgate.trace.reader import HashTable, TraceReader, TraceSource
@@ -141,6 +142,18 @@ def candidates_at(receipt: dict, run: str, seq: int, trace: str | None = None
     raise InputError(f"the replay never reached decision {seq} of the {run} run")
 
 
+def _load_intact(directory: Path) -> dict:
+    """The receipt, once every output it records has the SHA-256 it records: explain reads
+    the ledger only as far as its answer, so a file cut or edited past that point would
+    otherwise pass unnoticed, and an edited row would be explained as if psgate wrote it."""
+    receipt = load_receipt(directory)
+    diff = recorded_outputs_difference(directory, receipt)
+    if diff is not None:
+        raise InputError(f"{diff}; psgate verify names the first difference",
+                         path=str(directory))
+    return receipt
+
+
 def _ledger_config(receipt: dict) -> dict:
     return receipt["config"].get("ledger", {"rows": "all", "file": "ledger.csv"})
 
@@ -151,17 +164,17 @@ def explain(directory: str | Path, run: str = "candidate", decision: int | None 
     """One ledger decision (``decision``), or every eviction of one pool slot (``slot``:
     a block id, which many contents share over a run), in words."""
     directory = Path(directory)
-    receipt = load_receipt(directory)
+    receipt = _load_intact(directory)
     _check_run(run)
     policy = receipt["config"][run]["name"]
-    rows = read_rows(directory, run, _ledger_config(receipt)["file"])
+    name = _ledger_config(receipt)["file"]
     if decision is not None:
-        sel = [r for r in rows if int(r["seq"]) == decision]
+        sel, count = _select(directory, name, run, decision=decision)
         if not sel:
             raise InputError(f"the {run} run has no ledger row {decision} (it has "
-                             f"{len(rows)})", path="--decision")
+                             f"{count})", path="--decision")
     elif slot is not None:
-        sel = [r for r in rows if r["kind"] == "evict" and r["block"] == str(slot)]
+        sel, _ = _select(directory, name, run, slot=str(slot))
         if not sel:
             raise InputError(f"pool slot {slot} was never evicted in the {run} run",
                              path="--slot")
@@ -186,6 +199,68 @@ def explain(directory: str | Path, run: str = "candidate", decision: int | None 
                 lines.append(f"  {i:>4}  block {b:>6}  {owner:<16} {h[:16]}{mark}")
         lines.append("")
     return lines
+
+
+def _compact_dicts(reader, fieldnames: list[str]) -> list[dict]:
+    """The current row of a CompactReader as csv.DictReader reads the decoded ledger (one
+    dict, or more where a field's text holds a line break csv reads as a row's end)."""
+    line = reader.line()
+    return list(csv.DictReader((part + "\n" for part in line[:-1].split("\n")),
+                               fieldnames=fieldnames))
+
+
+def _rows_stream(directory: Path, name: str):
+    """(row number, a row dict or None, the live CompactReader or None) for every ledger
+    row, streamed. A compact ledger's rows are decoded into the reader's state and no row
+    is made (None) where the reader can give its fields as they are (``simple``); a
+    plain or gzip ledger's rows are csv.DictReader's."""
+    p = directory / name
+    if not p.is_file():
+        raise InputError(f"no {name} here", path=str(directory))
+    if name.endswith(".compact.csv.gz"):
+        from psgate.receipt.compact import read_compact
+        fieldnames = None
+        for n, reader in read_compact(p):
+            if fieldnames is None:
+                fieldnames = next(csv.reader([",".join(reader.columns) + "\n"]))
+            if reader.simple:
+                yield n - 1, None, reader
+            else:
+                for row in _compact_dicts(reader, fieldnames):
+                    yield n - 1, row, None
+        return
+    lines = text_lines(p)
+    with closing(lines):
+        reader = csv.DictReader(lines)
+        for row in reader:
+            yield reader.line_num, row, None
+
+
+def _select(directory: Path, name: str, run: str, decision: int | None = None,
+            slot: str | None = None) -> tuple[list[dict], int]:
+    """The rows of ``run`` that are ledger row ``decision`` (the first found: a run numbers
+    its rows once), or the evictions from pool slot ``slot`` (the run's rows are together:
+    reading stops where they end); and how many rows of the run were read."""
+    sel: list[dict] = []
+    count = 0
+    seen = False
+    for _, row, rd in _rows_stream(directory, name):
+        get = row.get if rd is None else rd.value     # a decoded row, or the reader's state
+        if get("run") != run:
+            if seen and slot is not None:
+                break
+            continue
+        seen = True
+        count += 1
+        if decision is not None:
+            if int(get("seq")) != decision:
+                continue
+        elif get("kind") != "evict" or get("block") != slot:
+            continue
+        sel.append(row if rd is None else dict(zip(rd.columns, map(rd.value, rd.columns))))
+        if decision is not None:
+            break
+    return sel, count
 
 
 def _check_run(run: str) -> None:
@@ -251,32 +326,63 @@ class _Trace:
         return min((r.prompt_tokens - 1) // self.block_size, len(r.blocks))
 
 
+_LIGHT = ("run", "seq", "t", "kind", "request", "group", "hash", "owner", "hits",
+          "new_blocks")
+
+
+def _light(rd) -> dict:
+    """A simple compact row as the fields a walk reads on every row (an admission's rank
+    only where it has a "resumed" key: what the walk asks of it), and ``_full`` to make
+    the whole row while the reader still holds it."""
+    row = {c: rd.value(c) for c in _LIGHT}
+    if row["kind"] == "admit":
+        keys = rd.json_keys("rank")
+        row["rank"] = rd.value("rank") if keys and "resumed" in keys else ""
+    row["_full"] = lambda: {c: rd.value(c) for c in rd.columns}
+    return row
+
+
+def _full(row: dict) -> dict:
+    """The whole ledger row of a row from _ledger_lines (call it before the next row)."""
+    make = row.pop("_full", None)
+    if make is None:
+        return row
+    extra = {k: v for k, v in row.items() if k not in _LIGHT and k != "rank"}
+    return {**make(), **extra}
+
+
 def _ledger_lines(directory: Path, name: str, run: str):
     """(line number, row) of one run's ledger rows, streamed; a row that cannot be read
-    is an error naming the file, line and field."""
+    is an error naming the file, line and field. A compact ledger's rows may be light
+    (only what the walk reads, see _light): :func:`_full` gives the whole row."""
     p = directory / name
     if not p.is_file():
         raise InputError(f"no {name} here", path=str(directory))
-    lines = text_lines(p)
-    with closing(lines):
-        reader = csv.DictReader(lines)
-        try:
-            missing = [c for c in _NEEDED if c not in (reader.fieldnames or ())]
-            if missing:
-                raise InputError("not a psgate ledger (no such column)", path=str(p), line=1,
-                                 field=missing[0])
-            for row in reader:
-                if row["run"] != run:
+    checked = False
+    line = 0
+    try:
+        for line, row, rd in _rows_stream(directory, name):
+            if not checked:
+                cols = rd.columns if rd is not None else list(row)
+                missing = [c for c in _NEEDED if c not in cols]
+                if missing:
+                    raise InputError("not a psgate ledger (no such column)", path=str(p),
+                                     line=1, field=missing[0])
+                checked = True
+            if rd is not None:
+                if rd.value("run") != run:
                     continue
-                for f in ("seq", "hits") if row["kind"] == "admit" else ("seq",):
-                    v = row[f]
-                    if v is None or not v.isdigit():
-                        raise InputError(f"expected a whole number, found {v!r}", path=str(p),
-                                         line=reader.line_num, field=f)
-                yield reader.line_num, row
-        except (csv.Error, OSError) as exc:
-            raise InputError(f"unreadable ledger ({exc})", path=str(p),
-                             line=reader.line_num) from None
+                row = _light(rd)
+            elif row["run"] != run:
+                continue
+            for f in ("seq", "hits") if row["kind"] == "admit" else ("seq",):
+                v = row[f]
+                if v is None or not v.isdigit():
+                    raise InputError(f"expected a whole number, found {v!r}", path=str(p),
+                                     line=line, field=f)
+            yield line, row
+    except (csv.Error, OSError) as exc:
+        raise InputError(f"unreadable ledger ({exc})", path=str(p), line=line) from None
 
 
 class _Replayed(NullRecorder):
@@ -450,6 +556,9 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
     history: dict[tuple[str, str], list[dict]] = {}
     cached_upto: dict[str, int] = {}
     reqs = trace.requests
+    # the contents whose last eviction the answer names: the request's own blocks
+    wanted = ({((reqs[request].group, reqs[request].scope), h) for h in reqs[request].blocks}
+              if request is not None else set())
     for line, row in _run_rows(directory, receipt, run, trace, request):
         kind = row["kind"]
         mine = request is not None and row["request"] == request
@@ -457,6 +566,7 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
             snapshot = _classify(reqs[request], trace, copies, lost)
         if kind == "evict":
             if mine:
+                row = _full(row)
                 own.append(row)
             hid = trace.hid(row["hash"])
             if hid is None:                 # content the trace never named (output blocks)
@@ -464,9 +574,13 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
             ns = (row["owner"], row.get("scope") or trace.scope_of.get(row["owner"], ""))
             k = (ns, hid)
             n = copies.get(k, 0) - 1
-            copies[k] = max(n, 0)
-            ev = _eviction(row, policy) if n <= 0 or hid == target else None
-            if n <= 0:
+            if n > 0:
+                copies[k] = n
+            else:                           # no copy left: nothing kept for it
+                copies.pop(k, None)
+            keep = n <= 0 and k in wanted
+            ev = _eviction(_full(row), policy) if keep or hid == target else None
+            if keep:                        # only the contents the answer reads
                 lost[k] = ev
             if hid == target:
                 history.setdefault(ns, []).append(
@@ -511,7 +625,7 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
                      "t": row["t"], "request": r.id, "group": r.group, "pos": pos,
                      "copies": copies.get((ns, target), 0)})
             if mine:
-                admit = row
+                admit = _full(row)
                 break
     return {"policy": policy, "snapshot": snapshot, "own": own, "admit": admit,
             "mismatches": mismatches, "history": history}
@@ -597,7 +711,7 @@ def explain_request(directory: str | Path, request: str, trace: str | None = Non
     """Why ``request`` missed what it missed, in both runs: for each missed block the
     eviction that dropped its content last before the lookup, summed per evicting group."""
     directory = Path(directory)
-    receipt = load_receipt(directory)
+    receipt = _load_intact(directory)
     tr = _Trace(receipt, trace)
     req = tr.requests.get(request)
     if req is None:
@@ -612,7 +726,7 @@ def explain_request(directory: str | Path, request: str, trace: str | None = Non
 def explain_block(directory: str | Path, block: str, trace: str | None = None) -> dict:
     """One content's life in both runs: who cached it, who hit it, who evicted it."""
     directory = Path(directory)
-    receipt = load_receipt(directory)
+    receipt = _load_intact(directory)
     tr = _Trace(receipt, trace)
     want = block.strip().lower()
     hid = tr.hid(want)

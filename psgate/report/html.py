@@ -26,6 +26,8 @@ from psgate.report.render import times_label
 
 RUNS = ("baseline", "candidate")
 MAX_SAMPLES = 400
+# Plots name at most this many groups; the rest share one row, column or bar.
+MAX_PLOT_GROUPS = 24
 # one colour per role in every panel, so that "attacker" is the same line left and right
 ROLE_COLOURS = {"victim": "#1f77b4", "attacker": "#d62728", "benign": "#2ca02c",
                 "(none)": "#7f7f7f"}
@@ -148,12 +150,37 @@ def hits_figure(plt, requests: dict[str, list[dict]], names: dict[str, str]):
     return fig
 
 
+def _top_groups(weights: dict[str, int], limit: int) -> tuple[list[str], list[str]]:
+    """The ``limit`` heaviest groups (ties by name) and the rest: a plot keeps one row or
+    bar per group it names, so with thousands of tenants the rest share one."""
+    ranked = sorted(weights, key=lambda g: (-weights[g], g))
+    return sorted(ranked[:limit]), ranked[limit:]
+
+
 def evictions_figure(plt, receipt: dict, groups: list[str], names: dict[str, str]):
-    """Who evicted whom: requesting group x owning group, both runs on one colour scale."""
+    """Who evicted whom: requesting group x owning group, both runs on one colour scale;
+    past MAX_PLOT_GROUPS groups, the most involved ones and one row and column for the
+    others (the full matrix is the receipt's evictions_by)."""
+    involved = dict.fromkeys(groups, 0)
+    for run in RUNS:
+        for a, row in receipt["runs"][run]["metrics"]["evictions_by"].items():
+            for b, n in row.items():
+                involved[a] = involved.get(a, 0) + n
+                involved[b] = involved.get(b, 0) + n
+    shown, rest = _top_groups(involved, MAX_PLOT_GROUPS)
+    axis = {g: i for i, g in enumerate(shown)}
+    if rest:
+        for g in rest:
+            axis[g] = len(shown)
+        shown = shown + [f"({len(rest)} others)"]
     mats = {}
     for run in RUNS:
-        by = receipt["runs"][run]["metrics"]["evictions_by"]
-        mats[run] = [[by.get(a, {}).get(b, 0) for b in groups] for a in groups]
+        m = [[0] * len(shown) for _ in shown]
+        for a, row in receipt["runs"][run]["metrics"]["evictions_by"].items():
+            for b, n in row.items():
+                m[axis[a]][axis[b]] += n
+        mats[run] = m
+    groups = shown
     # one colour scale for both panels, or the same colour means different counts
     vmax = max([v for m in mats.values() for row in m for v in row] + [1])
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
@@ -202,8 +229,16 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
         for ax, run in zip(axes, RUNS):
             s = series[run]
-            for g in sorted({g for o in s.occ for g in o}):
+            peak: dict[str, int] = {}
+            for o in s.occ:
+                for g, n in o.items():
+                    peak[g] = max(peak.get(g, 0), n)
+            shown, rest = _top_groups(peak, MAX_PLOT_GROUPS)
+            for g in shown:
                 ax.plot(s.t, [o.get(g, 0) for o in s.occ], label=g, linewidth=1.2)
+            if rest:
+                ax.plot(s.t, [sum(o.get(g, 0) for g in rest) for o in s.occ],
+                        label=f"({len(rest)} others)", linewidth=1.2, color="grey")
             ax.set_title(f"{run}: {names[run]}")
             ax.set_xlabel("trace time (s)")
             ax.axhline(receipt["config"]["usable_blocks"], color="grey", linestyle=":")
@@ -257,9 +292,16 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(11, 3.0))
     width = 0.4
+    paid = {run: receipt["runs"][run]["metrics"]["recompute_paid_tokens"] for run in RUNS}
+    groups, rest = _top_groups({g: sum(paid[run].get(g, 0) for run in RUNS) for g in groups},
+                               MAX_PLOT_GROUPS)
+    bars = {run: [paid[run].get(g, 0) for g in groups] for run in RUNS}
+    if rest:
+        groups = groups + [f"({len(rest)} others)"]
+        for run in RUNS:
+            bars[run].append(sum(paid[run].get(g, 0) for g in rest))
     for k, run in enumerate(RUNS):
-        paid = receipt["runs"][run]["metrics"]["recompute_paid_tokens"]
-        ax.bar([i + k * width for i in range(len(groups))], [paid.get(g, 0) for g in groups],
+        ax.bar([i + k * width for i in range(len(groups))], bars[run],
                width, label=f"{run}: {names[run]}")
     ax.set_xticks([i + width / 2 for i in range(len(groups))], groups, fontsize=7)
     ax.set_ylabel("tokens recomputed")

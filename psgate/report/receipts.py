@@ -24,6 +24,7 @@ from psgate.engines.cost import COEFFICIENTS, CostModel
 from psgate.engines import engine_class
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import InputError
+from psgate.inputs import open_input, read_input
 from psgate.policies import make_policy, resolve
 from psgate.receipt.gate import Tolerances
 from psgate.resources import BUNDLED_PREFIX, load_schema
@@ -110,7 +111,7 @@ def _config_problem(cfg: dict) -> tuple[str, str] | None:
 def read_receipt_file(p: Path) -> dict:
     """One receipt.json, parsed and checked against its schema."""
     try:
-        raw = p.read_bytes()
+        raw = read_input(p, "receipt file")
         receipt = orjson.loads(raw)
     except (FileNotFoundError, NotADirectoryError):
         raise InputError("no receipt.json here (an interrupted or foreign directory?)",
@@ -149,8 +150,9 @@ def text_lines(path: Path) -> Iterator[str]:
         yield from compact_lines(path)
         return
     n = 0
-    raw = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
-    with raw:
+    fh = open_input(path, "output file")
+    raw = gzip.open(fh, "rb") if path.name.endswith(".gz") else fh
+    with fh, raw:
         try:
             for n, line in enumerate(raw, start=1):
                 try:

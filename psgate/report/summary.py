@@ -15,7 +15,7 @@ from pathlib import Path
 
 from psgate.report.receipts import load_receipt
 from psgate.report.render import (DEFAULT_GROUPS, HEADLINE, LABELS, delta, fmt, fmt_diff,
-                                  times_label)
+                                  printable, times_label)
 
 SUMMARY_FORMAT = 1
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
@@ -90,7 +90,7 @@ def summarize(directory: str | Path) -> dict:
 def md_escape(text) -> str:
     """Text that GitHub's Markdown shows as written: no HTML, link, emphasis or cell break."""
     s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    s = s.replace("\r", " ").replace("\n", " ")
+    s = printable(s.replace("\r", " ").replace("\n", " "))   # a terminal escape stays text
     return _MD_SPECIAL.sub(r"\\\1", s)
 
 

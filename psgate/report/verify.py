@@ -5,8 +5,10 @@ is taken on trust:
 
 1. each output's SHA-256 recorded in the receipt (``outputs``) is checked against the
    file on disk first, so a changed, extended or deleted ledger is named without a
-   replay (and without the trace);
-2. the replay is run again and its ``receipt.json`` compared as canonical JSON, then
+   replay (and without the trace), and an entry under a name psgate writes that the
+   receipt does not account for (a planted ``runs/run-009/``, a second ledger) is named too;
+2. the replay is run again and its ``receipt.json`` compared as JSON values (canonically:
+   a re-indented file says the same thing, and the outputs' bytes are pinned by 1), then
    every output line by line, to the last line (an extra line or gzip member counts);
 3. for an experiment (matched runs), every run's receipt must hash to the
    ``receipt_sha256`` recorded for it, the whole experiment is run again from the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -142,6 +145,49 @@ def recorded_outputs_difference(directory: Path, receipt: dict, prefix: str = ""
     return None
 
 
+# Every name psgate writes in a receipt or experiment directory (psgate.atomic's
+# EXPERIMENT_OUTPUTS); other files beside them (a report, notes) are not psgate's.
+PSGATE_NAMES = ("receipt.json", "ledger.csv", "ledger.csv.gz", "ledger.compact.csv.gz",
+                "requests.csv", "runs.csv", "runs", "traces")
+_CONVERTED = ("ledger.csv", "ledger.csv.gz")     # psgate ledger convert's default, beside it
+
+
+def unrecorded_entries_difference(directory: Path, receipt: dict, prefix: str = ""
+                                  ) -> str | None:
+    """An entry under a name psgate writes that the receipt does not account for: a
+    receipt is evidence of what is in its directory, so a planted ``runs/run-009/`` or a
+    second ledger beside the recorded one must not pass as part of it. A CSV ledger beside
+    a compact one is what ``psgate ledger convert`` writes there, and must decode the same."""
+    recorded = set(receipt["outputs"]) | {"receipt.json"}
+    experiment = "psgate_experiment" in receipt
+    if experiment:
+        recorded |= {"runs"} | ({"traces"} if receipt["source"]["kind"] == "workload" else set())
+    for name in PSGATE_NAMES:
+        p = directory / name
+        if name in recorded or not os.path.lexists(p):
+            continue
+        if name in _CONVERTED and "ledger.compact.csv.gz" in recorded:
+            diff = first_line_difference(directory / "ledger.compact.csv.gz", p,
+                                         f"{prefix}{name}")
+            if diff:
+                return f"{diff} (not the conversion of ledger.compact.csv.gz beside it)"
+            continue
+        return f"{prefix}{name}: not an output this receipt records (planted or left over)"
+    if not experiment:
+        return None
+    expected = {"runs": {r["id"] for r in receipt["runs"]},
+                "traces": {Path(r["trace"]["path"]).name for r in receipt["runs"]
+                           if r["trace"]["path"].startswith("traces/")}}
+    for sub, names in expected.items():
+        if not (directory / sub).is_dir():
+            continue
+        extra = sorted(p.name for p in (directory / sub).iterdir() if p.name not in names)
+        if extra:
+            return (f"{sub}/{extra[0]}: not a run or trace the experiment receipt records "
+                    f"(planted or left over)")
+    return None
+
+
 def _compare_files(mine: Path, again: Path, names, prefix: str, compared: list[str]
                    ) -> str | None:
     for name in names:
@@ -224,8 +270,9 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
 
     top = directory / "receipt.json"
     _refuse_observed(receipt, top)
-    compared = ["recorded SHA-256 of every output"]
-    diff = recorded_outputs_difference(directory, receipt)
+    compared = ["recorded SHA-256 of every output", "no unrecorded runs, traces or outputs"]
+    diff = (recorded_outputs_difference(directory, receipt)
+            or unrecorded_entries_difference(directory, receipt))
     if diff:
         return VerifyResult(False, diff, compared)
     runs: dict[str, dict] = {}
@@ -246,7 +293,8 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
         if _run_receipt_sha256(mine) != run["receipt_sha256"]:
             return VerifyResult(False, f"{where}: its SHA-256 outside environment is not the "
                                 f"receipt_sha256 receipt.json/runs/{i} records", compared)
-        diff = recorded_outputs_difference(run_dir, mine, f"runs/{rid}/")
+        diff = (recorded_outputs_difference(run_dir, mine, f"runs/{rid}/")
+                or unrecorded_entries_difference(run_dir, mine, f"runs/{rid}/"))
         if diff:
             return VerifyResult(False, diff, compared)
         runs[rid] = mine
@@ -307,8 +355,9 @@ def verify(directory: str | Path, trace: str | None = None, gate: str | None = N
     if "psgate_experiment" in receipt:
         return verify_experiment(directory, receipt, gate=gate)
     _refuse_observed(receipt, directory / "receipt.json")
-    compared = ["recorded SHA-256 of every output"]
-    diff = recorded_outputs_difference(directory, receipt)
+    compared = ["recorded SHA-256 of every output", "no unrecorded outputs"]
+    diff = (recorded_outputs_difference(directory, receipt)
+            or unrecorded_entries_difference(directory, receipt))
     if diff:
         return VerifyResult(False, diff, compared)
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))

@@ -27,6 +27,7 @@ import rfc8785
 
 from psgate import core
 from psgate.errors import InputError
+from psgate.inputs import open_input
 from psgate.resources import BUNDLED_PREFIX, bundled_trace_names, bundled_trace_path
 from psgate.trace import jcs
 from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestEvent,
@@ -177,6 +178,16 @@ def duplicate_key(raw: bytes, obj) -> str | None:
     return None
 
 
+def trace_directory(given: str) -> Path | None:
+    """The directory ``given`` names when it names one (an incident corpus, a capture's
+    directory of rotated files), else None (a trace file or ``bundled:NAME``): replay,
+    validate and trace stats read a directory as its ``*.jsonl`` traces."""
+    if given.startswith(BUNDLED_PREFIX):
+        return None
+    p = Path(given)
+    return p if p.is_dir() else None
+
+
 def corpus_traces(directory: Path) -> list[Path]:
     """Every ``*.jsonl`` entry of an incident corpus, sorted by name. An entry that is not a
     readable regular file (a dangling symlink, a symlink loop, a directory, a FIFO, a file
@@ -204,6 +215,8 @@ def corpus_traces(directory: Path) -> list[Path]:
         if what is not None:
             raise InputError(f"corpus entry {what}: every *.jsonl entry must be a readable "
                              f"trace file (fix or remove it)", path=str(p))
+    if not entries:
+        raise InputError("no *.jsonl traces in this directory", path=str(directory))
     return entries
 
 
@@ -263,7 +276,7 @@ class TraceReader:
             self.header = self._read_header()
             return self
         try:
-            self._fh = open(self.source.path, "rb")
+            self._fh = open_input(self.source.path, "trace file")
         except OSError as exc:
             raise InputError(f"cannot open: {exc.strerror}", path=self.source.display) from None
         self.header = self._read_header()

@@ -27,14 +27,16 @@ from pathlib import Path
 import orjson
 
 from psgate.errors import InputError
+from psgate.inputs import open_input, read_capped
 from psgate.trace.hashing import HASHING_NAME, chain_hashes
-from psgate.trace.reader import (MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_TIME_S, checked_lines,
-                                 require_utf8_name)
+from psgate.trace.reader import (MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_LINE_BYTES, MAX_TIME_S,
+                                 checked_lines, require_utf8_name)
 from psgate.trace.writer import header_line
 
 KEY_ENV = "PSGATE_HASH_KEY"
 MIN_KEY_BYTES = 16
 MAX_KEY_BYTES = 64                  # BLAKE2b's key size
+MAX_KEY_FILE_BYTES = 4096           # 128 hex digits and room for whitespace and comments
 _SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
 KEY_FORMAT = (f"hex digits for {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes (surrounding whitespace "
               f"and newlines ignored), e.g. the output of "
@@ -70,7 +72,7 @@ def parse_key(text: bytes | str, where: str) -> bytes:
 
 def read_key_file(path: str) -> bytes:
     try:
-        text = Path(path).read_bytes()
+        text = read_capped(path, "key file", MAX_KEY_FILE_BYTES)
     except OSError as exc:
         raise InputError(f"cannot read the key file: {exc.strerror}", path=path) from None
     return parse_key(text, path)
@@ -131,16 +133,22 @@ def _redacted(src: str, block_size: int, key: bytes | None) -> Iterator[dict]:
     roots: dict[tuple, bytes] = {}
     last_t = -1.0
     try:
-        fh = open(src, "rb")
+        fh = open_input(src, "request log")
     except OSError as exc:
         raise InputError(f"cannot open: {exc.strerror}", path=src) from None
     with fh:
-        for n, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
+        n = 0
+        while raw := fh.readline(MAX_LINE_BYTES + 1):   # the trace reader's cap on a line
+            n += 1
 
             def err(msg, field=None, n=n):
                 return InputError(msg, path=src, line=n, field=field)
+
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise err(f"line longer than {MAX_LINE_BYTES} bytes (the cap on one line, as "
+                          f"the trace reader's)")
+            if not raw.strip():
+                continue
 
             try:
                 obj = orjson.loads(raw)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.trace.keys import KEY_SHIFT
 from psgate.trace.model import RequestEvent
-from psgate.trace.reader import HashTable, TraceReader, TraceSource
+from psgate.trace.reader import (HashTable, TraceReader, TraceSource, corpus_traces,
+                                 trace_directory)
 
 
 class _Fenwick:
@@ -52,6 +53,16 @@ def _count_references(src: TraceSource) -> int:
 
 
 def trace_stats(given: str) -> dict:
+    """The statistics of one trace; for a directory (a corpus, a capture), each
+    ``*.jsonl`` trace's under ``traces``, by path."""
+    directory = trace_directory(given)
+    if directory is not None:
+        return {"path": given,
+                "traces": {str(p): _one_trace_stats(str(p)) for p in corpus_traces(directory)}}
+    return _one_trace_stats(given)
+
+
+def _one_trace_stats(given: str) -> dict:
     src = TraceSource.resolve(given)
     hashes = HashTable()
     ns_ids: dict[tuple[str, str], int] = {}

@@ -90,3 +90,21 @@ def test_plugin_with_lru_matches_native_lru(tmp_path, native):
     got = run(tmp_path, PSGATE_POLICY="lru")
     assert got["queue"] == "PolicyFreeQueue"
     assert got["cached"] == native["cached"]
+
+
+# The field's policies (issue 47's eight): each served by the plugin in a live vLLM, its
+# decisions written to the ledger with its own ranking fields.
+FIELD = ["fifo", "mru", "lfu", "slru", "tlru", "arc", "tinylfu", "isolated-lru"]
+
+
+@pytest.mark.parametrize("policy", FIELD)
+def test_plugin_serves_each_field_policy(tmp_path, policy):
+    ledger = tmp_path / "ledger.csv"
+    got = run(tmp_path, PSGATE_POLICY=policy, PSGATE_LEDGER=str(ledger))
+    assert got["queue"] == "PolicyFreeQueue"
+    assert len(got["cached"]) == 14            # every request served
+    rows = list(csv.DictReader(ledger.open()))          # the live ledger: one row an eviction
+    assert rows, "the flood must evict"
+    assert {r["group"] for r in rows} <= {"flood", "victim"}
+    assert all(r["queue"] and int(r["num_candidates"]) >= 1 for r in rows)
+    assert all(json.loads(r["rank"]) for r in rows)      # why each victim was chosen

@@ -35,6 +35,7 @@ import orjson
 
 from psgate.contracts import CONTRACT_NAMES
 from psgate.errors import InputError
+from psgate.inputs import open_input
 from psgate.trace.model import seconds_to_ns
 from psgate.trace.reader import MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_TIME_S, is_number, type_name
 from psgate.trace.writer import header_line
@@ -329,7 +330,7 @@ def open_file(src: Path, display: str) -> Path:
 def jsonl(path: Path, display: str):
     """(line number, object) for each non-blank line of a JSON Lines file."""
     try:
-        fh = open(path, "rb")
+        fh = open_input(path, "trace file")
     except OSError as exc:
         raise InputError(f"cannot open: {exc.strerror}", path=display) from None
     with fh:

@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 
 from psgate.errors import InputError
+from psgate.inputs import read_input
 from psgate.trace.importers.common import (Chainer, ImportFormat, Option, OutputCap, Req, Where,
                                            common_options, finish, need_ids, need_int,
                                            need_time, output_block_size, split_ids,
@@ -60,7 +61,7 @@ def import_file(src: Path, display: str, opts: dict) -> list[dict]:
     for k, path in enumerate(files):
         fdisplay = str(path) if path != src else display
         try:
-            obj = orjson.loads(path.read_bytes())
+            obj = orjson.loads(read_input(path, "trace file"))
         except OSError as exc:
             raise InputError(f"cannot read: {exc.strerror}", path=fdisplay) from None
         except orjson.JSONDecodeError as exc:
