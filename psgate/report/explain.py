@@ -21,6 +21,7 @@ from psgate.errors import InputError
 from psgate.receipt.ledger import fmt_t
 from psgate.report.receipts import (config_from_receipt, load_receipt, prepare_replay,
                                     replay_run, text_lines)
+from psgate.report.render import printable
 from psgate.report.verify import recorded_outputs_difference
 from psgate.trace.keys import OUTPUT_KEY_BIT, split_key
 from psgate.trace.model import RequestEvent
@@ -757,18 +758,12 @@ def explain_block(directory: str | Path, block: str, trace: str | None = None) -
 
 # -- rendering: one screen of text (names from the trace printed as they are, escaped) ------
 
-def _safe(text) -> str:
-    """A trace-controlled name on one line: unprintable characters escaped."""
-    text = str(text)
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _short_t(t: str) -> str:
     return t[:-6] if len(t) > 6 and "." in t else t
 
 
 def _who(requests: list[str]) -> str:
-    names = [_safe(r) for r in requests]
+    names = [printable(r) for r in requests]
     if len(names) <= 3:
         return ", ".join(names)
     return f"{names[0]} .. {names[-1]} ({len(names)} requests)"
@@ -802,10 +797,11 @@ def render_request(res: dict, first: str = "candidate", limit: int = 12) -> list
     """The answer for one request: both runs side by side, then each run's blame."""
     runs = res["runs"]
     order = [first] + [r for r in RUNS if r != first]
-    lines = _wrap(f"request {_safe(res['request'])} (group {_safe(res['group'])}, contract "
-                  f"{_safe(res['contract'])}) arrived t={_short_t(res['arrival_t'])} s with "
+    lines = _wrap(f"request {printable(res['request'])} (group {printable(res['group'])}, "
+                  f"contract {printable(res['contract'])}) arrived "
+                  f"t={_short_t(res['arrival_t'])} s with "
                   f"{res['full_blocks']} full prompt blocks ({res['prompt_tokens']} tokens)")
-    head = [""] + [f"{r} ({_safe(runs[r]['policy'])})" for r in order]
+    head = [""] + [f"{r} ({printable(runs[r]['policy'])})" for r in order]
     table = [head]
 
     def cell(run: str, key: str) -> str:
@@ -832,7 +828,7 @@ def render_request(res: dict, first: str = "candidate", limit: int = 12) -> list
 
 def _render_run(res: dict, run: str, limit: int) -> list[str]:
     x = res["runs"][run]
-    name = f"{run} ({_safe(x['policy'])})"
+    name = f"{run} ({printable(x['policy'])})"
     if not x["admitted"]:
         return [f"{name}: the request was never admitted (rejected, or cancelled while "
                 f"waiting), so it never looked anything up"]
@@ -841,7 +837,7 @@ def _render_run(res: dict, run: str, limit: int) -> list[str]:
         ds = b["decisions"]
         t0, t1 = _short_t(b["first_t"]), _short_t(b["last_t"])
         out += _wrap(f"  {b['blocks']} of {x['missed']} missed blocks were evicted by "
-                   f"{_safe(b['group'])}'s request{'s' if len(b['requests']) > 1 else ''} "
+                   f"{printable(b['group'])}'s request{'s' if len(b['requests']) > 1 else ''} "
                    f"{_who(b['requests'])} (decision{'s' if len(ds) > 1 else ''} "
                    f"{_range(ds[0], ds[-1])}, t={_range(t0, t1)} s)")
     for status, text in (("never_cached", "never cached"),
@@ -869,9 +865,9 @@ def _render_run(res: dict, run: str, limit: int) -> list[str]:
             e = grp[0]["eviction"]
             rows.append([_span([b["pos"] for b in grp]),
                          _span([b["eviction"]["decision"] for b in grp]), _short_t(e["t"]),
-                         f"{_safe(e['request'])} ({_safe(e['group'])})",
-                         f"{_safe(e['queue'])} {e['position']}/{e['num_candidates']}",
-                         _clip(_safe(e["reason"]) + ("" if len({b["eviction"]["reason"]
+                         f"{printable(e['request'])} ({printable(e['group'])})",
+                         f"{printable(e['queue'])} {e['position']}/{e['num_candidates']}",
+                         _clip(printable(e["reason"]) + ("" if len({b["eviction"]["reason"]
                                                                 for b in grp}) == 1
                                                            else " (first)"))])
         out += _columns(rows, "  ")
@@ -880,12 +876,12 @@ def _render_run(res: dict, run: str, limit: int) -> list[str]:
     own = x["own_evictions"]
     if own["count"]:
         ds = own["decisions"]
-        owners = ", ".join(f"{_safe(g)} {n}" for g, n in own["by_owner"].items())
+        owners = ", ".join(f"{printable(g)} {n}" for g, n in own["by_owner"].items())
         mine = (f"; {own['own_contents']} held this request's own contents, recomputed"
                 if own["own_contents"] else "")
         out += _wrap(f"  its own admission (decision {x['decision']}) evicted {own['count']} "
                    f"blocks to make room (decisions {ds[0]}-{ds[-1]}; owners: {owners}{mine}; "
-                   f"{'; '.join(_safe(r) for r in own['rules'])})")
+                   f"{'; '.join(printable(r) for r in own['rules'])})")
     if not x["ledger_consistent"]:
         out += _wrap(f"  note: the ledger's hit counts differ from the reconstruction at "
                    f"decisions {', '.join(map(str, x['mismatched_admissions']))}; the "
@@ -896,15 +892,15 @@ def _render_run(res: dict, run: str, limit: int) -> list[str]:
 def render_block(res: dict, first: str = "candidate", limit: int = 12) -> list[str]:
     """One content's history, run by run, consecutive hits folded into one line."""
     lines = [f"trace hash {res['hash']} (in prompts of "
-             f"{', '.join(_safe(g) for g in res['groups']) or 'no group'})"]
+             f"{', '.join(printable(g) for g in res['groups']) or 'no group'})"]
     for run in [first] + [r for r in RUNS if r != first]:
         x = res["runs"][run]
-        name = f"{run} ({_safe(x['policy'])})"
+        name = f"{run} ({printable(x['policy'])})"
         if not x["groups"]:
             lines.append(f"{name}: never cached")
             continue
         for g, h in x["groups"].items():
-            lines.append(f"{name}, group {_safe(g)}: cached {_times(h['cached'])}, hit "
+            lines.append(f"{name}, group {printable(g)}: cached {_times(h['cached'])}, hit "
                          f"{_times(h['hits'])}, evicted {_times(h['evicted'])}")
             items: list[str] = []
             evs = h["events"]
@@ -925,13 +921,13 @@ def render_block(res: dict, first: str = "candidate", limit: int = 12) -> list[s
                     continue
                 if e["kind"] == "cached":
                     items.append(f"  decision {e['decision']}  t={_short_t(e['t'])}  cached "
-                                 f"by {_safe(e['request'])} (block {e['pos']} of its prompt; "
+                                 f"by {printable(e['request'])} (block {e['pos']} of its prompt; "
                                  f"{e['copies']} cop{'y' if e['copies'] == 1 else 'ies'} now)")
                 else:
                     items.append(f"  decision {e['decision']}  t={_short_t(e['t'])}  evicted "
-                                 f"by {_safe(e['request'])} ({_safe(e['group'])}), queue "
-                                 f"{_safe(e['queue'])} position {e['position']}/"
-                                 f"{e['num_candidates']}: {_safe(e['reason'])}"
+                                 f"by {printable(e['request'])} ({printable(e['group'])}), queue "
+                                 f"{printable(e['queue'])} position {e['position']}/"
+                                 f"{e['num_candidates']}: {printable(e['reason'])}"
                                  + ("; content lost" if e["copies_left"] == 0 else
                                     f"; {e['copies_left']} copies left"))
                 i += 1
