@@ -13,7 +13,7 @@ from psgate.bench.traces import INSTANT, write_reuse_trace
 from psgate.receipt.compact import open_compact, read_compact
 from psgate.report.explain import explain, explain_block, explain_request
 
-from helpers import traced_peak
+from helpers import shared_traces, traced_peak
 
 CONTRACTS = ("critical", "standard", "best-effort")
 
@@ -61,3 +61,28 @@ def test_explain_request_and_block_memory_stays_bounded(long_receipt):
     # the trace itself (interned blocks of every request) is most of what is left; the old
     # walk took about 5 times this at 1,500 requests (49 MB against 9 MB)
     assert peak < 10 << 20, peak
+
+
+@pytest.mark.shared
+def test_explain_on_a_mooncake_receipt_within_the_stated_bound(tmp_path):
+    """The README's scale row for explain, measured: on the receipt of the first 6,000
+    Mooncake conversation requests (16-token blocks, 16,384 blocks, about 10 million ledger
+    rows), a decision of either run is explained in a fresh process within 300 MB of
+    resident memory (the README states 47 MB and 242 MB) and 4x the CPU time the README
+    states (0.5 s and 27 s). Before streaming, --decision 2 was killed at 150 s and
+    --run baseline at 8.9 GB."""
+    from psgate.bench.memory import command_cost
+    from psgate.bench.traces import write_mooncake_trace
+
+    trace = tmp_path / "mooncake.jsonl"
+    write_mooncake_trace(trace, shared_traces() / "mooncake" /
+                         "mooncake_conversation_trace.jsonl", 6000, 16)
+    api.replay(api.ReplayConfig(trace=str(trace), baseline="lru", candidate="prefixshield",
+                                capacity=16384, out=tmp_path / "r", contracts=CONTRACTS))
+    for args, cpu_s in ((["--decision", "2", "--run", "baseline"], 0.5),
+                        (["--decision", "2"], 27.0)):
+        got = command_cost(["explain", str(tmp_path / "r"), *args])
+        print(f"\nexplain {' '.join(args)}: {got}")
+        assert got["cpu_s"] < 4 * cpu_s + 2, got
+        if got["peak_rss"] is not None:
+            assert got["peak_rss"] < 300e6, got
