@@ -15,6 +15,13 @@ never waited for, and wakes nothing. A writer thread, which drains the queue eve
               the scheduler saw it), ``out_observed`` and ``preemptions_observed``
     cancel    an aborted request
 
+A request's retention hints, ``SamplingParams.extra_args`` ``psgate_retention`` (a list of
+``{start, end, priority, duration_s}`` token ranges, or that list as a JSON string, as
+the OpenAI server's ``vllm_xargs`` can only carry it) and ``psgate_retention_s`` (seconds),
+are written as the trace's ``retention`` and ``retention_s``: not identifying, kept as given.
+A hint the trace reader would refuse is left out (counted in the summary's
+``hints_dropped``), so a capture file always validates.
+
 Token ids and text never reach a file. A request's ``id`` is a keyed pseudonym of
 the id its client sent or was given (vLLM's external request id), so whoever holds the
 key can find a client's request; a repeat within one file gets a ``.N`` suffix. Files
@@ -45,6 +52,7 @@ from pathlib import Path
 import orjson
 
 from psgate.trace.hashing import HASHING_NAME, chain_hashes
+from psgate.trace.reader import hints_from_xargs
 from psgate.trace.redact import key_fingerprint, pseudonym, scope_root
 from psgate.trace.writer import header_line
 
@@ -90,6 +98,7 @@ class CaptureWriter:
         self._dropped_reported = 0      # drops already counted in some header
         self.num_written = 0
         self.num_requests = 0
+        self.num_hints_dropped = 0      # retention hints that failed the reader's checks
         self.files: list[str] = []
         self._ids: dict[str, str] = {}
         self._roots: dict[tuple, bytes] = {}
@@ -120,11 +129,20 @@ class CaptureWriter:
             self.q.append(event)
 
     def request(self, rid: str, group: str, contract: str, scope: tuple[str, ...],
-                token_ids, max_tokens: int, client_id: str | None = None) -> None:
+                token_ids, max_tokens: int, client_id: str | None = None,
+                extra_args: dict | None = None) -> None:
         """``rid`` names the request in later done/cancel calls; ``client_id`` (default
-        ``rid``) is what its pseudonym is made of."""
+        ``rid``) is what its pseudonym is made of. ``extra_args`` (the request's
+        ``SamplingParams.extra_args``) may carry retention hints, ``psgate_retention`` and
+        ``psgate_retention_s``, written as the trace's ``retention`` / ``retention_s``
+        (checked on the writer thread; an invalid hint is left out and counted)."""
+        hints = None
+        if extra_args and ("psgate_retention" in extra_args
+                           or "psgate_retention_s" in extra_args):
+            hints = {k: extra_args[k] for k in ("psgate_retention", "psgate_retention_s")
+                     if k in extra_args}
         self.submit(("request", self.now(), rid, group, contract, scope, token_ids,
-                     max_tokens, client_id))
+                     max_tokens, client_id, hints))
 
     def done(self, rid: str, cached_tokens: int | None, ttft_ms: float | None,
              out: int, preemptions: int) -> None:
@@ -154,7 +172,7 @@ class CaptureWriter:
         kind, t = ev[0], max(self._last_t, round(ev[1], 6))
         self._last_t = t
         if kind == "request":
-            _, _, rid, group, contract, scope, toks, max_tokens, client = ev
+            _, _, rid, group, contract, scope, toks, max_tokens, client, hints = ev
             root = self._roots.get(scope)
             if root is None:
                 root = self._roots[scope] = scope_root(scope, self.key)
@@ -171,10 +189,16 @@ class CaptureWriter:
             self._used.add(new_id)
             self._ids[rid] = new_id
             self.num_requests += 1
-            return {"t": t, "op": "request", "id": new_id,
+            toks = list(toks)
+            line = {"t": t, "op": "request", "id": new_id,
                     "group": names[0], "contract": contract, "scope": names[1],
-                    "blocks": chain_hashes(list(toks), self.bs, self.key, parent=root),
+                    "blocks": chain_hashes(toks, self.bs, self.key, parent=root),
                     "tail": len(toks) % self.bs, "out": int(max_tokens or 0)}
+            if hints:
+                kept = hints_from_xargs(hints, len(toks))
+                self.num_hints_dropped += len(hints) - len(kept)
+                line.update(kept)
+            return line
         new_id = self._ids.pop(ev[2], None)
         if new_id is None:          # its request line was dropped: nothing to refer to
             return None
@@ -263,6 +287,7 @@ class CaptureWriter:
     def summary(self) -> dict:
         return {"psgate_capture": 1, "files": list(self.files), "requests": self.num_requests,
                 "events_written": self.num_written, "events_dropped": self.num_dropped,
+                "hints_dropped": self.num_hints_dropped,
                 "dropped_after_last_header": self.num_dropped - self._dropped_reported,
                 "block_size": self.bs, "key_fingerprint": key_fingerprint(self.key),
                 "t0_unix": round(self.t0_unix, 6)}

@@ -477,6 +477,7 @@ def policies(
     t.add_column("from")
     t.add_column("rule")
     t.add_column("parameters (defaults)")
+    t.add_column("honours")
     for r in rows:
         origin = r["kind"] if r["kind"] == "builtin" else r["class"] + (
             f" ({r['distribution']} {r['version']})" if r.get("distribution") else "")
@@ -486,7 +487,9 @@ def policies(
         elif r.get("error"):
             rule = f"does not load: {r['error']}"
         params = ", ".join(f"{k}={v}" for k, v in r.get("params", {}).items()) or "-"
-        t.add_row(*(Text(render.printable(x)) for x in (r["name"], origin, rule, params)))
+        hints = "" if "hints" not in r else "hints: " + (", ".join(r["hints"]) or "none")
+        t.add_row(*(Text(render.printable(x)) for x in (r["name"], origin, rule, params,
+                                                          hints)))
     err.print(t)                       # stdout carries JSON only
 
 

@@ -16,7 +16,9 @@ block pool's free-block queue (:class:`psgate.engines.vllm_live.LivePolicy`):
 the same policy code ``psgate replay`` gated. A request's tenant is its
 ``SamplingParams.extra_args`` ``psgate_group``/``psgate_contract``, else its
 ``cache_salt`` (``group`` or ``group<NUL>scope``); a contract the policy does not
-know is served as ``standard``. Every newly cached full block, prompt or output,
+know is served as ``standard``. Its retention hints are ``extra_args``
+``psgate_retention`` (token ranges, a list or a JSON string) and ``psgate_retention_s``
+(seconds): the policy sees them as a replay's policy does, and a capture writes them. Every newly cached full block, prompt or output,
 is charged to the request's group.
 
 With vLLM's multiprocessing on, the policy lives in the engine-core process, so
@@ -396,8 +398,10 @@ class _CaptureHooks:
         scope = (model, "", getattr(lora, "lora_name", "") or "", request.cache_salt or "")
         rid = request.request_id
         self.arrival[rid] = self.writer.now()
+        sp = getattr(request, "sampling_params", None)
         self.writer.request(rid, group, contract, scope, request.prompt_token_ids,
-                            request.max_tokens, client_id=client_id(rid))
+                            request.max_tokens, client_id=client_id(rid),
+                            extra_args=getattr(sp, "extra_args", None) if sp else None)
 
     def finished(self, request) -> None:
         rid = request.request_id

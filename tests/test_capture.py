@@ -137,3 +137,31 @@ def test_ids_are_keyed_pseudonyms_of_the_client_id_and_unique_in_a_file(tmp_path
     base = pseudonym("r", "cmpl-client-7", KEY)
     assert ids == [base, f"{base}.2", f"{base}.3"]
     api.validate(str(tmp_path / "capture-000001.jsonl"))
+
+
+def test_retention_hints_from_extra_args_are_written_and_bad_ones_left_out(tmp_path):
+    clock = Clock()
+    w = CaptureWriter(tmp_path, KEY, 16, clock=clock)
+    ranges = [{"start": 0, "end": 16, "priority": 90, "duration_s": 60}]
+    toks = list(range(40))
+    w.request("a", "g", "standard", ("m", "", "", ""), toks, 4,
+              extra_args={"psgate_retention": ranges, "psgate_retention_s": 300,
+                          "psgate_group": "g"})
+    clock.t += 1    # vllm_xargs can only carry the list as a JSON string, and numbers as text
+    w.request("b", "g", "standard", ("m", "", "", ""), toks, 4,
+              extra_args={"psgate_retention": json.dumps(ranges), "psgate_retention_s": "2.5"})
+    clock.t += 1    # outside the prompt, and not a number: both left out, counted
+    w.request("c", "g", "standard", ("m", "", "", ""), toks, 4,
+              extra_args={"psgate_retention": [{"start": 99, "priority": 5}],
+                          "psgate_retention_s": "soon"})
+    clock.t += 1
+    w.request("d", "g", "standard", ("m", "", "", ""), toks, 4)
+    summary = w.close()
+    assert summary["hints_dropped"] == 2
+    path = tmp_path / summary["files"][0]
+    api.validate(str(path))
+    a, b, c, d = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    assert a["retention"] == ranges and a["retention_s"] == 300
+    assert b["retention"] == ranges and b["retention_s"] == 2.5
+    assert "retention" not in c and "retention_s" not in c
+    assert "retention" not in d and "retention_s" not in d

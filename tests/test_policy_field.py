@@ -345,3 +345,35 @@ def test_degenerate_settings_evict_as_lru(tmp_path, policy, params, lines, capac
     _, log, _ = replay_file(p, capacity, policy=policy, params=params)
     _, lru_log, _ = replay_file(p, capacity, policy="lru")
     assert log.victims == lru_log.victims
+
+
+# -- tlru and retention_s (SGLang's soft retention time) ----------------------------------
+def test_tlru_retention_s_is_the_requests_ttl(tmp_path):
+    events = tlru_events(10.5)
+    events[0]["retention_s"] = 20           # a1 kept 20 s from its use: alive at 10.5
+    _, log, _ = run(tmp_path, events, 4, "tlru", ttl_s=10)
+    assert log.evictions == ["g:b1"]        # without it: a1 (expired), see above
+    assert log.decisions[0].queue == "live" and log.decisions[0].rank["ttl_s"] == 10.0
+    events = tlru_events(10.5)
+    events[1]["retention_s"] = 2            # b1 expires at 3 -> goes ahead of a1 anyway
+    events[0]["retention_s"] = 20
+    _, log, _ = run(tmp_path, events, 4, "tlru", ttl_s=10)
+    assert log.evictions == ["g:b1"] and log.decisions[0].queue == "expired"
+
+
+def test_tlru_a_shorter_retention_never_cuts_an_earlier_one(tmp_path):
+    events = tlru_events(10.5, hit=True)
+    events[0]["retention_s"] = 20           # A: keep a1 until 20
+    events[2]["retention_s"] = 1            # H reuses a1 at 2 asking for 1 s: still 20
+    _, log, _ = run(tmp_path, events, 4, "tlru", ttl_s=10)
+    assert log.evictions == ["g:b1"]
+    events[0].pop("retention_s")            # A: 10 s (until 10); H: 1 s -> max(10, 3)
+    _, log, _ = run(tmp_path, events, 4, "tlru", ttl_s=10)
+    assert log.evictions == ["g:a1"] and log.decisions[0].queue == "expired"
+
+
+def test_policies_say_which_hints_they_honour():
+    from psgate.policies import describe
+    assert describe("priority-lru")["hints"] == ["priority", "priority_until", "retention"]
+    assert describe("tlru")["hints"] == ["retention_s"]
+    assert describe("lru")["hints"] == []

@@ -285,3 +285,52 @@ def test_matches_reference_model(tmp_path, lines, capacity):
         unregister("test-ref-priority-lru")
     assert log.victims == ref_log.victims
     assert [d.rank for d in log.decisions] == [d.rank for d in ref_log.decisions]
+
+
+# -- retention ranges (TensorRT-LLM KvCacheRetentionConfig) -------------------------------
+def retention_events(t_d):
+    # A: system prompt f1 f2 (tokens 0..8) under a range at 90 for 5 s, then a1 (no
+    # range: default 35). B: two blocks at priority 50. D needs 3 blocks of the 5 usable.
+    return [
+        {"t": 0, "id": "A", "blocks": ["f1", "f2", "a1"], "done_t": 0.1,
+         "retention": [{"start": 0, "end": 8, "priority": 90, "duration_s": 5}]},
+        {"t": 1, "id": "B", "blocks": ["b1", "b2"], "priority": 50, "done_t": 1.1},
+        {"t": t_d, "id": "D", "blocks": ["d1", "d2", "d3"], "done_t": t_d + 0.1},
+    ]
+
+
+@pytest.mark.parametrize("t_d", [4, 5.05])      # 5.05: 5 s from t=0, not yet from the free
+def test_retention_range_keeps_a_system_prompt_lru_evicts(tmp_path, t_d):
+    events = retention_events(t_d)
+    _, log, _ = run(tmp_path, events, cap=6)
+    assert log.evictions == ["g:a1", "g:b2", "g:b1"]
+    assert [d.rank for d in log.decisions] == [rank(35, 1, 1), rank(50, 1, 4),
+                                               rank(50, 2, 5)]
+    _, lru_log, _ = run(tmp_path, events, cap=6, policy="lru")
+    assert lru_log.evictions == ["g:a1", "g:f2", "g:f1"]
+
+
+def test_retention_range_expiry_lets_the_system_prompt_go(tmp_path):
+    # the range's 5 s count from A's free (0.1): at 6 s f1 f2 are back at 35
+    _, log, _ = run(tmp_path, retention_events(6), cap=6)
+    assert log.evictions == ["g:a1", "g:f2", "g:f1"]
+    assert [d.rank for d in log.decisions] == [rank(35, 1, 1), rank(35, 2, 2, expired=True),
+                                               rank(35, 3, 3, expired=True)]
+
+
+def test_retention_latest_pin_wins(tmp_path):
+    # H hits f1 f2 with no hint at t=2: the range's hint is cleared (as for priority)
+    events = retention_events(4)
+    events.insert(2, {"t": 2, "id": "H", "blocks": ["f1", "f2"], "tail": 1, "done_t": 2.1})
+    _, log, _ = run(tmp_path, events, cap=6)
+    assert "g:f2" in log.evictions
+
+
+def test_retention_at_maps_blocks_by_their_first_token():
+    from psgate.policy import RetentionRange
+    r = PolicyRequest(id="r", num_prompt_blocks=4, **REQ,
+                      retention=(RetentionRange(0, 63, 80, None),
+                                 RetentionRange(63, 127, 30, 5)))
+    # TensorRT-LLM's BlockConfigTest: ranges (0,63,80), (63,127,30), 32-token blocks
+    assert [r.retention_at(i, 32).priority for i in range(4)] == [80, 80, 30, 30]
+    assert r.retention_at(4, 32) is None

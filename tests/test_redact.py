@@ -98,6 +98,10 @@ def test_canary_nothing_raw_in_any_output(tmp_path):
     ({"t": -1, "group": "a", "contract": "standard", "prompt_token_ids": [1]}, "t"),
     ({"t": 0, "contract": "standard", "prompt_token_ids": [1]}, "group"),
     ({"t": 0, "op": "cancel", "id": "nope"}, "id"),
+    ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": [1, 2],
+      "retention": [{"start": 0, "end": 3, "priority": 50}]}, "retention[0].end"),
+    ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": [1],
+      "retention_s": 0}, "retention_s"),
 ])
 def test_bad_raw_input(tmp_path, line, field):
     p = tmp_path / "raw.jsonl"
@@ -105,3 +109,29 @@ def test_bad_raw_input(tmp_path, line, field):
     proc = psgate("trace", "redact", p, "-o", tmp_path / "t.jsonl", "--unkeyed")
     assert_one_line_error(proc, 2, f"raw.jsonl:1: field '{field}'")
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_redaction_and_the_writer_keep_retention_hints(tmp_path):
+    """Hints say how long to keep tokens, not which: redaction keeps them as given, and the
+    trace writer's round trip (read, write, read) gives the same events."""
+    from psgate.trace import TraceReader, TraceSource
+    from psgate.trace.writer import write_trace
+    hints = {"retention": [{"start": 0, "end": 16, "priority": 90, "duration_s": 30.5},
+                           {"start": 16, "end": None, "priority": 20, "duration_s": None}],
+             "retention_s": 120, "priority": 70, "priority_until": 9.5}
+    p = tmp_path / "raw.jsonl"
+    p.write_text(json.dumps({"t": 0.0, "id": "x", "group": "acme", "contract": "standard",
+                             "prompt_token_ids": list(range(40)), "out": 3, **hints}) + "\n")
+    proc = psgate("trace", "redact", p, "-o", tmp_path / "t.jsonl", "--unkeyed")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert {k: lines[1][k] for k in hints} == hints
+    write_trace(tmp_path / "w.jsonl", lines)
+    evs = []
+    for path in (tmp_path / "t.jsonl", tmp_path / "w.jsonl"):
+        with TraceReader(TraceSource.resolve(str(path))) as r:
+            evs.append(next(iter(r.events())))
+    assert evs[0].retention == evs[1].retention and len(evs[0].retention) == 2
+    assert evs[0].retention_ns == evs[1].retention_ns == 120_000_000_000
+    assert (validate_trace(str(tmp_path / "t.jsonl"))[1].canonical_sha256
+            == validate_trace(str(tmp_path / "w.jsonl"))[1].canonical_sha256)

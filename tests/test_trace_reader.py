@@ -185,6 +185,54 @@ BAD = [
     ("priority-float", jsonl(HEADER, req(priority=1.5)), 2, "priority", r"found a number$"),
     ("priority-until-negative", jsonl(HEADER, req(priority=1, priority_until=-1)), 2,
      "priority_until", r"found -1$"),
+    # retention hints (req(): one block + tail 1 = 17 prompt tokens)
+    ("retention-not-array", jsonl(HEADER, req(retention={"start": 0})), 2, "retention",
+     r"non-empty array of token ranges, found an object$"),
+    ("retention-empty", jsonl(HEADER, req(retention=[])), 2, "retention",
+     r"found an empty array$"),
+    ("retention-range-not-object", jsonl(HEADER, req(retention=[3])), 2, "retention[0]",
+     r"found an integer$"),
+    ("retention-unknown-key", jsonl(HEADER, req(retention=[{"start": 0, "priority": 5,
+                                                             "duration_ms": 9}])), 2,
+     "retention[0]", r"unknown key 'duration_ms'"),
+    ("retention-missing-priority", jsonl(HEADER, req(retention=[{"start": 0}])), 2,
+     "retention[0].priority", r"^missing$"),
+    ("retention-start-past-prompt", jsonl(HEADER, req(retention=[{"start": 17, "priority": 5}])),
+     2, "retention[0].start", r"in 0\.\.16 \(the prompt has 17 tokens\), found 17$"),
+    ("retention-start-negative", jsonl(HEADER, req(retention=[{"start": -1, "priority": 5}])),
+     2, "retention[0].start", r"found -1$"),
+    ("retention-end-past-prompt", jsonl(HEADER, req(retention=[{"start": 0, "end": 18,
+                                                                 "priority": 5}])),
+     2, "retention[0].end", r"in 1\.\.17 .*found 18$"),
+    ("retention-start-not-before-end", jsonl(HEADER, req(retention=[
+        {"start": 4, "end": 4, "priority": 5}])), 2, "retention[0].end", r"found 4$"),
+    ("retention-priority-0", jsonl(HEADER, req(retention=[{"start": 0, "priority": 0}])), 2,
+     "retention[0].priority", r"in 1\.\.100, found 0$"),
+    ("retention-priority-101", jsonl(HEADER, req(retention=[{"start": 0, "priority": 101}])),
+     2, "retention[0].priority", r"found 101$"),
+    ("retention-duration-zero", jsonl(HEADER, req(retention=[
+        {"start": 0, "priority": 5, "duration_s": 0}])), 2, "retention[0].duration_s",
+     r"found 0$"),
+    ("retention-duration-infinite", jsonl(HEADER, b'{"t":0,"op":"request","id":"r1",'
+     b'"group":"g","contract":"c","scope":"m1","blocks":["aa"],"tail":1,"out":4,'
+     b'"retention":[{"start":0,"priority":5,"duration_s":1e999}]}'), 2,
+     None, r"."),
+    ("retention-duration-string", jsonl(HEADER, req(retention=[
+        {"start": 0, "priority": 5, "duration_s": "5"}])), 2, "retention[0].duration_s",
+     r"found '5'$"),
+    ("retention-overlap", jsonl(HEADER, req(retention=[
+        {"start": 8, "end": 12, "priority": 5}, {"start": 0, "end": 9, "priority": 9}])), 2,
+     "retention[0].start", r"overlaps retention\[1\] \(tokens 0\.\.9\)"),
+    ("retention-overlap-open-end", jsonl(HEADER, req(retention=[
+        {"start": 0, "end": None, "priority": 5}, {"start": 9, "priority": 9}])), 2,
+     "retention[1].start", r"overlaps retention\[0\] \(tokens 0\.\.end\)"),
+    ("retention-s-zero", jsonl(HEADER, req(retention_s=0)), 2, "retention_s", r"found 0$"),
+    ("retention-s-negative", jsonl(HEADER, req(retention_s=-3)), 2, "retention_s",
+     r"found -3$"),
+    ("retention-s-string", jsonl(HEADER, req(retention_s="60")), 2, "retention_s",
+     r"found '60'$"),
+    ("retention-s-too-long", jsonl(HEADER, req(retention_s=5e9)), 2, "retention_s",
+     r"found 5000000000\.0$"),
     ("prefill-ms-negative", jsonl(HEADER, req(prefill_ms=-0.1)), 2, "prefill_ms",
      r"found -0\.1$"),
     ("prefix-empty", jsonl(HEADER, req(prefix="")), 2, "prefix", r"non-empty string"),
@@ -457,7 +505,13 @@ def valid_request(draw) -> dict:
         ev["tail"] = 1
     for key, strat in (("prefix", names), ("role", names), ("measure", st.booleans()),
                        ("priority", st.integers(-100, 100)), ("priority_until", finite),
-                       ("done_t", finite.map(lambda d: t + d)), ("prefill_ms", finite)):
+                       ("done_t", finite.map(lambda d: t + d)), ("prefill_ms", finite),
+                       ("retention", st.lists(st.fixed_dictionaries(
+                           {"start": st.integers(0, 3), "priority": st.integers(1, 100)},
+                           optional={"end": st.one_of(st.none(), st.integers(4, 8)),
+                                     "duration_s": st.one_of(st.none(), st.floats(0.5, 9))}),
+                           min_size=1, max_size=2)),
+                       ("retention_s", st.floats(0.001, 1e6))):
         if draw(st.booleans()) and draw(st.booleans()):
             ev[key] = draw(strat)
     if draw(st.integers(0, 4)) == 0:
@@ -532,7 +586,10 @@ def test_reader_and_schema_agree_on_request_lines(ev):
     elif reader_error is not None:
         # schema-valid but rejected: only for a rule the schema cannot state
         assert reader_error.line == 2
-        assert reader_error.field in READER_ONLY_FIELDS, (ev, str(reader_error))
+        assert (reader_error.field in READER_ONLY_FIELDS
+                or reader_error.field.startswith("retention[")), (ev, str(reader_error))
+        if reader_error.field.startswith("retention["):
+            return          # ranges inside the prompt, start < end, none overlapping
         if reader_error.field in ("out", "priority"):
             assert isinstance(ev[reader_error.field], float), (ev, str(reader_error))
 
@@ -554,7 +611,9 @@ _VARIED = jsonl(
     {**HEADER, "partial": True},
     req("a", 0.0, blocks=["aa", "ab"], done_t=1.0),
     req("b", 0.5, blocks=["aa", "ac"], prefix="sys", role="victim", measure=False,
-        priority=2, priority_until=3.0, prefill_ms=1.5),
+        priority=2, priority_until=3.0, prefill_ms=1.5,
+        retention=[{"start": 16, "end": None, "priority": 90, "duration_s": 2.5},
+                   {"start": 0, "end": 16, "priority": 60}], retention_s=30),
     req("c", 0.75, blocks=["ad"], tail=0, done_t=0.75),
     {"t": 0.8, "op": "cancel", "id": "b"},
     {"t": 0.9, "op": "done", "id": "zz"},          # unknown in a partial trace: skipped
@@ -637,3 +696,27 @@ def test_replay_refuses_a_trace_rewritten_between_passes(tmp_path, monkeypatch):
         api.replay(api.ReplayConfig(trace=str(p), baseline="lru", candidate="lru",
                                     capacity=8, out=out))
     assert not out.exists()
+
+
+def test_retention_hints_parsed_sorted_and_in_the_canonical_digest(tmp_path):
+    from psgate.trace.model import RetentionRange
+    ranges = [{"start": 16, "end": None, "priority": 90, "duration_s": 2.5},
+              {"start": 0, "end": 16, "priority": 60}]
+    path = _write(tmp_path, "h.jsonl", jsonl(HEADER, req(blocks=["aa", "ab"],
+                                                          retention=ranges, retention_s=30)))
+    with TraceReader(TraceSource.resolve(path)) as r:
+        ev = next(iter(r.events()))
+    assert ev.retention == (RetentionRange(0, 16, 60, None),
+                            RetentionRange(16, None, 90, 2_500_000_000))
+    assert ev.retention_ns == 30_000_000_000
+    plain = _write(tmp_path, "p.jsonl", jsonl(HEADER, req(blocks=["aa", "ab"])))
+    other = _write(tmp_path, "o.jsonl", jsonl(HEADER, req(blocks=["aa", "ab"],
+                                                           retention=ranges, retention_s=31)))
+    digests = {validate_trace(p)[1].canonical_sha256 for p in (path, plain, other)}
+    assert len(digests) == 3
+
+
+def test_retention_touching_ranges_are_not_overlapping(tmp_path):
+    path = _write(tmp_path, "t.jsonl", jsonl(HEADER, req(retention=[
+        {"start": 0, "end": 8, "priority": 5}, {"start": 8, "end": None, "priority": 9}])))
+    validate_trace(path)

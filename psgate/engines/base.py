@@ -28,7 +28,7 @@ from psgate.errors import InputError, PsgateError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policies import innermost_frame, policy_code_files
 from psgate.policy import (Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo,
-                           non_finite)
+                           RetentionRange, non_finite)
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
 from psgate.trace.model import CancelEvent, RequestEvent, TraceHeader
 from psgate.trace.reader import HashTable
@@ -261,6 +261,9 @@ class ReplayEngine(BlockPool):
                              prompt_tokens=ev.prompt_tokens, num_prompt_blocks=len(ev.blocks),
                              num_new_full_blocks=0, priority=ev.priority,
                              priority_until_ns=ev.priority_until_ns, index=self.num_requests)
+        if ev.retention is not None:
+            preq.retention = tuple(RetentionRange(*r) for r in ev.retention)
+        preq.retention_ns = ev.retention_ns
         self.num_requests += 1
         if self.policy.wants_block_keys:
             base = ns << KEY_SHIFT

@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 from psgate.engines.vllm_queue import PolicyFreeQueue
 from psgate.invariants.checker import Verdict
-from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo
+from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo, RetentionRange
+from psgate.trace.reader import hints_from_xargs, retention_ranges, retention_seconds
 
 DEFAULT_GROUP = "default"
 DEFAULT_CONTRACT = "standard"
@@ -121,6 +122,15 @@ class LivePolicy:
                               prefix=None, t_ns=self.clock_ns(), prompt_tokens=n,
                               num_prompt_blocks=n // self.block_size, num_new_full_blocks=0,
                               index=len(self.preqs))
+            sp = getattr(request, "sampling_params", None)
+            extra = getattr(sp, "extra_args", None) if sp is not None else None
+            if extra:
+                hints = hints_from_xargs(extra, n)
+                if "retention" in hints:
+                    p.retention = tuple(RetentionRange(*r) for r in
+                                        retention_ranges(hints["retention"], n))
+                if "retention_s" in hints:
+                    p.retention_ns = retention_seconds(hints["retention_s"])
             self.preqs[rid] = p
         return p
 

@@ -441,7 +441,8 @@ def _row(src: PolicySource) -> dict:
     row = {"name": cls.name, "kind": src.kind, "class": src.class_name,
            "distribution": src.distribution, "version": src.version,
            "summary": cls.summary, "params": dict(cls.defaults),
-           "api_version": cls.api_version, "sha256": src.sha256}
+           "api_version": cls.api_version, "sha256": src.sha256,
+           "hints": list(getattr(cls, "honours_hints", ()) or ())}
     if src.file is not None:
         row["file"] = src.file
     return row

@@ -1,6 +1,7 @@
 """priority-lru: priority-aware LRU with expiring hints (TensorRT-LLM retention priority).
 
-    pin(b, r, pos)  (on_cached, on_hit):  hint[b] = (r.priority, r.priority_until)
+    pin(b, r, pos)  (on_cached, on_hit):  hint[b] = r's range covering pos (retention), else
+                                          (r.priority, r.priority_until)
                                           reuse_cost[b] = max(reuse_cost[b],
                                                               r.num_prompt_blocks - pos)
     eff(b, t) = hint[b].priority  if b has a hint and t < hint[b].until  else default
@@ -18,6 +19,19 @@ Choices:
   request, or the last request to hit it); a request without a hint clears it.
   It can change only while the block is pinned, so a candidate's key changes
   only by expiry.
+- ``retention`` (TensorRT-LLM's KvCacheRetentionConfig token ranges): block ``pos`` of
+  a request takes the range holding its first token (``pos * block_size``; TensorRT-LLM's
+  ``getPerBlockRetentionPriorityDuration``), i.e. that range's priority for that range's
+  ``duration_s``, counted from the moment the block is freed (TensorRT-LLM sets
+  ``expirationTime = now + durationMs`` when it releases a block to the free queue), then
+  ``default_priority``; a range without a duration never expires. A block no range of
+  the request covers takes the request's ``priority``/``priority_until`` if it has them,
+  else no hint (``default_priority``, TensorRT-LLM's 35 for tokens no range covers).
+  Two requests, two hints: the latest pin wins, as TensorRT-LLM's ``claimBlock`` sets the
+  priority and duration of each request that reuses a block (one difference: a TensorRT-LLM
+  claim with no priority for the block keeps the block's earlier priority; here a pin
+  without a hint clears it, as for ``priority``), and a re-freed block's duration counts
+  again from that free.
 - Reuse cost = how many prompt blocks a request that pinned the block would lose
   if it were evicted: the block itself and every later one (hits are contiguous
   prefixes, so nothing after a missing block can be hit): ``num_prompt_blocks -
@@ -55,6 +69,7 @@ class PriorityLRUPolicy(EvictionPolicy):
     summary = ("priority-aware LRU (TensorRT-LLM retention priority): lowest priority, "
                "then lowest reuse cost, then least recently freed; hints expire")
     defaults: dict[str, Any] = {"default_priority": 35}
+    honours_hints = ("priority", "priority_until", "retention")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -69,6 +84,8 @@ class PriorityLRUPolicy(EvictionPolicy):
         self.has_hint = bytearray(n)
         self.hint = array("q", [0]) * n
         self.until = array("q", [-1]) * n       # hint end (ns), -1 = none
+        self.dur = array("q", [-1]) * n         # a retention range's duration (ns), -1 = none
+        self.bs = pool.block_size
         self.cost = array("i", [0]) * n         # reuse cost
         self.prio = array("q", [0]) * n         # effective priority of the live entry
         self.expired = bytearray(n)             # the hint ended while it was a candidate
@@ -83,13 +100,21 @@ class PriorityLRUPolicy(EvictionPolicy):
 
     # -- helpers ----------------------------------------------------------------
     def _pin(self, b: int, req: PolicyRequest, pos: int) -> None:
-        if req.priority is None:
+        rng = None if req.retention is None else req.retention_at(pos, self.bs)
+        if rng is not None:
+            self.has_hint[b] = 1
+            self.hint[b] = rng.priority
+            self.until[b] = -1                  # set when freed: free time + duration
+            d = rng.duration_ns
+            self.dur[b] = -1 if d is None else d
+        elif req.priority is None:
             self.has_hint[b] = 0
         else:
             self.has_hint[b] = 1
             self.hint[b] = req.priority
             u = req.priority_until_ns
             self.until[b] = -1 if u is None else u
+            self.dur[b] = -1
         c = req.num_prompt_blocks - pos
         if c > self.cost[b]:
             self.cost[b] = c
@@ -153,6 +178,8 @@ class PriorityLRUPolicy(EvictionPolicy):
             self.expired[b] = 0
             p = default
             if self.has_hint[b]:
+                if self.dur[b] >= 0:
+                    self.until[b] = now_ns + self.dur[b]
                 u = self.until[b]
                 if u < 0 or now_ns < u:
                     p = self.hint[b]
@@ -178,6 +205,7 @@ class PriorityLRUPolicy(EvictionPolicy):
         if self.cand[block]:
             self._drop(block)
         self.has_hint[block] = 0
+        self.dur[block] = -1
         self.cost[block] = 0
         self.expired[block] = 0
 

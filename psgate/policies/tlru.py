@@ -1,10 +1,11 @@
 """tlru: time-to-live LRU: a block not reused within its TTL goes first.
 
-    ttl = ttl_s (one TTL for every request: the trace format has no per-request
-          retention time yet)
+    ttl(r) = r.retention_s if the request gives one, else ttl_s
     on_admit(r, t):        now = t; expire(t)
-    on_cached(b), on_hit(b):  last_use[b] = now; expires[b] = now + ttl  (the request that
-                              computes or reuses b refreshes its TTL)
+    on_cached(b):          last_use[b] = now; expires[b] = now + ttl(r)
+    on_hit(b):             last_use[b] = now; expires[b] = max(expires[b], now + ttl(r))
+                           (the request that reuses b refreshes its TTL; a shorter one
+                           never cuts short an earlier request's)
     on_free(blocks, t):    expire(t); freed_seq[b] = ++seq (vLLM's order: a request's
                            last block first); class[b] = EXPIRED if t >= expires[b] else
                            LIVE (then (expires[b], b) -> expiry heap); b -> leaves if
@@ -44,10 +45,18 @@ Adapting it to a block pool (choices made here):
 - Expiry is exact in trace time: a heap of end times is drained in ``on_admit`` (the
   engine calls it with the batch's time before any ``select_victim``) and in
   ``on_free``, as ``priority-lru`` does; an expired block keeps its freed_seq.
-- Retention hints: a trace has no per-request retention time (only ``priority`` and
-  ``priority_until``, ``priority-lru``'s priority hints, which mean a priority level, not
-  a TTL; they are not used). ``_ttl_ns(req)`` is the one place a per-request TTL would
-  be read.
+- Retention hints: a request's ``retention_s`` (SGLang's proposed soft retention time,
+  sgl-project/sglang#27970 ``retention_seconds``: a node's protection lapses once it has
+  been idle since its last access for longer than that; hits refresh it) is its TTL for
+  every block it computes or hits, read in ``_ttl_ns(req)``; without one, ``ttl_s``. It
+  is soft: an unexpired block is still evicted, after the expired ones, when nothing else
+  is left (the engine's hard invariants, pinned blocks above all, are never touched). Two
+  requests, two retention times: a block is kept until the latest end any of its uses
+  asked for (``max(expires, now + ttl)``), i.e. "at least retention_s after each use";
+  SGLang's proposal likewise keeps the stronger (longer) retention on a shared prefix.
+  With one TTL for all (no ``retention_s`` in the trace) this is the plain refresh: the
+  latest use's end is always the latest. ``priority``/``priority_until``/``retention``
+  (priority levels, ``priority-lru``'s) are not used.
 - A chain's leaf goes before its parent: leaves only, as SGLang's radix cache evicts.
   With prefix hits a parent is reused whenever its child is and freed after it, so it
   never expires earlier nor ranks earlier than the child; the leaf rule makes that hold
@@ -85,6 +94,7 @@ class TLRUPolicy(EvictionPolicy):
                "5 minutes) go first, then LRU; LRU within each")
     defaults: dict[str, Any] = {"ttl_s": 300.0}
     max_blocks = SeqQueues.MASK        # block ids share a heap entry with the key
+    honours_hints = ("retention_s",)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -108,12 +118,19 @@ class TLRUPolicy(EvictionPolicy):
 
     # -- helpers ----------------------------------------------------------------
     def _ttl_ns(self, req: PolicyRequest) -> int:
-        """The TTL a use by req gives a block (one for all: see the module docstring)."""
-        return self.ttl_ns
+        """The TTL a use by req gives a block: its ``retention_s``, else ``ttl_s``."""
+        r = req.retention_ns
+        return self.ttl_ns if r is None else r
 
-    def _use(self, b: int, req: PolicyRequest) -> None:
-        self.last_use[b] = self.now
-        self.ttl[b] = self._ttl_ns(req)
+    def _use(self, b: int, req: PolicyRequest, hit: bool) -> None:
+        now = self.now
+        ttl = self._ttl_ns(req)
+        if hit:     # keep an earlier use's later end (ttl = its end - now)
+            left = self.last_use[b] + self.ttl[b] - now
+            if left > ttl:
+                ttl = left
+        self.last_use[b] = now
+        self.ttl[b] = ttl
 
     def _expire(self, now_ns: int) -> None:
         ex = self.expiry
@@ -148,10 +165,10 @@ class TLRUPolicy(EvictionPolicy):
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
                   key: int = -1) -> None:
         self.c.cached(block, parent)
-        self._use(block, req)
+        self._use(block, req, False)
 
     def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:
-        self._use(block, req)
+        self._use(block, req, True)
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
         self._expire(now_ns)

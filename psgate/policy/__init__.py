@@ -20,7 +20,9 @@ What it holds:
 - :class:`EvictionPolicy`, the base class, with the events an engine sends in vLLM's
   block-pool order (its docstring lists them) and the hooks a quota policy may answer;
 - :class:`PolicyRequest` and :class:`PoolInfo`, what a policy may know of a request and
-  of the pool (never a request's ``role``); :class:`Decision`, one eviction with the
+  of the pool (never a request's ``role``), with its retention hints
+  (:class:`RetentionRange`; a policy names the hints it honours in ``honours_hints``);
+  :class:`Decision`, one eviction with the
   ranking fields that made it (one ledger row);
 - helpers over flat arrays: :class:`BlockQueues` (intrusive FIFO queues, O(1)),
   :class:`SeqQueues` (queues ordered by a sequence number, O(log n)),
@@ -50,7 +52,7 @@ from psgate import core
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.invariants.prefixshield import BucketAudit
 from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyRequest,
-                                PoolInfo, non_finite)
+                                PoolInfo, RetentionRange, non_finite)
 from psgate.policy.history import PrefixHistory
 from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker, SeqQueues
 
@@ -59,7 +61,8 @@ NS_PER_S = 1_000_000_000
 
 __all__ = ["API_VERSION", "NS_PER_S", "BlockQueues", "BucketAudit", "DEFAULT_CONTRACTS",
            "Decision", "EvictionPolicy", "GroupIds", "LeafCandidates", "LeafTracker",
-           "PolicyRequest", "PoolInfo", "PrefixHistory", "SeqQueues", "kernels", "non_finite"]
+           "PolicyRequest", "PoolInfo", "PrefixHistory", "RetentionRange", "SeqQueues",
+           "kernels", "non_finite"]
 
 
 def kernels():

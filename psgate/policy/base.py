@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 
 def non_finite(value: Any) -> bool:
@@ -84,9 +84,27 @@ class PoolInfo:
     key_shift: int | None = None
 
 
+class RetentionRange(NamedTuple):
+    """One token range of a request's retention hint (the trace's ``retention``, TensorRT-LLM's
+    TokenRangeRetentionConfig): prompt tokens ``start`` up to ``end`` (exclusive; None: to
+    the end of the prompt) are to be kept at ``priority`` (1..100, higher kept longer) for
+    ``duration_ns`` from the moment the block is freed (None: no end)."""
+
+    start: int
+    end: int | None
+    priority: int
+    duration_ns: int | None
+
+
 @dataclass(slots=True)
 class PolicyRequest:
-    """A request as a policy sees it; the trace's ``role`` is deliberately absent."""
+    """A request as a policy sees it; the trace's ``role`` is deliberately absent.
+
+    Retention hints, all optional (None when the request gives none): ``priority`` and
+    ``priority_until_ns`` (one priority for every block, until an absolute time);
+    ``retention`` (token ranges, sorted by start, not overlapping: see
+    :class:`RetentionRange` and :meth:`retention_at`); ``retention_ns`` (SGLang's soft
+    retention time: keep the request's blocks at least this long after their last use)."""
 
     id: str
     group: str
@@ -103,6 +121,23 @@ class PolicyRequest:
     index: int = 0                     # position among the trace's requests
     block_keys: list[int] | None = None   # content keys of all prompt blocks, when
                                           # the policy sets wants_block_keys
+    retention: tuple[RetentionRange, ...] | None = None
+    retention_ns: int | None = None
+
+    def retention_at(self, pos: int, block_size: int) -> RetentionRange | None:
+        """The range of ``retention`` that holds prompt block ``pos``, by the block's first
+        token (``pos * block_size``), as TensorRT-LLM's per-block projection assigns it;
+        None when no range covers it or the request has none."""
+        ranges = self.retention
+        if ranges is None:
+            return None
+        tok = pos * block_size
+        for r in ranges:
+            if r.start > tok:
+                return None
+            if r.end is None or tok < r.end:
+                return r
+        return None
 
 
 @dataclass(slots=True)
@@ -151,6 +186,10 @@ class EvictionPolicy(ABC):
     # or None for no limit of its own: a replay refuses a larger --capacity before any
     # work rather than failing in bind() after the trace was read and other runs ran.
     max_blocks: ClassVar[int | None] = None
+    # The request retention hints the policy honours, by trace field name ("priority",
+    # "priority_until", "retention", "retention_s"); () ignores them all. ``psgate
+    # policies`` lists them, so an operator sees which policies a hint can reach.
+    honours_hints: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.defaults))

@@ -7,6 +7,7 @@ durations to float seconds would drift.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 NS_PER_S = 1_000_000_000
 FORMAT_VERSION = 1
@@ -16,6 +17,18 @@ def seconds_to_ns(t: float | int) -> int:
     if type(t) is int:
         return t * NS_PER_S
     return round(t * NS_PER_S)
+
+
+class RetentionRange(NamedTuple):
+    """One token range of a request's ``retention`` (TensorRT-LLM's
+    TokenRangeRetentionConfig): prompt tokens ``start`` up to ``end`` (exclusive; None:
+    the end of the prompt) at ``priority`` (1..100), for ``duration_ns`` after the block is
+    freed (None: no end)."""
+
+    start: int
+    end: int | None
+    priority: int
+    duration_ns: int | None
 
 
 @dataclass(slots=True)
@@ -45,6 +58,8 @@ class RequestEvent:
     measure: bool = True
     priority: int | None = None
     priority_until_ns: int | None = None
+    retention: tuple[RetentionRange, ...] | None = None   # sorted by start
+    retention_ns: int | None = None       # retention_s: keep at least this long after use
     done_ns: int | None = None
     prefill_ms: float | None = None
 

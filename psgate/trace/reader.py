@@ -31,7 +31,7 @@ from psgate.inputs import open_input
 from psgate.resources import BUNDLED_PREFIX, bundled_trace_names, bundled_trace_path
 from psgate.trace import jcs
 from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestEvent,
-                                TraceHeader, TraceSummary, seconds_to_ns)
+                                RetentionRange, TraceHeader, TraceSummary, seconds_to_ns)
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS_PER_REQUEST = 1 << 20
@@ -58,6 +58,7 @@ class Limits:
 MAX_BLOCK_SIZE = 1 << 16
 _HASH_RE = re.compile(r"[0-9a-f]{1,128}")
 _OPS = ("request", "cancel", "done")
+_RANGE_KEYS = frozenset(("start", "end", "priority", "duration_s"))
 _REQUEST_REQUIRED = ("id", "group", "contract", "scope", "blocks", "tail", "out")
 
 
@@ -239,6 +240,103 @@ def type_name(v) -> str:
         return "null"
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+class HintError(ValueError):
+    """A retention hint that is not valid: args (message, field)."""
+
+
+def retention_seconds(v) -> int:
+    """``retention_s`` (SGLang's soft retention time) checked, in nanoseconds."""
+    if not is_number(v) or not 0 < v <= MAX_TIME_S:
+        raise HintError(f"expected a number of seconds > 0 and <= {MAX_TIME_S:g}, found "
+                        f"{v!r:.40}", "retention_s")
+    return seconds_to_ns(v)
+
+
+def retention_ranges(v, prompt_tokens: int) -> tuple[RetentionRange, ...]:
+    """``retention`` (TensorRT-LLM's KvCacheRetentionConfig token ranges) checked: each
+    inside the prompt, start < end, priority 1..100, a finite duration > 0 or null, no two
+    overlapping (given in any order; returned sorted by start). Raises HintError."""
+    if type(v) is not list or not v:
+        raise HintError(f"expected a non-empty array of token ranges, found "
+                        f"{'an empty array' if v == [] else type_name(v)}", "retention")
+    out = []
+    for i, r in enumerate(v):
+        where = f"retention[{i}]"
+        if type(r) is not dict:
+            raise HintError(f"expected an object {{start, end, priority, duration_s}}, found "
+                            f"{type_name(r)}", where)
+        extra = sorted(set(r) - _RANGE_KEYS)
+        if extra:
+            raise HintError(f"unknown key '{extra[0]:.40}' (a range has start, end, priority, "
+                            f"duration_s)", where)
+        for key in ("start", "priority"):
+            if key not in r:
+                raise HintError("missing", f"{where}.{key}")
+        start = r["start"]
+        if type(start) is not int or not 0 <= start < prompt_tokens:
+            raise HintError(f"expected an integer token offset in 0..{prompt_tokens - 1} (the "
+                            f"prompt has {prompt_tokens} tokens), found {start!r:.40}",
+                            f"{where}.start")
+        end = r.get("end")
+        if end is not None and (type(end) is not int or not start < end <= prompt_tokens):
+            raise HintError(f"expected null (the end of the prompt) or an integer in "
+                            f"{start + 1}..{prompt_tokens} (after start {start}, within the "
+                            f"prompt's {prompt_tokens} tokens), found {end!r:.40}",
+                            f"{where}.end")
+        prio = r["priority"]
+        if type(prio) is not int or not 1 <= prio <= 100:
+            raise HintError(f"expected an integer in 1..100, found {prio!r:.40}",
+                            f"{where}.priority")
+        dur = r.get("duration_s")
+        if dur is not None and (not is_number(dur) or not 0 < dur <= MAX_TIME_S):
+            raise HintError(f"expected null (no end) or a finite number of seconds > 0 and "
+                            f"<= {MAX_TIME_S:g}, found {dur!r:.40}", f"{where}.duration_s")
+        out.append((start, i, RetentionRange(start, end, prio,
+                                             None if dur is None else seconds_to_ns(dur))))
+    out.sort()
+    for (_, i, a), (_, j, b) in zip(out, out[1:]):
+        if a.end is None or a.end > b.start:
+            raise HintError(f"overlaps retention[{i}] (tokens {a.start}.."
+                            f"{'end' if a.end is None else a.end}); ranges must not overlap",
+                            f"retention[{j}].start")
+    return tuple(r for _, _, r in out)
+
+
+def hints_from_xargs(extra, prompt_tokens: int) -> dict:
+    """The trace fields of a live request's ``psgate_retention`` / ``psgate_retention_s``
+    (vLLM ``SamplingParams.extra_args``, the OpenAI server's ``vllm_xargs``, where a list of
+    objects can only travel as a JSON string, so a string is parsed as JSON): ``retention``
+    and ``retention_s`` as a trace writes them, only those that pass the reader's checks
+    (a client's bad hint is left out, never written into a trace the reader refuses)."""
+    out: dict = {}
+    if not extra:
+        return out
+    v = extra.get("psgate_retention")
+    if v is not None:
+        if type(v) is str:
+            try:
+                v = json.loads(v)
+            except ValueError:
+                v = None
+        try:
+            retention_ranges(v, prompt_tokens)
+            out["retention"] = v
+        except HintError:
+            pass
+    v = extra.get("psgate_retention_s")
+    if type(v) is str:
+        try:
+            v = float(v)
+        except ValueError:
+            v = None
+    try:
+        retention_seconds(v)
+        out["retention_s"] = v
+    except HintError:
+        pass
+    return out
 
 
 class TraceReader:
@@ -584,6 +682,13 @@ class TraceReader:
                 raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds, found {v!r:.40}",
                           "priority_until")
             ev.priority_until_ns = seconds_to_ns(v)
+        if "retention" in obj:
+            ev.retention = self._retention(obj["retention"], ev.prompt_tokens)
+        if "retention_s" in obj:
+            try:
+                ev.retention_ns = retention_seconds(obj["retention_s"])
+            except HintError as exc:
+                raise err(*exc.args) from None
         if "done_t" in obj:
             v = obj["done_t"]
             if not is_number(v) or v < t:
@@ -598,6 +703,12 @@ class TraceReader:
                 raise err(f"expected a number of milliseconds in 0..{MAX_TIME_S * 1000:g}, "
                           f"found {v!r:.40}", "prefill_ms")
             ev.prefill_ms = float(v)
+
+    def _retention(self, v, prompt_tokens: int) -> tuple[RetentionRange, ...]:
+        try:
+            return retention_ranges(v, prompt_tokens)
+        except HintError as exc:
+            raise self._err(*exc.args) from None
 
     def summary(self) -> TraceSummary:
         if self._summary is None:

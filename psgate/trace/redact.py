@@ -14,6 +14,8 @@ request ids become r0, r1, ...; group names and scopes become keyed pseudonyms
 (g-..., s-...), stable for one key. Contract names are kept: they select the
 replay's contract table and are categories, not data. The header carries the key's
 fingerprint, never the key; keys come only from a file or the environment.
+Retention hints (``priority``, ``priority_until``, ``retention``, ``retention_s``) are
+kept as given: they say how long to keep tokens, not which tokens, and name no one.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ from psgate.errors import InputError
 from psgate.inputs import open_input, read_capped
 from psgate.trace.hashing import HASHING_NAME, chain_hashes
 from psgate.trace.reader import (MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_LINE_BYTES, MAX_TIME_S,
-                                 checked_lines, require_utf8_name)
+                                 HintError, checked_lines, require_utf8_name,
+                                 retention_ranges, retention_seconds)
 from psgate.trace.writer import header_line
 
 KEY_ENV = "PSGATE_HASH_KEY"
 MIN_KEY_BYTES = 16
 MAX_KEY_BYTES = 64                  # BLAKE2b's key size
 MAX_KEY_FILE_BYTES = 4096           # 128 hex digits and room for whitespace and comments
+_HINT_FIELDS = ("priority", "priority_until", "retention", "retention_s")
 _SCOPE_FIELDS = ("model", "tokenizer", "adapter", "cache_salt")
 KEY_FORMAT = (f"hex digits for {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes (surrounding whitespace "
               f"and newlines ignored), e.g. the output of "
@@ -206,4 +210,16 @@ def _redacted(src: str, block_size: int, key: bytes | None) -> Iterator[dict]:
                 if d > MAX_TIME_S:
                     raise err(f"expected a time in 0..{MAX_TIME_S:g} seconds", "done_t")
                 line["done_t"] = d
+            # retention hints are not identifying: kept as given (checked here, so an error
+            # names the log's line; priority/priority_until by the reader, on the output)
+            for f in _HINT_FIELDS:
+                if f in obj:
+                    line[f] = obj[f]
+            try:
+                if "retention" in obj:
+                    retention_ranges(obj["retention"], len(toks))
+                if "retention_s" in obj:
+                    retention_seconds(obj["retention_s"])
+            except HintError as exc:
+                raise err(*exc.args) from None
             yield line
