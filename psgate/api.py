@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -234,6 +235,27 @@ def check_capacity(capacity: int, sources: dict) -> None:
         if limit is not None and capacity > limit:
             raise InputError(f"policy '{src.cls.name}' (--{label}) holds at most {limit} "
                              f"configured blocks, found {capacity}", path="--capacity")
+    memory = physical_memory()
+    if memory is not None and capacity * MIN_BYTES_PER_BLOCK > memory:
+        raise InputError(f"{capacity} configured blocks need at least "
+                         f"{capacity * MIN_BYTES_PER_BLOCK / 2**30:.1f} GiB (about "
+                         f"{MIN_BYTES_PER_BLOCK} bytes per block, lru's), more than this "
+                         f"machine's {memory / 2**30:.1f} GiB", path="--capacity")
+
+
+# The least a replay holds per configured block (the pool's, the checker's and lru's
+# per-block arrays): lru against lru at 10^7 blocks peaks at 1.18 GB, 113 bytes a block.
+# A capacity whose floor exceeds the machine's memory cannot finish; past the machine's
+# memory the kernel's OOM killer ends the run (SIGKILL, no message), after minutes.
+MIN_BYTES_PER_BLOCK = 100
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def policy_sources(cfg: ReplayConfig) -> dict:

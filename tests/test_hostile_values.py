@@ -565,3 +565,20 @@ def test_a_crash_is_exit_4_never_1(run, tmp_path, monkeypatch):
     code, _, err = run(*replay_args(tmp_path), env={"PSGATE_DEBUG": "1"})
     assert code == 4 and "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("psgate: internal error")
+
+
+def test_a_capacity_the_machine_cannot_hold_is_refused_before_any_work(tmp_path, monkeypatch):
+    """lru at 2,000,000,000 blocks was killed by the kernel's OOM killer after 57 s at
+    24 GB (SIGKILL: no message, no exit code of psgate's). The floor of about 100 bytes a
+    configured block against the machine's memory refuses it at once."""
+    from psgate import api
+    from psgate.policies import resolve
+    sources = {"baseline": resolve("lru", "--baseline"),
+               "candidate": resolve("lru", "--candidate")}
+    monkeypatch.setattr(api, "physical_memory", lambda: 2**30)          # a 1 GiB machine
+    with pytest.raises(InputError) as exc:
+        api.check_capacity(20_000_000, sources)                         # about 1.9 GiB
+    assert "--capacity" in str(exc.value) and "1.0 GiB" in str(exc.value)
+    api.check_capacity(5_000_000, sources)                              # about 0.5 GiB: fits
+    monkeypatch.setattr(api, "physical_memory", lambda: None)           # the platform won't say
+    api.check_capacity(20_000_000, sources)
