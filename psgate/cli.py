@@ -171,51 +171,51 @@ def _tolerances(hit: float, tokens: float, ttft: float, min_requests: int,
 
 @app.command()
 def replay(
-    trace: Annotated[str, typer.Option(help="psgate-trace v1 file, bundled:NAME, or a directory of traces (one run each, one gate)")] = api.DEFAULT_TRACE,
-    workload: Annotated[Optional[str], typer.Option(help="generate matched runs: KIND[:key=value,...] (see psgate trace kinds)")] = None,
-    runs: Annotated[int, typer.Option(help="matched runs of --workload, each with its own seed derived from --seed")] = 1,
-    seed: Annotated[int, typer.Option(help="base seed of the matched runs")] = 0,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the confidence intervals")] = DEFAULT_RESAMPLES,
-    bootstrap_seed: Annotated[int, typer.Option(help="seed of the bootstrap resampling")] = 0,
-    baseline: Annotated[Optional[str], typer.Option(help="policy the serving engine runs today (required)", show_default=False)] = None,
-    candidate: Annotated[Optional[str], typer.Option(help="policy proposed to replace it (required)", show_default=False)] = None,
-    capacity: Annotated[int, typer.Option(help="configured KV blocks (one is the null block)")] = api.DEFAULT_CAPACITY,
-    engine: Annotated[str, typer.Option(help="sim (default), vllm-pool, vllm-sched or vllm")] = "sim",
-    model_config: Annotated[Optional[str], typer.Option(help="--engine vllm: Hugging Face model config directory (default: the bundled tiny Qwen2)")] = None,
-    time_compression: Annotated[float, typer.Option(help="--engine vllm: trace seconds per wall-clock second")] = 1.0,
-    pacing: Annotated[str, typer.Option(help="--engine vllm: wall (requests on the compressed wall clock, times observed) or lockstep (on the modeled step clock, one step at a time, times modeled)")] = "wall",
-    scheduler: Annotated[str, typer.Option(help="--engine sim: step (vLLM's scheduler on a modeled step clock) or service (the first model: admission at arrival, one prefill server)")] = api.DEFAULT_SCHEDULER,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="step scheduler: token budget of one step (vLLM's max_num_batched_tokens)")] = SchedulerParams().max_num_batched_tokens,
-    max_num_seqs: Annotated[int, typer.Option(help="step scheduler: most requests running at once (vLLM's max_num_seqs)")] = SchedulerParams().max_num_seqs,
-    chunked_prefill: Annotated[bool, typer.Option(help="step scheduler: split long prompts under the token budget")] = True,
-    step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers")] = Path("psgate-out"),
-    force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)")] = False,
-    gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks")] = None,
-    tolerance_hit: Annotated[float, typer.Option(help="non-regression: hit fraction the candidate may lose (absolute), overall and per group")] = Tolerances().hit,
-    tolerance_tokens: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's saved prefill tokens the candidate may lose")] = Tolerances().tokens,
-    tolerance_ttft: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's p95 TTFT the candidate may add")] = Tolerances().ttft,
-    min_requests: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on hit fraction and saved tokens")] = Tolerances().min_requests,
-    min_requests_ttft: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on p95 TTFT")] = Tolerances().min_requests_ttft,
-    allow_unexercised: Annotated[bool, typer.Option(help="pass the gate even if nothing was evicted")] = False,
-    paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)")] = False,
-    ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block")] = False,
-    ledger_rows: Annotated[str, typer.Option(help="all (default) or evictions: only eviction rows, for long traces")] = "all",
-    ledger_compression: Annotated[str, typer.Option(help="compact (default): ledger.compact.csv.gz, each row coded against the rows before it, then gzip (psgate ledger convert gives the CSV); none: ledger.csv; gzip: ledger.csv.gz")] = "compact",
-    ledger_level: Annotated[int, typer.Option(help="zlib level of a gzip or compact ledger, 1 (fastest, the default) to 9 (smallest); the receipt records it")] = api.GZIP_LEVEL,
-    baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE")] = None,
-    candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE")] = None,
-    cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)")] = None,
-    cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file (psgate calibrate)")] = None,
-    junit: Annotated[Optional[Path], typer.Option(help="also write the gate checks as JUnit XML")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="print the receipt's gate and metrics as JSON on stdout")] = False,
-    quiet: Annotated[bool, typer.Option(help="no summary table on stderr (failing checks still are)")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="every group and metric in the table, every check")] = False,
-    max_line_bytes: Annotated[int, typer.Option(help="cap on one trace line")] = Limits().max_line_bytes,
-    max_blocks_per_request: Annotated[int, typer.Option(help="cap on blocks in one request")] = Limits().max_blocks_per_request,
-    max_in_flight: Annotated[int, typer.Option(help="cap on requests admitted or waiting at once")] = Limits().max_in_flight,
-    replicas: Annotated[int, typer.Option(help="serving instances each run is spread over, each with --capacity blocks and its own policy instance (a trace captured from a cluster)")] = 1,
-    route: Annotated[str, typer.Option(help="--replicas: round-robin (by arrival) or session (a hash of the request's prefix label, else its group)")] = "round-robin",
+    trace: Annotated[str, typer.Option(help="psgate-trace v1 file, bundled:NAME, or a directory of traces (one run each, one gate)", rich_help_panel="Trace, policies, output")] = api.DEFAULT_TRACE,
+    workload: Annotated[Optional[str], typer.Option(help="generate matched runs: KIND[:key=value,...] (see psgate trace kinds)", rich_help_panel="Matched runs (--workload)")] = None,
+    runs: Annotated[int, typer.Option(help="matched runs of --workload, each with its own seed derived from --seed", rich_help_panel="Matched runs (--workload)")] = 1,
+    seed: Annotated[int, typer.Option(help="base seed of the matched runs", rich_help_panel="Matched runs (--workload)")] = 0,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the confidence intervals", rich_help_panel="Matched runs (--workload)")] = DEFAULT_RESAMPLES,
+    bootstrap_seed: Annotated[int, typer.Option(help="seed of the bootstrap resampling", rich_help_panel="Matched runs (--workload)")] = 0,
+    baseline: Annotated[Optional[str], typer.Option(help="policy the serving engine runs today (required)", show_default=False, rich_help_panel="Trace, policies, output")] = None,
+    candidate: Annotated[Optional[str], typer.Option(help="policy proposed to replace it (required)", show_default=False, rich_help_panel="Trace, policies, output")] = None,
+    capacity: Annotated[int, typer.Option(help="configured KV blocks (one is the null block)", rich_help_panel="Trace, policies, output")] = api.DEFAULT_CAPACITY,
+    engine: Annotated[str, typer.Option(help="sim (default), vllm-pool, vllm-sched or vllm", rich_help_panel="Engine and scheduler")] = "sim",
+    model_config: Annotated[Optional[str], typer.Option(help="--engine vllm: Hugging Face model config directory (default: the bundled tiny Qwen2)", rich_help_panel="Engine and scheduler")] = None,
+    time_compression: Annotated[float, typer.Option(help="--engine vllm: trace seconds per wall-clock second", rich_help_panel="Engine and scheduler")] = 1.0,
+    pacing: Annotated[str, typer.Option(help="--engine vllm: wall (requests on the compressed wall clock, times observed) or lockstep (on the modeled step clock, one step at a time, times modeled)", rich_help_panel="Engine and scheduler")] = "wall",
+    scheduler: Annotated[str, typer.Option(help="--engine sim: step (vLLM's scheduler on a modeled step clock) or service (the first model: admission at arrival, one prefill server)", rich_help_panel="Engine and scheduler")] = api.DEFAULT_SCHEDULER,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="step scheduler: token budget of one step (vLLM's max_num_batched_tokens)", rich_help_panel="Engine and scheduler")] = SchedulerParams().max_num_batched_tokens,
+    max_num_seqs: Annotated[int, typer.Option(help="step scheduler: most requests running at once (vLLM's max_num_seqs)", rich_help_panel="Engine and scheduler")] = SchedulerParams().max_num_seqs,
+    chunked_prefill: Annotated[bool, typer.Option(help="step scheduler: split long prompts under the token budget", rich_help_panel="Engine and scheduler")] = True,
+    step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)", rich_help_panel="Engine and scheduler")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers", rich_help_panel="Trace, policies, output")] = Path("psgate-out"),
+    force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)", rich_help_panel="Trace, policies, output")] = False,
+    gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks", rich_help_panel="Trace, policies, output")] = None,
+    tolerance_hit: Annotated[float, typer.Option(help="non-regression: hit fraction the candidate may lose (absolute), overall and per group", rich_help_panel="Gate tolerances")] = Tolerances().hit,
+    tolerance_tokens: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's saved prefill tokens the candidate may lose", rich_help_panel="Gate tolerances")] = Tolerances().tokens,
+    tolerance_ttft: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's p95 TTFT the candidate may add", rich_help_panel="Gate tolerances")] = Tolerances().ttft,
+    min_requests: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on hit fraction and saved tokens", rich_help_panel="Gate tolerances")] = Tolerances().min_requests,
+    min_requests_ttft: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on p95 TTFT", rich_help_panel="Gate tolerances")] = Tolerances().min_requests_ttft,
+    allow_unexercised: Annotated[bool, typer.Option(help="pass the gate even if nothing was evicted", rich_help_panel="Gate tolerances")] = False,
+    paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)", rich_help_panel="Ledger and checks")] = False,
+    ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block", rich_help_panel="Ledger and checks")] = False,
+    ledger_rows: Annotated[str, typer.Option(help="all (default) or evictions: only eviction rows, for long traces", rich_help_panel="Ledger and checks")] = "all",
+    ledger_compression: Annotated[str, typer.Option(help="compact (default): ledger.compact.csv.gz, each row coded against the rows before it, then gzip (psgate ledger convert gives the CSV); none: ledger.csv; gzip: ledger.csv.gz", rich_help_panel="Ledger and checks")] = "compact",
+    ledger_level: Annotated[int, typer.Option(help="zlib level of a gzip or compact ledger, 1 (fastest, the default) to 9 (smallest); the receipt records it", rich_help_panel="Ledger and checks")] = api.GZIP_LEVEL,
+    baseline_param: Annotated[Optional[list[str]], typer.Option(help="baseline policy parameter KEY=VALUE", rich_help_panel="Trace, policies, output")] = None,
+    candidate_param: Annotated[Optional[list[str]], typer.Option(help="candidate policy parameter KEY=VALUE", rich_help_panel="Trace, policies, output")] = None,
+    cost_param: Annotated[Optional[list[str]], typer.Option(help="cost model parameter KEY=VALUE (ms)", rich_help_panel="Engine and scheduler")] = None,
+    cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file (psgate calibrate)", rich_help_panel="Engine and scheduler")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="also write the gate checks as JUnit XML", rich_help_panel="Trace, policies, output")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the receipt's gate and metrics as JSON on stdout", rich_help_panel="Trace, policies, output")] = False,
+    quiet: Annotated[bool, typer.Option(help="no summary table on stderr (failing checks still are)", rich_help_panel="Trace, policies, output")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="every group and metric in the table, every check", rich_help_panel="Trace, policies, output")] = False,
+    max_line_bytes: Annotated[int, typer.Option(help="cap on one trace line", rich_help_panel="Input limits")] = Limits().max_line_bytes,
+    max_blocks_per_request: Annotated[int, typer.Option(help="cap on blocks in one request", rich_help_panel="Input limits")] = Limits().max_blocks_per_request,
+    max_in_flight: Annotated[int, typer.Option(help="cap on requests admitted or waiting at once", rich_help_panel="Input limits")] = Limits().max_in_flight,
+    replicas: Annotated[int, typer.Option(help="serving instances each run is spread over, each with --capacity blocks and its own policy instance (a trace captured from a cluster)", rich_help_panel="Engine and scheduler")] = 1,
+    route: Annotated[str, typer.Option(help="--replicas: round-robin (by arrival) or session (a hash of the request's prefix label, else its group)", rich_help_panel="Engine and scheduler")] = "round-robin",
 ) -> None:
     """Replay one trace under a baseline and a candidate policy; write a receipt; gate."""
     _require_policies(baseline, candidate)
@@ -646,6 +646,58 @@ def trace_stats_cmd(
         render.render_trace_stats(err, path, one)
     if json:
         _emit(st)
+
+
+@app.command()
+def curve(
+    trace: Annotated[str, typer.Option("--trace", help="psgate-trace v1 file, or bundled:NAME")],
+    capacities: Annotated[str, typer.Option("--capacities", help="LO:HI (doubling), LO:HI:N (N geometric points) or A,B,C: configured blocks, increasing, each >= 2")],
+    policy: Annotated[str, typer.Option("--policy", help="comma list of policies; lru is one exact pass")] = "lru",
+    target: Annotated[float, typer.Option("--target", help="hit fraction whose smallest capacity is reported per group")] = 0.5,
+    workers: Annotated[int, typer.Option("--workers", help="processes for the per-capacity replays")] = 1,
+    json: Annotated[bool, typer.Option("--json", help="the curve as JSON on stdout")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write the curve as CSV")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing --output file")] = False,
+) -> None:
+    """Hit fraction against capacity (all, per group, per role) and, per group, the smallest
+    capacity reaching --target. Replay model: --engine sim --scheduler service with every
+    cost coefficient 0 (a request holds its blocks from arrival to its done_t, done or
+    cancel). lru is one exact pass (equal to psgate replay at each capacity); a capacity
+    below the peak pinned demand, and other policies, are replayed per capacity."""
+    from psgate.curve import capacity_curve, check_target, csv_rows, parse_capacities, parse_policies
+    caps = parse_capacities(capacities)
+    names = parse_policies(policy)
+    check_target(target)
+    if output is not None:
+        _output(output, "--output", force)
+    doc = capacity_curve(trace, names, caps, target, workers)
+    t = Table(title=f"capacity curve: {trace} (target hit fraction {target:g})")
+    for col in ("policy", "capacity", "method", "hit fraction", "token hit ratio"):
+        t.add_column(col)
+    for name, entry in doc["policies"].items():
+        for p in entry["points"]:
+            tot = p["totals"]
+            t.add_row(name, str(p["capacity"]), p["method"], str(tot["hit_fraction"]),
+                      str(tot["token_hit_ratio"]))
+    err.print(t)
+    for name, entry in doc["policies"].items():
+        tc = entry["target_capacity"]
+        groups = ", ".join(f"{g}: {c}" for g, c in tc["groups"].items())
+        err.print(f"{name}: smallest capacity reaching {target:g}: all {tc['totals']}; "
+                  f"{groups}", markup=False)
+        if entry.get("min_one_pass_capacity") is not None and any(
+                p["method"] == "replay" for p in entry["points"]):
+            err.print(f"{name}: capacities below {entry['min_one_pass_capacity']} (the peak "
+                      f"pinned demand) or holding duplicate copies were computed by replay",
+                      markup=False)
+    if output is not None:
+        import csv
+        import io
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(csv_rows(doc))
+        write_atomic(output, buf.getvalue().encode())
+    if json:
+        _emit(doc)
 
 
 @trace_app.command("kinds")

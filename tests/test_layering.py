@@ -53,6 +53,8 @@ ALLOWED: dict[str, set[str] | None] = {
                    "workloads"},
     "sweep": {"api", "atomic", "engines", "experiment", "policies", "receipt", "trace",
               "workloads"},
+    # capacity curves: lru's one pass over the trace, other points by api.replay
+    "curve": {"api", "engines", "policies", "trace"},
     "bench": {"api", "atomic", "contracts", "core", "engines", "policies", "receipt", "resources",
               "stats", "trace", "workloads"},
     "report": {"api", "engines", "experiment", "policies", "receipt", "resources", "stats",
