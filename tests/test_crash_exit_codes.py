@@ -64,6 +64,8 @@ def arguments(tmp: Path, receipt: Path) -> dict[tuple[str, ...], list]:
         ("diff",): [receipt, receipt],
         ("report",): [receipt, "-o", tmp / "r.html"],
         ("summary",): [receipt],
+        ("curve",): ["--trace", INCIDENT, "--policy", "lru", "--capacities", "64,256",
+                     "--json"],
         ("validate",): [INCIDENT],
         ("policies",): ["--json"],
         ("check-policy",): ["lru", "--examples", 1],
