@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from array import array
 
-from psgate.policy import (Decision, EvictionPolicy, LeafCandidates, PolicyRequest, PoolInfo,
-                          SeqQueues)
+from psgate.policies.leaf_lru import LeafLRUPolicy
+from psgate.policy import Decision, PolicyRequest, PoolInfo
 
 # A queue's entries are lazy: a block freed again at an unchanged FIFO place needs a new
 # key, or its stale entry would look live. The low bits count the block's frees.
@@ -54,21 +54,20 @@ _STAMP_BITS = 22
 _STAMP_MASK = (1 << _STAMP_BITS) - 1
 
 
-class FIFOPolicy(EvictionPolicy):
+class FIFOPolicy(LeafLRUPolicy):
+    """leaf-lru's candidates, ordered by when each block was cached instead of freed."""
+
     name = "fifo"
     api_version = 1
     summary = ("first cached, first out, hits ignored (SGLang fifo, LMCache FIFO); "
                "leaves only, a chain's leaf before its parent")
     defaults = {}
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the sequence
 
     def bind(self, pool: PoolInfo) -> None:
-        super().bind(pool)
+        super().bind(pool)              # self.c keyed cached_seq << 22 | frees
         n = pool.num_blocks
-        self.c = LeafCandidates(n)      # keyed cached_seq << 22 | frees
         self.cached_seq = array("q", [0]) * n
         self.frees = array("I", [0]) * n        # per block, to tell its heap entries apart
-        self.seq = 0
 
     # -- events ---------------------------------------------------------------
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
@@ -83,20 +82,6 @@ class FIFOPolicy(EvictionPolicy):
             f = frees[b] = (frees[b] + 1) & _STAMP_MASK
             push(b, (cseq[b] << _STAMP_BITS) | f)
 
-    def on_touch(self, block: int) -> None:
-        self.c.remove(block)
-
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
         cseq = self.cached_seq
         return self.c.decision(lambda b, leaf: {"cached_seq": cseq[b], "leaf": leaf})
-
-    def on_evict(self, block: int) -> None:
-        self.c.evicted(block)
-
-    # -- views ----------------------------------------------------------------
-    @property
-    def num_candidates(self) -> int:
-        return self.c.num
-
-    def candidates(self) -> list[int]:
-        return self.c.items()

@@ -42,33 +42,20 @@ Adapting it to a block pool (choices made here):
 
 from __future__ import annotations
 
-from array import array
 
-from psgate.policy import (Decision, EvictionPolicy, LeafCandidates, PolicyRequest, PoolInfo,
-                          SeqQueues)
+from psgate.policies.leaf_lru import LeafLRUPolicy
 
 _TOP = 1 << 62          # keys are _TOP - freed_seq: the most recent has the smallest key
 
 
-class MRUPolicy(EvictionPolicy):
+class MRUPolicy(LeafLRUPolicy):
+    """leaf-lru's candidates and decisions, in the reverse order of release."""
+
     name = "mru"
     api_version = 1
     summary = ("most recently used first (SGLang mru, LMCache MRU): the most recently "
                "freed leaf; a chain's leaf before its parent")
     defaults = {}
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the sequence
-
-    def bind(self, pool: PoolInfo) -> None:
-        super().bind(pool)
-        n = pool.num_blocks
-        self.c = LeafCandidates(n)      # keyed _TOP - freed_seq
-        self.freed_seq = array("q", [0]) * n
-        self.seq = 0
-
-    # -- events ---------------------------------------------------------------
-    def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,
-                  key: int = -1) -> None:
-        self.c.cached(block, parent)
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
         push, freed = self.c.push, self.freed_seq
@@ -78,21 +65,3 @@ class MRUPolicy(EvictionPolicy):
             freed[b] = s
             push(b, _TOP - s)
         self.seq = s
-
-    def on_touch(self, block: int) -> None:
-        self.c.remove(block)
-
-    def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        freed = self.freed_seq
-        return self.c.decision(lambda b, leaf: {"freed_seq": freed[b], "leaf": leaf})
-
-    def on_evict(self, block: int) -> None:
-        self.c.evicted(block)
-
-    # -- views ----------------------------------------------------------------
-    @property
-    def num_candidates(self) -> int:
-        return self.c.num
-
-    def candidates(self) -> list[int]:
-        return self.c.items()
