@@ -42,7 +42,6 @@ Adapting it to a block pool (choices made here):
 
 from __future__ import annotations
 
-
 from psgate.policies.leaf_lru import LeafLRUPolicy
 
 _TOP = 1 << 62          # keys are _TOP - freed_seq: the most recent has the smallest key
