@@ -1029,8 +1029,6 @@ def _internal_error(exc: BaseException) -> None:
 # The click typer parses with: typer >= 0.22 vendors its own copy (typer._click), older
 # releases use click itself; its exceptions are the ones to catch either way.
 _clickx = importlib.import_module(typer.BadParameter.__module__)
-_click_utils = importlib.import_module(typer.BadParameter.__module__.rpartition(".")[0]
-                                       + ".utils")
 _NoArgsIsHelp = getattr(_clickx, "NoArgsIsHelpError", ())
 _Exits = (typer.Exit, getattr(_clickx, "Exit", typer.Exit))
 _Aborts = (typer.Abort, getattr(_clickx, "Abort", typer.Abort))
@@ -1049,7 +1047,7 @@ def _run_app() -> None:
     and exits 1 on a broken pipe or an EOF; main() decides every exit code instead."""
     command = typer.main.get_command(app)
     try:
-        with command.make_context(_click_utils._detect_program_name(), sys.argv[1:]) as ctx:
+        with command.make_context("psgate", sys.argv[1:]) as ctx:    # usage says "psgate"
             command.invoke(ctx)
     except _Exits as exc:
         if exc.exit_code:
