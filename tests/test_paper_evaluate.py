@@ -19,6 +19,7 @@ from psgate.engines import engine_class
 from psgate.engines.cost import CostModel
 from psgate.policies import make_policy
 from psgate.stats.metrics import run_metrics
+from psgate.trace.future import future_uses
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate
@@ -99,8 +100,11 @@ def test_the_heldout_set_runs_the_registered_rule_only():
 def _hit(path: Path, policy: str, params: dict, cap: int, role: str | None) -> float:
     hashes = HashTable()
     header, summary = validate_trace(str(path), hashes)
+    pol = make_policy(policy, params)
+    if pol.needs_future:
+        pol.set_future(future_uses(TraceSource(str(path), path), hashes))
     eng = engine_class("sim", "step")(header=header, hashes=hashes, capacity=cap,
-                                      policy=make_policy(policy, params),
+                                      policy=pol,
                                       contracts=CONTRACT_NAMES, done_ids=summary.done_ids,
                                       groups=summary.groups, cost=CostModel())
     with TraceReader(TraceSource(str(path), path), hashes) as reader:
@@ -155,6 +159,63 @@ def test_a_small_protocol_runs_end_to_end_and_rewrites_its_report_section(tmp_pa
     text = report.read_text()
     assert text.count(evaluate.BEGIN) == 1 and "small one-touch" not in text
     assert "| small weka | benign | 256 | 2 |" in text
+
+
+def test_reported_policies_are_replayed_in_every_cell_and_never_judged(tmp_path):
+    """[report] policies get a mean per cell (belady with its future: the value of a
+    replay made here, not lru's), a paired difference from LRU and a row in the report's
+    second table; the verdict reads only the judged policies."""
+    text = (PAPER_DIR / "protocol.toml").read_text()
+    head = text[:text.index("[[tuning]]")]
+    head = head.replace(head[head.index("policies = [\"fifo\""):].split("\n", 1)[0],
+                        'policies = ["arc", "belady"]')
+    params = ", ".join(f"{k} = {v}" for k, v in SMALL.items())
+    p = tmp_path / "p.toml"
+    p.write_text(head + '[[tuning]]\nname = "t"\nkind = "attack"\nworkload = "one-touch"\n'
+                 f'params = {{ {params} }}\nseeds = [0, 2]\ncapacities = [256]\n'
+                 '[[heldout]]\nname = "h"\nkind = "attack"\nworkload = "one-touch"\n'
+                 f'params = {{ {params} }}\nseeds = [100, 2]\ncapacities = [256]\n')
+    out = tmp_path / "out"
+    r = _run("--protocol", str(p), "--out", str(out), "--workers", "1")
+    assert r.returncode in (0, 1), r.stderr
+    res = json.loads((out / "results.json").read_text())
+    (cell,) = res["cells"]
+    assert res["reported"] == ["arc", "belady"]
+    assert set(cell["paired"]) == {"lru", "s3fifo", "prefixshield"}
+    assert set(cell["reported_minus_lru"]) == {"arc", "belady"}
+    trace = tmp_path / "ot-100.jsonl"
+    write_trace(trace, generate("one-touch", {**SMALL, "seed": 100, "rates": "step"},
+                                cost=CostModel()))
+    for name in ("arc", "belady"):
+        assert cell["values"][name][0] == round(_hit(trace, name, {}, 256, "victim"), 6)
+    assert cell["values"]["belady"] != cell["values"]["lru"]
+    md = (out / "results.md").read_text()
+    assert "### Every policy on the held-out set, reported and not judged" in md
+    row = next(x for x in md.splitlines() if x.startswith("| h | 256 |"))
+    means = {k: v for k, v in cell["means_pct"].items() if k != "belady"}
+    best = max(means.values())
+    assert row.endswith(f" | {best - cell['means_pct']['belady']:+.2f} |")
+
+
+@pytest.mark.parametrize("names,needle", [
+    ('["no-such"]', "report.policies: unknown policy 'no-such'"),
+    ('["lru"]', "report.policies: 'lru' is already replayed"),
+    ('["arc", "arc"]', "report.policies: 'arc' is already replayed"),
+    ('"arc"', "report.policies: expected a list of policy names"),
+])
+def test_bad_reported_policies_are_one_line_errors(tmp_path, names, needle):
+    text = (PAPER_DIR / "protocol.toml").read_text()
+    head = text[:text.index("[[tuning]]")]
+    head = head.replace(head[head.index("policies = [\"fifo\""):].split("\n", 1)[0],
+                        f"policies = {names}")
+    p = tmp_path / "p.toml"
+    p.write_text(head + '[[tuning]]\nname = "t"\nkind = "attack"\nworkload = "one-touch"\n'
+                 'seeds = [0, 2]\ncapacities = [256]\n[[heldout]]\nname = "h"\n'
+                 'kind = "attack"\nworkload = "one-touch"\nseeds = [100, 2]\n'
+                 'capacities = [256]\n')
+    r = _run("--protocol", str(p))
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
 def test_weka_selection_skips_and_excludes_before_counting(tmp_path):

@@ -46,12 +46,14 @@ from psgate.engines import engine_class  # noqa: E402
 from psgate.engines.cost import CostModel  # noqa: E402
 from psgate.engines.replicas import merge_results, replicas_of  # noqa: E402
 from psgate.experiment import derive_seed  # noqa: E402
-from psgate.policies import make_policy  # noqa: E402
+from psgate.policies import make_policy, policy_names  # noqa: E402
 from psgate.stats.bootstrap import bootstrap_ci  # noqa: E402
 from psgate.stats.metrics import run_metrics  # noqa: E402
 from psgate.stats.saturation import SATURATED, SaturationMeter  # noqa: E402
 from psgate.sweep import code_digest  # noqa: E402
+from psgate.trace.future import future_uses  # noqa: E402
 from psgate.trace.importers import import_trace  # noqa: E402
+from psgate.trace.reader import TraceSource  # noqa: E402
 from psgate.trace.writer import write_trace  # noqa: E402
 from psgate.workloads import generate, generators  # noqa: E402
 
@@ -103,8 +105,30 @@ def load_protocol(path: Path) -> dict:
             elif cell.get("format") not in ("mooncake", "weka"):
                 raise ProtocolError(f"{where}: expected 'workload' or format 'mooncake' or "
                                     f"'weka', found {cell.get('format')!r}")
+    _check_reported(proto, path)
     _check_disjoint(proto, path)
     return proto
+
+
+def _check_reported(proto: dict, path: Path) -> None:
+    """[report] policies (optional): known names, each once, none of them judged."""
+    names = proto.get("report", {}).get("policies", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ProtocolError(f"{path}: report.policies: expected a list of policy names, "
+                            f"found {names!r}")
+    known = set(policy_names())
+    judged = set(proto["replay"].get("policies", [])) | {proto["rule"]["policy"]}
+    for n in names:
+        if n not in known:
+            raise ProtocolError(f"{path}: report.policies: unknown policy {n!r}")
+        if n in judged or names.count(n) > 1:
+            raise ProtocolError(f"{path}: report.policies: {n!r} is already replayed "
+                                f"(judged or named twice)")
+
+
+def reported(proto: dict) -> list[str]:
+    """The protocol's reported, never judged, policies in its order."""
+    return list(proto.get("report", {}).get("policies", []))
 
 
 def _seeds(cell: dict) -> list[int]:
@@ -210,14 +234,18 @@ def build_runs(cell: dict, rates: str, tmp: Path) -> list[tuple[str, Path]]:
 
 # -- one replay ----------------------------------------------------------------------
 def replay(loaded, capacity: int, policy: str, params: dict, replicas: int,
-           scope: str) -> dict:
-    """One policy on one loaded trace: the scope's mean hit fraction, whether every hard
-    invariant held on every instance, and how many instances saturated."""
+           scope: str, path: Path) -> dict:
+    """One policy on one loaded trace (read from ``path``): the scope's mean hit
+    fraction, whether every hard invariant held on every instance, and how many instances
+    saturated. A clairvoyant policy gets each instance's future, as replay gives it."""
     cls = engine_class("sim", "step")
     instances = replicas_of(policy, replicas, "round-robin",
                             lambda: make_policy(policy, params), make_policy(policy, params))
     results, saturated, metrics = [], 0, None
     for rep in instances:
+        if rep.policy.needs_future:
+            rep.policy.set_future(future_uses(TraceSource(str(path), path), loaded.hashes,
+                                              rep.lookahead))
         eng = cls(header=loaded.header, hashes=loaded.hashes, capacity=capacity,
                   policy=rep.policy, contracts=CONTRACT_NAMES,
                   done_ids=loaded.summary.done_ids, groups=loaded.summary.groups,
@@ -241,7 +269,7 @@ def _replay_job(args):
     """Every policy on one run's trace at one capacity: the trace is loaded once."""
     key, path, capacity, policies, replicas, scope = args
     loaded = load(Path(path))
-    return key, {label: replay(loaded, capacity, name, params, replicas, scope)
+    return key, {label: replay(loaded, capacity, name, params, replicas, scope, Path(path))
                  for label, name, params in policies}
 
 
@@ -259,8 +287,12 @@ def judge(cell: dict, values: dict[str, list[float]], proto: dict) -> dict:
     """The criterion of the cell's kind, with what was found and what was expected."""
     st = proto["statistics"]
     mean = {p: 100 * statistics.fmean(v) for p, v in values.items()}
+    judged = proto["replay"]["policies"]
     paired = {p: _paired(values[RULE], values[p], st["resamples"], st["bootstrap_seed"])
-              for p in values if p != RULE}
+              for p in judged}
+    # a reported policy against LRU (policy minus LRU), the way the report reads it
+    versus_lru = {p: _paired(values[p], values["lru"], st["resamples"], st["bootstrap_seed"])
+                  for p in reported(proto)}
     if cell["kind"] == "benign":
         c = proto["criteria"]["benign"]
         best = max(mean["lru"], mean["s3fifo"])
@@ -276,12 +308,13 @@ def judge(cell: dict, values: dict[str, list[float]], proto: dict) -> dict:
         text = (f"rule minus {c['reference']}: interval low {found:+.3f} pp, expected >= "
                 f"{c['min_ci_low_pp']} pp")
     return {"means_pct": {p: round(m, 4) for p, m in mean.items()}, "paired": paired,
+            "reported_minus_lru": versus_lru,
             "found_pp": round(found, 4), "met": met, "verdict": text}
 
 
 def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
             only: list[str] | None) -> dict:
-    policies = [(p, {}) for p in proto["replay"]["policies"]]
+    policies = [(p, {}) for p in proto["replay"]["policies"] + reported(proto)]
     policies.append((RULE, {**proto["rule"].get("params", {}), **rule_params}))
     rule_policy = proto["rule"]["policy"]
     cells, skipped, jobs = [], [], []
@@ -337,7 +370,7 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
                                             for p in labels},
                     "replicas": cell.get("replicas", 1),
                     **verdict, "met": verdict["met"] and holds})
-    return {"set": set_name, "cells": out, "skipped": skipped,
+    return {"set": set_name, "cells": out, "skipped": skipped, "reported": reported(proto),
             "rule": {"policy": rule_policy, "params": policies[-1][1]}}
 
 
@@ -398,7 +431,54 @@ def render(res: dict, meta: dict) -> str:
             + ".")
     for s in res["skipped"]:
         lines.append(f"Skipped: {s}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + reported_table(res)) + "\n"
+
+
+def _clairvoyant(name: str) -> bool:
+    return make_policy(name).needs_future
+
+
+def reported_table(res: dict) -> list[str]:
+    """The reported policies beside the judged ones, per cell: each one's mean, the best
+    deployable policy (any but a clairvoyant one) and its distance to the clairvoyant
+    reference; nothing when the protocol reports none."""
+    names = res.get("reported", [])
+    if not names or not res["cells"]:
+        return []
+    rule = res["rule"]["policy"]
+    label = {RULE: rule}
+    order = [p for p in res["cells"][0]["means_pct"] if p != RULE] + [RULE]
+    oracle = [p for p in order if p != RULE and _clairvoyant(p)]
+    lines = ["", f"### Every policy on the {'held-out' if res['set'] == 'heldout' else 'tuning'}"
+             " set, reported and not judged", "",
+             "The same runs replayed under the field's policies (`psgate policies` names "
+             "each one's source; their sources' defaults, none tuned on either set). Hit "
+             "fractions in %, mean over runs, of the criterion's scope (attack cells: the "
+             "victim; benign: all requests). *best* is the highest mean among the "
+             "deployable policies" + (f"; *minus {oracle[0]}* is its distance to "
+                                      f"{oracle[0]}, the clairvoyant reference heuristic "
+                                      "(a point of comparison, not a bound)" if oracle
+                                      else "") + ".", "",
+             "| cell | configured blocks | " + " | ".join(label.get(p, p) for p in order)
+             + " | best | " + (f"best minus {oracle[0]} |" if oracle else ""),
+             "|---|---|" + "---|" * (len(order) + 1 + bool(oracle))]
+    wins: dict[str, int] = {}
+    for c in res["cells"]:
+        m = c["means_pct"]
+        deployable = [p for p in order if p not in oracle]
+        top = max(m[p] for p in deployable)
+        best = [label.get(p, p) for p in deployable if m[p] == top]
+        for b in best:
+            wins[b] = wins.get(b, 0) + 1
+        lines.append(f"| {c['name']} | {c['capacity']}"
+                     + (f" x {c['replicas']}" if c["replicas"] > 1 else "") + " | "
+                     + " | ".join(f"{m[p]:.2f}" for p in order)
+                     + f" | {', '.join(best)} | "
+                     + (f"{top - m[oracle[0]]:+.2f} |" if oracle else ""))
+    lines += ["", "Best deployable policy (ties counted for each): " + "; ".join(
+        f"{p} in {n} of {len(res['cells'])} cells"
+        for p, n in sorted(wins.items(), key=lambda kv: (-kv[1], kv[0]))) + "."]
+    return lines
 
 
 def update_report(report: Path, section: str) -> None:
@@ -417,6 +497,7 @@ def _rerender(args) -> int:
     try:
         saved = json.loads(args.from_results.read_text())
         res = {k: saved[k] for k in ("set", "cells", "skipped", "rule")}
+        res["reported"] = saved.get("reported", [])
         meta = {k: saved[k] for k in ("registered", "protocol_sha256", "code_digest",
                                       "command", "attack_low", "benign_margin")}
     except (OSError, ValueError, KeyError) as exc:

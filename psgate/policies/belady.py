@@ -43,8 +43,11 @@ class Belady(EvictionPolicy):
         self.cur = -1
         self.heap: list[tuple[int, int, int, int]] = []
         self.by_key: dict[int, list[int]] = {}     # content key -> candidate blocks
-        if not hasattr(self, "uses"):
-            self.uses: dict = {}
+
+    # Without its future this policy would rank every block "never used again" and evict
+    # in free order (lru's choice) under belady's name: a replay that forgot set_future
+    # fails instead.
+    uses: dict | None = None
 
     def set_future(self, uses: dict) -> None:
         self.uses = uses
@@ -66,6 +69,9 @@ class Belady(EvictionPolicy):
             heapify(self.heap)
 
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
+        if self.uses is None:
+            raise RuntimeError("belady: no future given (set_future was not called "
+                               "before the replay)")
         self.cur = req.index
         for k in req.block_keys or ():
             for b in self.by_key.get(k, ()):
