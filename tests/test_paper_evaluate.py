@@ -265,5 +265,31 @@ def test_an_attack_cell_without_a_victim_is_refused_not_scored_zero(tmp_path):
              'params = { conversations = 8 }\nseeds = [100, 2]\ncapacities = [256]\n')
     r = _run("--protocol", str(_protocol(tmp_path, cells)), "--workers", "1")
     assert r.returncode == 2, r.stderr
-    assert "cell 'no victim' at 256 blocks: no measured request in its scope in run(s) " \
-           "seed 100, seed 101" in r.stderr and "Traceback" not in r.stderr
+    assert "cell 'no victim' at 256 blocks: no measured request in its scope in run " \
+           "seed 100" in r.stderr and "Traceback" not in r.stderr
+
+
+def _row(hit, requests=3, rejected=0):
+    return {"hit_fraction": hit, "requests": requests, "rejected": rejected}
+
+
+def test_a_run_whose_every_request_is_rejected_is_left_out_not_scored_zero():
+    """A WEKA bundle whose prompts all exceed the pool has no hit fraction under any
+    policy: the cell is judged on its other runs and names the one left out."""
+    cell, c = {"name": "w"}, {"capacity": 512, "runs": ["a", "b", "c"]}
+    rows = {"lru": [_row(0.5), _row(None, 31, 31), _row(0.7)],
+            "rule": [_row(0.6), _row(None, 31, 31), _row(0.7)]}
+    kept, excluded = evaluate._measurable(cell, c, rows, ["lru", "rule"])
+    assert kept == [0, 2]
+    assert excluded == ["b: all 31 requests rejected under every policy (larger than the "
+                        "pool)"]
+    # some requests unrejected yet nothing measured (warm-ups only): not this case
+    rows["rule"][1] = _row(None, 31, 30)
+    with pytest.raises(evaluate.ProtocolError, match="no measured request in its scope in "
+                                                      "run b"):
+        evaluate._measurable(cell, c, rows, ["lru", "rule"])
+    # fewer than two runs left: no interval, an error naming what was left out
+    rows = {"lru": [_row(None, 2, 2), _row(None, 2, 2), _row(0.7)]}
+    with pytest.raises(evaluate.ProtocolError, match="1 run.s. with measured requests, at "
+                                                      "least 2 needed; left out: a: all 2"):
+        evaluate._measurable(cell, c, rows, ["lru"])

@@ -262,7 +262,8 @@ def replay(loaded, capacity: int, policy: str, params: dict, replicas: int,
     ok = merged.aborted is None and all(v.holds for v in merged.invariants.values()
                                         if v.hard)
     return {"hit_fraction": part.get("hit_fraction"), "invariants_hold": ok,
-            "saturated_instances": saturated}
+            "saturated_instances": saturated, "requests": part.get("requests", 0),
+            "rejected": part.get("rejected", 0)}
 
 
 def _replay_job(args):
@@ -353,17 +354,13 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
         cell = c["cell"]
         labels = [p for p, _ in policies]
         rows = {p: [done[(i, r, p)] for r in range(len(c["runs"]))] for p in labels}
-        missing = [c["runs"][r] for r in range(len(c["runs"]))
-                   if rows[labels[0]][r]["hit_fraction"] is None]
-        if missing:      # a scope with no measured request: nothing to judge, say so
-            raise ProtocolError(f"cell '{cell['name']}' at {c['capacity']} blocks: no "
-                                f"measured request in its scope in run(s) "
-                                f"{', '.join(missing)}")
+        kept, excluded = _measurable(cell, c, rows, labels)
+        rows = {p: [rows[p][r] for r in kept] for p in labels}
         values = {p: [x["hit_fraction"] for x in rows[p]] for p in labels}
         verdict = judge(cell, values, proto)
         holds = all(x["invariants_hold"] for p in labels for x in rows[p])
         out.append({"name": cell["name"], "kind": cell["kind"], "capacity": c["capacity"],
-                    "runs": c["runs"], "values": {p: [round(v, 6) for v in values[p]]
+                    "runs": [c["runs"][r] for r in kept], "excluded": excluded, "values": {p: [round(v, 6) for v in values[p]]
                                                   for p in labels},
                     "invariants_hold": holds,
                     "saturated_instances": {p: sum(x["saturated_instances"] for x in rows[p])
@@ -372,6 +369,31 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
                     **verdict, "met": verdict["met"] and holds})
     return {"set": set_name, "cells": out, "skipped": skipped, "reported": reported(proto),
             "rule": {"policy": rule_policy, "params": policies[-1][1]}}
+
+
+def _measurable(cell: dict, c: dict, rows: dict[str, list[dict]],
+                labels: list[str]) -> tuple[list[int], list[str]]:
+    """The runs a cell is judged on, and the ones it leaves out, named with why. A run
+    whose scope has requests but every one rejected (each prompt needs more blocks than
+    the capacity has, so it is rejected under any policy) has no hit fraction: it is left
+    out of the cell for every policy alike, never scored 0. A scope with no request at all
+    (an attack cell over a trace without a victim) is a protocol error, as is a cell left
+    with fewer than 2 runs (no interval)."""
+    kept, excluded = [], []
+    where = f"cell '{cell['name']}' at {c['capacity']} blocks"
+    for r, run in enumerate(c["runs"]):
+        got = [rows[p][r] for p in labels]
+        if all(x["hit_fraction"] is not None for x in got):
+            kept.append(r)
+        elif all(x["requests"] > 0 and x["rejected"] == x["requests"] for x in got):
+            excluded.append(f"{run}: all {got[0]['requests']} requests rejected under "
+                            f"every policy (larger than the pool)")
+        else:
+            raise ProtocolError(f"{where}: no measured request in its scope in run {run}")
+    if len(kept) < 2:
+        raise ProtocolError(f"{where}: {len(kept)} run(s) with measured requests, at least 2 "
+                            f"needed; left out: {'; '.join(excluded)}")
+    return kept, excluded
 
 
 # -- output --------------------------------------------------------------------------
@@ -431,6 +453,9 @@ def render(res: dict, meta: dict) -> str:
             + ".")
     for s in res["skipped"]:
         lines.append(f"Skipped: {s}.")
+    for c in res["cells"]:
+        for x in c.get("excluded", []):
+            lines.append(f"Left out of {c['name']} at {c['capacity']} blocks: {x}.")
     return "\n".join(lines + reported_table(res)) + "\n"
 
 
