@@ -654,10 +654,13 @@ def curve(
     capacities: Annotated[str, typer.Option("--capacities", help="LO:HI (doubling), LO:HI:N (N geometric points) or A,B,C: configured blocks, increasing, each >= 2")],
     policy: Annotated[str, typer.Option("--policy", help="comma list of policies; lru is one exact pass")] = "lru",
     target: Annotated[float, typer.Option("--target", help="hit fraction whose smallest capacity is reported per group")] = 0.5,
-    workers: Annotated[int, typer.Option("--workers", help="processes for the per-capacity replays")] = 1,
+    workers: Annotated[int, typer.Option("--workers", help="processes (or local Ray CPUs) for the per-capacity replays")] = 1,
+    executor: Annotated[str, typer.Option(help="where the per-capacity replays run: local (process pool) or ray")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")] = None,
     json: Annotated[bool, typer.Option("--json", help="the curve as JSON on stdout")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write the curve as CSV")] = None,
-    force: Annotated[bool, typer.Option(help="replace an existing --output file")] = False,
+    html: Annotated[Optional[Path], typer.Option("--html", help="write the curve as a self-contained HTML page with its plots (needs psgate[report])")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing --output or --html file")] = False,
 ) -> None:
     """Hit fraction against capacity (all, per group, per role) and, per group, the smallest
     capacity reaching --target. Replay model: --engine sim --scheduler service with every
@@ -665,12 +668,19 @@ def curve(
     cancel). lru is one exact pass (equal to psgate replay at each capacity); a capacity
     below the peak pinned demand, and other policies, are replayed per capacity."""
     from psgate.curve import capacity_curve, check_target, csv_rows, parse_capacities, parse_policies
+    from psgate.executors import check_executor
+    from psgate.report.html import build_curve_report, require_plotting
     caps = parse_capacities(capacities)
     names = parse_policies(policy)
     check_target(target)
+    check_executor(executor, workers)
     if output is not None:
-        _output(output, "--output", force)
-    doc = capacity_curve(trace, names, caps, target, workers)
+        _output(output, "--output", force, inputs=[("the --trace file", trace)])
+    if html is not None:
+        _output(html, "--html", force, inputs=[("the --trace file", trace),
+                                               ("the --output file", output)])
+        require_plotting()
+    doc = capacity_curve(trace, names, caps, target, workers, executor, address)
     t = Table(title=f"capacity curve: {trace} (target hit fraction {target:g})")
     for col in ("policy", "capacity", "method", "hit fraction", "token hit ratio"):
         t.add_column(col)
@@ -696,6 +706,9 @@ def curve(
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(csv_rows(doc))
         write_atomic(output, buf.getvalue().encode())
+    if html is not None:
+        write_atomic(html, build_curve_report(doc).encode())
+        err.print(f"curve page written to {html}", markup=False)
     if json:
         _emit(doc)
 

@@ -51,6 +51,7 @@ from psgate import api
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import MAX_BLOCKS
 from psgate.errors import EngineUnavailable, InputError
+from psgate.executors import check_executor, run_ray
 from psgate.policies import resolve
 from psgate.trace.model import CancelEvent, RequestEvent
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
@@ -396,7 +397,14 @@ def replay_point(trace: str, policy: str, capacity: int) -> dict:
             "aborted": run["aborted"]}
 
 
-def _replay_all(trace: str, jobs: list[tuple[str, int]], workers: int) -> list[dict]:
+def _replay_all(trace: str, jobs: list[tuple[str, int]], workers: int, executor: str,
+                address: str | None) -> list[dict]:
+    """Every (policy, capacity) job's point, in the jobs' order whatever the executor."""
+    if executor == "ray" and jobs:
+        got: dict[int, dict] = {}
+        run_ray(replay_point, [(trace, p, c) for p, c in jobs], workers, address,
+                got.__setitem__)
+        return [got[i] for i in range(len(jobs))]
     if workers <= 1 or len(jobs) <= 1:
         return [replay_point(trace, p, c) for p, c in jobs]
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
@@ -426,15 +434,15 @@ def target_capacities(points: list[dict], target: float) -> dict:
 
 
 def capacity_curve(trace: str, policies: list[str], capacities: list[int],
-                   target: float = 0.5, workers: int = 1) -> dict:
+                   target: float = 0.5, workers: int = 1, executor: str = "local",
+                   address: str | None = None) -> dict:
     """The curve document (JSON-ready, deterministic: no time, no path other than the
-    trace as given)."""
+    trace as given, and the same whichever executor ran the replays)."""
     if np is None:
         raise EngineUnavailable("psgate curve computes with numpy, which is not installed; "
                                 "install it with: pip install 'psgate[curve]'")
     check_target(target)
-    if type(workers) is not int or workers < 1:
-        raise InputError(f"expected at least 1 worker, found {workers}", path="--workers")
+    check_executor(executor, workers)
     out: dict = {"psgate_curve": CURVE_FORMAT, "trace": trace, "replay_model": REPLAY_MODEL,
                  "capacities": capacities, "target": target, "policies": {}}
     one_pass: dict[str, dict] = {}
@@ -446,7 +454,7 @@ def capacity_curve(trace: str, policies: list[str], capacities: list[int],
             jobs += [(policy, c) for c in capacities if c in one["inexact"]]
         else:
             jobs += [(policy, c) for c in capacities]
-    replayed = dict(zip(jobs, _replay_all(trace, jobs, workers)))
+    replayed = dict(zip(jobs, _replay_all(trace, jobs, workers, executor, address)))
     for policy in policies:
         one = one_pass.get(policy)
         points = []

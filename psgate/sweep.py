@@ -40,7 +40,8 @@ from psgate import api
 from psgate.atomic import write_atomic
 from psgate.engines.cost import CostModel
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
-from psgate.errors import EngineUnavailable, InputError
+from psgate.errors import InputError
+from psgate.executors import check_executor, run_ray
 from psgate.trace.reader import check_seed, corpus_traces
 from psgate.experiment import (DEFAULT_RESAMPLES, ExperimentConfig, parse_workload,
                                run_experiment)
@@ -49,7 +50,6 @@ from psgate.receipt.gate import Tolerances
 from psgate.receipt.receipt import dumps
 from psgate.workloads import generators
 
-RAY_HINT = "pip install 'psgate[ray]' (or pip install ray)"
 TABLE_METRICS = ("hit_fraction", "token_hit_ratio", "ttft_p95_ms")
 
 
@@ -289,35 +289,9 @@ def _write_tables(out: Path, rows: list[dict]) -> None:
         write_atomic(out / name, data)
 
 
-def _ray_executor(cfg: SweepConfig, todo: list[dict], done: Callable[[dict, dict], None]) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise EngineUnavailable(f"--executor ray needs Ray, which is not installed; "
-                                f"{RAY_HINT}") from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        import logging
-        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, num_cpus=None if cfg.address else cfg.workers)
-    try:
-        remote = ray.remote(run_cell)
-        pending = {remote.remote(spec, str(cfg.out.resolve())): spec for spec in todo}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                done(pending.pop(ref), ray.get(ref))
-    finally:
-        if started_here:
-            ray.shutdown()
-
-
 def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = None
           ) -> list[dict]:
-    if cfg.executor not in ("local", "ray"):
-        raise InputError(f"expected local or ray, found '{cfg.executor}'", path="--executor")
-    if cfg.workers < 1:
-        raise InputError(f"expected a positive integer, found {cfg.workers}", path="--workers")
+    check_executor(cfg.executor, cfg.workers)
     api.check_scheduler(api.ReplayConfig(scheduler=cfg.scheduler, sched=cfg.sched))
     specs = cells(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -335,7 +309,9 @@ def sweep(cfg: SweepConfig, progress: Callable[[int, int, dict], None] | None = 
             progress(len(rows), len(specs), row)
 
     if cfg.executor == "ray":
-        _ray_executor(cfg, specs, done)
+        out = str(cfg.out.resolve())
+        run_ray(run_cell, [(spec, out) for spec in specs], cfg.workers, cfg.address,
+                lambda i, row: done(specs[i], row))
     elif cfg.workers == 1:
         for spec in specs:
             done(spec, run_cell(spec, str(cfg.out)))

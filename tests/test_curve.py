@@ -3,6 +3,8 @@ policies by replay; bad input is one line, exit 2."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,7 +111,63 @@ def test_deterministic_json(reuse_trace, tmp_path):
     assert len(rows) == 1 + 5 * (1 + 6)
 
 
+def _curve_json(trace: str, *extra: str, env: dict | None = None) -> bytes:
+    p = subprocess.run([sys.executable, "-m", "psgate", "curve", "--trace", trace, "--policy",
+                        "lru,arc", "--capacities", "64,256,1024", "--json", *extra],
+                       capture_output=True, env=env)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    return p.stdout
+
+
+def test_the_curve_is_the_same_on_one_worker_on_two_and_on_ray(reuse_trace):
+    """The per-capacity replays (arc, and lru below its peak pinned demand) come back in
+    the jobs' order whichever executor ran them: the JSON is byte-identical."""
+    one = _curve_json(reuse_trace)
+    methods = {p["method"] for e in orjson.loads(one)["policies"].values()
+               for p in e["points"]}
+    assert methods == {"one-pass", "replay"}
+    assert _curve_json(reuse_trace, "--workers", "2") == one
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            raise AssertionError("ray is in the test extra but not installed")
+        pytest.skip("ray not installed (pip install 'psgate[ray]')")
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    assert _curve_json(reuse_trace, "--executor", "ray", "--workers", "2", env=env) == one
+
+
+def test_html_page_draws_every_scope_and_tables_the_targets(reuse_trace, tmp_path):
+    """--html: one self-contained page (no external reference) with the all-requests and
+    per group plots (per role where the trace names roles), the target capacities of the JSON, byte-identical when run
+    again; an --html naming the --output file is refused before any work."""
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "curve.html"
+    doc = orjson.loads(_curve_json(reuse_trace, "--html", str(page), "--target", "0.3"))
+    text = page.read_text()
+    roles = any(p["roles"] for e in doc["policies"].values() for p in e["points"])
+    assert not roles            # the reuse trace names groups only: no per-role plot
+    assert 'id="plot-curve-roles"' not in text
+    for pid in ("curve-totals", "curve-groups"):
+        assert f'id="plot-{pid}"' in text, pid
+    # SVG namespaces name URIs; nothing is fetched
+    assert "@import" not in text and "url(http" not in text and "<script src" not in text
+    assert "<link" not in text and "<img" not in text
+    for name, entry in doc["policies"].items():
+        for g, cap in entry["target_capacity"]["groups"].items():
+            want = "-" if cap is None else str(cap)
+            assert f"<tr><td>{name}</td><td>group</td><td>{g}</td><td>{want}</td></tr>" in text
+    first = page.read_bytes()
+    _curve_json(reuse_trace, "--html", str(page), "--target", "0.3", "--force")
+    assert page.read_bytes() == first
+    p = subprocess.run([sys.executable, "-m", "psgate", "curve", "--trace", reuse_trace,
+                        "--capacities", "64:128", "--html", str(tmp_path / "c.csv"), "-o",
+                        str(tmp_path / "c.csv")], capture_output=True, text=True)
+    assert p.returncode == 2 and "--html is the --output file" in p.stderr
+    assert not (tmp_path / "c.csv").exists()
+
+
 @pytest.mark.parametrize("args", [
+    ["--capacities", "64:128", "--executor", "slurm"],
+    ["--capacities", "64:128", "--workers", "0"],
     ["--capacities", "512,256"],
     ["--capacities", "1:64"],
     ["--capacities", "64:32"],

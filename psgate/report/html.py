@@ -603,3 +603,104 @@ Numbers are run-level means; a difference is candidate - baseline, paired run by
 <pre id="psgate-selfcheck"></pre>
 """
     return PAGE.replace("{BODY}", body)
+
+
+# -- capacity curves ---------------------------------------------------------------------
+
+def require_plotting() -> None:
+    """Exit 3 with the install line before any work when matplotlib is missing."""
+    _plt()
+
+
+def _curve_axes(ax, capacities: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(capacities)
+    ax.set_xticklabels([str(c) for c in capacities], rotation=45, fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("configured blocks")
+    ax.set_ylim(-0.02, 1.02)
+
+
+def build_curve_report(doc: dict) -> str:
+    """One self-contained page for a ``psgate curve`` document: hit fraction against
+    capacity for every policy (all requests), per role and per group (the heaviest
+    ``MAX_PLOT_GROUPS`` groups by measured requests, the rest named in a note), and the
+    smallest capacity reaching the target, per group."""
+    plt = _plt()
+    caps = doc["capacities"]
+    policies = doc["policies"]
+    target = doc["target"]
+    plots: list[str] = []
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, entry in policies.items():
+        ax.plot([p["capacity"] for p in entry["points"]],
+                [p["totals"]["hit_fraction"] for p in entry["points"]], marker="o",
+                markersize=3, linewidth=1.4, label=name)
+    ax.axhline(target, color="grey", linestyle=":")
+    _curve_axes(ax, caps)
+    ax.set_ylabel("hit fraction (all requests)")
+    ax.legend(fontsize=7)
+    plots.append(_plot(f"Hit fraction against capacity, all requests (dotted: target "
+                       f"{target:g})", "curve-totals", _svg(fig)))
+    plt.close(fig)
+
+    notes: list[str] = []
+    for scope, title in (("roles", "role"), ("groups", "group")):
+        weights: dict[str, int] = {}
+        for entry in policies.values():
+            for p in entry["points"]:
+                for g, v in p[scope].items():
+                    weights[g] = max(weights.get(g, 0), v["measured_requests"])
+        if not weights:
+            continue
+        shown, rest = _top_groups(weights, MAX_PLOT_GROUPS)
+        if rest:
+            notes.append(f"{len(rest)} {title}s with the fewest measured requests are not "
+                         f"drawn (the table and the JSON have them).")
+        fig, axes = plt.subplots(1, len(policies), figsize=(4.2 * len(policies) + 1, 3.4),
+                                 sharey=True, squeeze=False)
+        for ax, (name, entry) in zip(axes[0], policies.items()):
+            for i, g in enumerate(shown):
+                pts = [(p["capacity"], p[scope][g]["hit_fraction"]) for p in entry["points"]
+                       if p[scope].get(g, {}).get("hit_fraction") is not None]
+                # one colour per name in every panel: a role's fixed one, a group's by rank
+                colour = ROLE_COLOURS.get(g) if scope == "roles" else None
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", markersize=2, linewidth=1.1, label=g,
+                            color=colour or f"C{i % 10}")
+            ax.axhline(target, color="grey", linestyle=":")
+            _curve_axes(ax, caps)
+            ax.set_title(name)
+        axes[0][0].set_ylabel(f"hit fraction per {title}")
+        axes[0][-1].legend(fontsize=6, loc="best")
+        plots.append(_plot(f"Hit fraction against capacity per {title}", f"curve-{scope}",
+                           _svg(fig)))
+        plt.close(fig)
+
+    rows = []
+    for name, entry in policies.items():
+        tc = entry["target_capacity"]
+        rows.append([name, "all", "", tc["totals"]])
+        rows += [[name, "role", r, c] for r, c in tc["roles"].items()]
+        rows += [[name, "group", g, c] for g, c in tc["groups"].items()]
+    points = [[name, p["capacity"], p["method"], p["totals"]["hit_fraction"],
+               p["totals"]["token_hit_ratio"], p["totals"]["saved_prefill_tokens"]]
+              for name, entry in policies.items() for p in entry["points"]]
+    model = doc["replay_model"]
+    body = f"""
+<h1>psgate capacity curve</h1>
+<p>{html.escape(doc['trace'])}: hit fraction against configured blocks under
+{html.escape(', '.join(policies))}. Replay model: engine {html.escape(model['engine'])},
+scheduler {html.escape(model['scheduler'])}, every cost coefficient 0, as
+<code>{html.escape(model['command'])}</code> replays it.
+A point marked one-pass is lru's exact one-pass curve; replay marks one replay at that
+capacity.</p>
+<h2>Plots</h2>{''.join(plots)}{''.join(f'<p class="note">{html.escape(n)}</p>' for n in notes)}
+<h2>Smallest capacity reaching hit fraction {target:g}</h2>
+{_table(["policy", "scope", "name", "configured blocks (- where none reaches it)"], rows)}
+<h2>Points</h2>{_table(["policy", "configured blocks", "method", "hit fraction",
+                       "token hit ratio", "saved prefill tokens"], points)}
+<pre id="psgate-selfcheck"></pre>
+"""
+    return PAGE.replace("{BODY}", body)
