@@ -82,6 +82,30 @@ def test_tiny_reproduction_end_to_end(tmp_path):
         head = json.loads(traces[0].read_text().splitlines()[0])
         assert head["import"]["format"] == name and "hold" in head["paper_reproduction"]
         assert all("done_t" in json.loads(x) for x in traces[0].read_text().splitlines()[1:])
+    # The field's policies: one row per trace, each value its cell's receipt (the field
+    # cell's for the field's policies; belady on a generated attack trace from Table I's)
+    assert "## The field's policies on every trace" in report
+    for kind, scope in (("one-touch", "victim"), ("sharegpt", "all"), ("weka", "all")):
+        row = next(x for x in report.splitlines() if x.startswith(f"| {kind} ({scope}) |"))
+        cols = [c.strip() for c in row.strip("|").split("|")]
+        header = next(x for x in report.splitlines()
+                      if x.startswith("| trace (scope) | configured blocks"))
+        names = [c.strip() for c in header.strip("|").split("|")]
+        vals = dict(zip(names, cols))
+        for pol in ("arc", "tinylfu", "belady"):
+            section = "field" if pol != "belady" or kind == "weka" else (
+                "table1" if scope == "victim" else "table2")
+            (cid,) = [d for d in (out / "cells").iterdir()
+                      if re.fullmatch(rf"{section}-{kind}-[0-9a-f]+", d.name) and json.loads(
+                          (d / "cell.json").read_text())["candidate"] == pol]
+            sm = json.loads((cid / "receipt.json").read_text())["summary"]
+            e = sm["roles"]["victim"] if scope == "victim" else sm["totals"]
+            assert float(vals[pol]) == round(e["hit_fraction"]["candidate_mean"] * 100, 2)
+        deployable = {n: float(v) for n, v in vals.items()
+                      if n not in ("trace (scope)", "configured blocks (tokens each)", "runs",
+                                   "best", "best minus belady, pp", "belady") and v != "-"}
+        top = max(deployable.values())
+        assert vals["best"] == ", ".join(n for n, v in deployable.items() if v == top)
     # Every cell replays under vLLM's scheduler with the defaults, and generated traces take
     # their rates from the same step model; the report's header and comparison say so.
     ot = _cell(out, "table1-one-touch-", lambda c: c["candidate"] == "prefixshield"

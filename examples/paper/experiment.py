@@ -63,6 +63,16 @@ PSB_ATTACKS = ("one-touch", "low-and-slow", "two-pass-replay", "delayed-replay")
 BENIGN = ("sharegpt", "sharegpt-bursty")
 BENIGN_CAPACITIES = (512, 1024, 2048)
 BENIGN_POLICIES = ("s3fifo", "prefixshield", "prefixshield-b")
+# The field's eviction policies (what the serving stacks ship or propose, at their sources'
+# defaults) on every attack and benign trace, beside the policies above and belady. The
+# generated traces at 512 blocks; each real corpus at the capacity --quick runs it at.
+FIELD = ("fifo", "mru", "lfu", "slru", "tlru", "arc", "tinylfu", "isolated-lru")
+FIELD_TRACES = ATTACKS + BENIGN
+
+
+def field_capacity(name: str, tiny: bool) -> int:
+    """The capacity of a real corpus's field cells."""
+    return TINY_REAL[name]["capacities"][0] if tiny else REAL[name]["capacities"][1]
 
 # Real benign traces: public samples in examples/traces/, imported with psgate's importers.
 # Tenants: Mooncake requests split into `tenants` groups by hash_ids[1] mod `tenants` (the
@@ -144,6 +154,14 @@ def plan(quick: bool, tiny: bool = False) -> list[tuple]:
         for cap in caps:
             for cand in BENIGN_POLICIES:
                 out.append(("real", {"kind": name, "corpus": True}, cand, {}, cap))
+    # the field's policies (the other policies' cells above are reused)
+    for kind in FIELD_TRACES:
+        for cand in FIELD:
+            out.append(("field", {"kind": kind}, cand, {}, 512))
+    for name in REAL:
+        for cand in (*FIELD, "belady"):
+            out.append(("field", {"kind": name, "corpus": True}, cand, {},
+                        field_capacity(name, tiny)))
     return out
 
 

@@ -228,9 +228,55 @@ def render(data: dict) -> str:
             f"{'yes' if v['within'] else '**no**'} |")
     lines += ["", "fig5.png plots these hit fractions against capacity, and prefixshield-b's "
               "paired difference from PrefixShield on the attack traces.", ""]
+    lines += field_section(data.get("field", []), ci)
     lines += losses_note(data["losses"])
     lines += _gates(data["gates"])
     return "\n".join(lines) + "\n"
+
+
+def field_section(rows: list[dict], ci: str) -> list[str]:
+    """Every policy on every trace: the table, then per trace the best deployable policy,
+    its gain over LRU and its distance to belady."""
+    if not rows:
+        return []
+    cols = [p for p in rows[0]["values"]]
+    lines = ["## The field's policies on every trace", "",
+             "The eviction policies the serving stacks ship or propose (`psgate policies` "
+             "names each one's source), at their sources' defaults, beside the policies "
+             "above, on each attack trace (victim hit %) and each benign trace (all "
+             "requests' hit %), on the same matched runs (mean over runs). *best* is the "
+             "highest mean among the deployable policies (every column but belady, the "
+             "clairvoyant reference heuristic); its distance to belady is a point of "
+             "comparison, not a bound: a deployable policy can beat the heuristic. Where no "
+             "block outlives tlru's TTL (300 s by default) tlru ranks as lru does, and "
+             "isolated-lru does so on a trace whose requests share one scope.", "",
+             "| trace (scope) | configured blocks (tokens each) | runs | "
+             + " | ".join(cols) + " | best | best minus belady, pp |",
+             "|---|---|---|" + "---|" * (len(cols) + 2)]
+    for r in rows:
+        v = r["values"]
+        lines.append(f"| {r['trace']} ({r['scope']}) | {r['capacity']} ({r['block_tokens']}) "
+                     f"| {r['runs']} | "
+                     + " | ".join("-" if v[p] is None else pct(v[p]) for p in cols)
+                     + f" | {_best(r['best'], short=True)} | {r['best_minus_belady_pp']:+.2f} |")
+    lines += [""]
+    for r in rows:
+        best = r["best"][0]
+        gain = ("" if "lru" in r["best"] else
+                f", {diff(r['vs_lru'][best])} pp over LRU [{ci} CI]")
+        d = r["best_minus_belady_pp"]
+        lines.append(f"- {r['trace']}: best {_best(r['best'], short=False)} at "
+                     f"{pct(r['values'][best])} %{gain}; "
+                     + ("equal to belady." if round(d, 2) == 0 else
+                        f"{abs(d):.2f} pp {'below' if d < 0 else 'above'} belady."))
+    return lines + [""]
+
+
+def _best(names: list[str], short: bool) -> str:
+    """The best policies of a row, a long tie counted rather than listed in the table."""
+    if len(names) <= 3:
+        return ", ".join(names) if short else " and ".join(names)
+    return f"{len(names)} tie" if short else f"{len(names)} policies tie ({', '.join(names)})"
 
 
 def model_line(model: dict) -> str:

@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 from experiment import (ATTACKS, BENIGN, BENIGN_CAPACITIES, BENIGN_POLICIES, BOUNDS,
-                        CANDIDATES, HOLD_PER_OUT_S, HOLD_S, PAPER_PRESSURES, PRESSURES_BEYOND,
-                        PSB_ATTACKS, REAL, STEP_RATES, TINY, TINY_REAL, TRADEOFF_TRACES, label,
-                        paper_values)
+                        CANDIDATES, FIELD, FIELD_TRACES, HOLD_PER_OUT_S, HOLD_S, PAPER_PRESSURES, PRESSURES_BEYOND,
+                        PSB_ATTACKS, REAL, STEP_RATES, TINY, TINY_REAL, TRADEOFF_TRACES,
+                        field_capacity, label, paper_values)
 from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.receipt.ledger import open_text
 from psgate.stats.bootstrap import LEVEL
@@ -194,6 +194,7 @@ def collect(out: Path, todo, results: dict[str, dict], runs: int, quick: bool, w
                         "below": below, "level": level, "above": above})
     data["psb"] = psb
     data["benign"] = _benign(summary, cell)
+    data["field"] = _field(summary, cell, tiny)
     data["losses"] = {
         "attack": [r for r in psb if r["e"]["diff_mean"] < 0 or r["below"]],
         "benign": [r for r in data["benign"] if r["gap_pp"] < 0]}
@@ -381,6 +382,55 @@ def _benign(summary, cell) -> list[dict]:
         v["gap_pp"] = (v["prefixshield-b"] - max(v["lru"], v["s3fifo"])) * 100
         v["within"] = v["gap_pp"] >= -WITHIN_PP
         rows.append(v)
+    return rows
+
+
+# Every policy of the field table, in its column order; belady last (not deployable).
+FIELD_COLUMNS = ("lru", "s3fifo", "static-quota", "prefixshield", "prefixshield-b", *FIELD,
+                 "belady")
+
+
+def _field(summary, cell, tiny: bool) -> list[dict]:
+    """Every policy on every attack and benign trace at one capacity: its mean hit
+    fraction (the victim's on attack traces, all requests' on benign ones) and its paired
+    difference from LRU, the best deployable policy (ties: all of them) and its distance
+    to belady. A policy no cell ran on a trace (static-quota on benign ones) is None."""
+    rows = []
+    for kind in (*FIELD_TRACES, *REAL):
+        attack = kind in ATTACKS
+        if kind in REAL:
+            cap = field_capacity(kind, tiny)
+            ids = {p: cell("real", kind, p, cap=cap) for p in BENIGN_POLICIES}
+            ids.update({p: cell("field", kind, p, cap=cap) for p in (*FIELD, "belady")})
+        else:
+            cap = 512
+            known = "table1" if attack else "table2"
+            ids = {p: cell(known, kind, p) for p in ("s3fifo", "static-quota", "prefixshield",
+                                                      "belady")}
+            ids["prefixshield-b"] = cell("tradeoff", kind, "prefixshield-b",
+                                         {"probationary_bound": "adaptive"})
+            ids.update({p: cell("field", kind, p) for p in FIELD})
+        if ids.get("belady") is None or any(ids.get(p) is None for p in FIELD):
+            continue
+        values, vs_lru, runs = {}, {}, None
+        for pol in FIELD_COLUMNS:
+            cid = ids.get(pol)
+            if pol == "lru" or cid is None:
+                continue
+            sm = summary(cid)
+            e = sm["roles"]["victim"]["hit_fraction"] if attack else sm["totals"]["hit_fraction"]
+            values[pol], values["lru"], runs = e["candidate_mean"], e["baseline_mean"], \
+                sm["num_runs"]
+            vs_lru[pol] = e
+        deployable = {p: v for p, v in values.items() if p != "belady"}
+        top = max(deployable.values())
+        rows.append({"trace": kind, "scope": "victim" if attack else "all", "capacity": cap,
+                     "block_tokens": REAL[kind]["block_tokens"] if kind in REAL else 16,
+                     "runs": runs,
+                     "values": {p: values.get(p) for p in FIELD_COLUMNS},
+                     "vs_lru": vs_lru,
+                     "best": [p for p in FIELD_COLUMNS if deployable.get(p) == top],
+                     "best_minus_belady_pp": (top - values["belady"]) * 100})
     return rows
 
 
