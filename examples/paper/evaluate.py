@@ -428,7 +428,8 @@ def render(res: dict, meta: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in res["cells"]:
         m, p = c["means_pct"], c["paired"]
-        sat = sum(c["saturated_instances"].values())
+        sat = sum(n for p, n in c["saturated_instances"].items()
+                  if p not in res.get("reported", ()))
         note = "" if c["invariants_hold"] else " (an invariant broke)"
         note += f" ({sat} saturated instance replays)" if sat else ""
         lines.append(
@@ -495,10 +496,11 @@ def reported_table(res: dict) -> list[str]:
         best = [label.get(p, p) for p in deployable if m[p] == top]
         for b in best:
             wins[b] = wins.get(b, 0) + 1
+        shown = ", ".join(best) if len(best) <= 3 else f"{len(best)} tie"
         lines.append(f"| {c['name']} | {c['capacity']}"
                      + (f" x {c['replicas']}" if c["replicas"] > 1 else "") + " | "
                      + " | ".join(f"{m[p]:.2f}" for p in order)
-                     + f" | {', '.join(best)} | "
+                     + f" | {shown} | "
                      + (f"{top - m[oracle[0]]:+.2f} |" if oracle else ""))
     lines += ["", "Best deployable policy (ties counted for each): " + "; ".join(
         f"{p} in {n} of {len(res['cells'])} cells"
