@@ -58,7 +58,7 @@ from psgate.trace.writer import write_trace
 from psgate.workloads import generate as generate_workload
 from psgate.workloads import generators as workload_generators
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Policy receipt and release gate for KV prefix-cache eviction.")
 err = Console(stderr=True, highlight=False)
 
@@ -187,7 +187,7 @@ def replay(
     scheduler: Annotated[str, typer.Option(help="--engine sim: step (vLLM's scheduler on a modeled step clock) or service (the first model: admission at arrival, one prefill server)", rich_help_panel="Engine and scheduler")] = api.DEFAULT_SCHEDULER,
     max_num_batched_tokens: Annotated[int, typer.Option(help="step scheduler: token budget of one step (vLLM's max_num_batched_tokens)", rich_help_panel="Engine and scheduler")] = SchedulerParams().max_num_batched_tokens,
     max_num_seqs: Annotated[int, typer.Option(help="step scheduler: most requests running at once (vLLM's max_num_seqs)", rich_help_panel="Engine and scheduler")] = SchedulerParams().max_num_seqs,
-    chunked_prefill: Annotated[bool, typer.Option(help="step scheduler: split long prompts under the token budget", rich_help_panel="Engine and scheduler")] = True,
+    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="step scheduler: do not split long prompts under the token budget (chunked prefill is on by default, as in vLLM)", rich_help_panel="Engine and scheduler")] = False,
     step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)", rich_help_panel="Engine and scheduler")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers", rich_help_panel="Trace, policies, output")] = Path("psgate-out"),
     force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)", rich_help_panel="Trace, policies, output")] = False,
@@ -197,7 +197,7 @@ def replay(
     tolerance_ttft: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's p95 TTFT the candidate may add", rich_help_panel="Gate tolerances")] = Tolerances().ttft,
     min_requests: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on hit fraction and saved tokens", rich_help_panel="Gate tolerances")] = Tolerances().min_requests,
     min_requests_ttft: Annotated[int, typer.Option(help="non-regression: scopes with fewer measured requests are not judged on p95 TTFT", rich_help_panel="Gate tolerances")] = Tolerances().min_requests_ttft,
-    allow_unexercised: Annotated[bool, typer.Option(help="pass the gate even if nothing was evicted", rich_help_panel="Gate tolerances")] = False,
+    allow_unexercised: Annotated[bool, typer.Option("--allow-unexercised", help="pass the gate even if nothing was evicted", rich_help_panel="Gate tolerances")] = False,
     paranoid: Annotated[bool, typer.Option(help="recheck every invariant from scratch after each mutation (slow)", rich_help_panel="Ledger and checks")] = False,
     ledger_hits: Annotated[bool, typer.Option(help="add one ledger row per hit block", rich_help_panel="Ledger and checks")] = False,
     ledger_rows: Annotated[str, typer.Option(help="all (default) or evictions: only eviction rows, for long traces", rich_help_panel="Ledger and checks")] = "all",
@@ -231,7 +231,7 @@ def replay(
         step_cost=_step_cost(step_param, cost_model if (engine == "sim" and scheduler == "step")
                              or engine in ("vllm-sched", "vllm") else None),
         sched=SchedulerParams(max_num_batched_tokens=max_num_batched_tokens,
-                              max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked_prefill),
+                              max_num_seqs=max_num_seqs, enable_chunked_prefill=not no_chunked_prefill),
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
         paranoid=paranoid, ledger_hits=ledger_hits, ledger_rows=ledger_rows,
         ledger_compression=ledger_compression, ledger_level=ledger_level,
@@ -336,8 +336,10 @@ def verify(
     trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
     gate: Annotated[Optional[str], typer.Option(help="the gate file, if not where the receipt says")] = None,
 ) -> None:
-    """Re-run a receipt's replay and confirm identical bytes (exit 1 names the first
-    difference; exit 5: the receipt's policy code is not the code here)."""
+    """Re-run a receipt's replay and confirm identical bytes.
+
+    Exit 1 names the first difference; exit 5: the receipt's policy code is not the code
+    here."""
     res = verify_receipt(receipt_dir, trace=trace, gate=gate)
     for change in res.policy_changes:
         err.print(f"{receipt_dir}: NOT verified: {change}", markup=False, soft_wrap=True)
@@ -504,9 +506,10 @@ def check_policy_cmd(
     force: Annotated[bool, typer.Option(help="replace an existing --junit file")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="every contract's result as one JSON object on stdout")] = False,
 ) -> None:
-    """Check a policy against psgate's policy contract (the one the built-in policies
-    keep): exit 0 when every contract passed (skips allowed), 1 when any failed, 2 when
-    the spec does not load."""
+    """Check a policy against the contract every built-in policy keeps.
+
+    Exit 0 when every contract passed (skips allowed), 1 when any failed, 2 when the spec
+    does not load."""
     if junit:       # a bad path is bad input before any work
         _output(junit, "--junit", force, inputs=[_spec_file(spec)])
     marks = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
@@ -662,8 +665,9 @@ def curve(
     html: Annotated[Optional[Path], typer.Option("--html", help="write the curve as a self-contained HTML page with its plots (needs psgate[report])")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing --output or --html file")] = False,
 ) -> None:
-    """Hit fraction against capacity (all, per group, per role) and, per group, the smallest
-    capacity reaching --target. Replay model: --engine sim --scheduler service with every
+    """Hit fraction against capacity, and the smallest capacity reaching --target.
+
+    Hit fraction for all requests, per group and per role. Replay model: --engine sim --scheduler service with every
     cost coefficient 0 (a request holds its blocks from arrival to its done_t, done or
     cancel). lru is one exact pass (equal to psgate replay at each capacity); a capacity
     below the peak pinned demand, and other policies, are replayed per capacity."""
@@ -756,9 +760,10 @@ def sweep(
     junit: Annotated[Optional[Path], typer.Option(help="also write each cell's gate as a JUnit test case")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
 ) -> None:
-    """Run one matched-run experiment per cell of a grid; write one table. Exit 1 when a
-    cell's gate failed (an invariant broke, a run exercised nothing, or the candidate
-    was worse than the baseline beyond the non-regression tolerances)."""
+    """Run one matched-run experiment per cell of a grid; write one table.
+
+    Exit 1 when a cell's gate failed (an invariant broke, a run exercised nothing, or the
+    candidate was worse than the baseline beyond the non-regression tolerances)."""
     from psgate.sweep import SweepConfig, parse_axis, sweep as run_sweep
 
     if junit:
@@ -832,7 +837,7 @@ def calibrate(
     from_receipt: Annotated[Optional[str], typer.Option(help="instead of measuring, fit the step model to the real engine's own steps in this receipt (directory or receipt.json) of --engine vllm --pacing lockstep")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     dtype: Annotated[Optional[str], typer.Option(help="float32 (cpu default), bfloat16 (cuda default) or float16")] = None,
-    form: Annotated[str, typer.Option(help="the per-request fit: linear (DESIGN section 3) or attention (adds u^2 and u*c terms)")] = "attention",
+    form: Annotated[str, typer.Option(help="the per-request fit: linear (docs/design.md section 3) or attention (adds u^2 and u*c terms)")] = "attention",
     cached: Annotated[Optional[str], typer.Option(help="cached tokens under a prefill chunk (C), e.g. 0,512,2048 (default: the device's grid)")] = None,
     uncached: Annotated[Optional[str], typer.Option(help="prefill chunk sizes (P), e.g. 64,256,1024")] = None,
     decodes: Annotated[Optional[str], typer.Option(help="decoding requests per step (D), starting at 1, e.g. 1,8,32")] = None,
@@ -845,8 +850,9 @@ def calibrate(
     force: Annotated[bool, typer.Option(help="replace an existing output file")] = False,
     quiet: Annotated[bool, typer.Option(help="no summary on stderr")] = False,
 ) -> None:
-    """Time batched steps on this machine (or read a real engine's from a lockstep receipt)
-    and fit a cost-model file (step and per-request)."""
+    """Fit a cost-model file (step and per-request) from timed steps.
+
+    The steps are timed on this machine, or read from a real engine's lockstep receipt."""
     _output(output, "--output", force,        # before minutes of timing, not after
             inputs=[("the --model-config", model_config), ("the --convert file", convert)],
             receipts=[from_receipt])
@@ -953,6 +959,17 @@ def bench(
 def version() -> None:
     """Print psgate's version."""
     typer.echo(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print psgate's version and exit")] = False) -> None:
+    """Policy receipt and release gate for KV prefix-cache eviction."""
 
 
 def _one_line(text: str) -> str:

@@ -96,7 +96,7 @@ def test_holdout_mask_keeps_corners_and_holds_something_out(shape):
 
 
 def test_cost_model_defaults_and_c_prefill():
-    """The default model (DESIGN section 3): a 1,536-token miss costs 97.16 ms; one-touch's
+    """The default model (docs/design.md section 3): a 1,536-token miss costs 97.16 ms; one-touch's
     prompts are a 1,536-token prefix plus a 32-token suffix (99.08 ms), so its C_prefill
     is 10.09 requests/s."""
     cost = CostModel()

@@ -336,7 +336,7 @@ def test_ci_example_gate_file_applies_to_a_trace_without_roles(tmp_path):
 
 
 def test_readme_gate_selects_only_what_its_workload_has():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "concepts" / "commands.md").read_text()
     block = text[text.index("    psgate replay --workload one-touch"):]
     block = block[:block.index("\n\n", block.index("[[check]]") + 400)]
     selects = [ln.split('"')[1] for ln in block.splitlines() if "select =" in ln]

@@ -65,10 +65,10 @@ def test_explain_request_and_block_memory_stays_bounded(long_receipt):
 
 @pytest.mark.shared
 def test_explain_on_a_mooncake_receipt_within_the_stated_bound(tmp_path):
-    """The README's scale row for explain, measured: on the receipt of the first 6,000
+    """The scale row for explain (docs/reference/limits.md), measured: on the receipt of the first 6,000
     Mooncake conversation requests (16-token blocks, 16,384 blocks, about 10 million ledger
     rows), a decision of either run is explained in a fresh process within 300 MB of
-    resident memory (the README states 47 MB and 242 MB) and 4x the CPU time the README
+    resident memory (the page states 47 MB and 242 MB) and 4x the CPU time the page
     states (0.5 s and 27 s). Before streaming, --decision 2 was killed at 150 s and
     --run baseline at 8.9 GB."""
     from psgate.bench.memory import command_cost

@@ -429,7 +429,7 @@ def test_converted_ledger_beside_the_compact_one_verifies_unless_edited(made, tm
 
 
 def test_reindented_receipt_verifies_as_the_readme_says(made, tmp_path):
-    """receipt.json is compared as JSON values, not bytes (README, "What verify checks"):
+    """receipt.json is compared as JSON values, not bytes (docs/reference/verify.md):
     the same receipt re-indented with its keys in another order still verifies."""
     d = copy(made, "one", tmp_path)
     doc = json.loads((d / "receipt.json").read_text())
@@ -438,5 +438,6 @@ def test_reindented_receipt_verifies_as_the_readme_says(made, tmp_path):
     assert ran.code == 0 and ran.result["verified"] is True, (ran.err, ran.out)
     edit_json(d / "receipt.json", pass_everything)      # a changed value still is caught
     not_verified(run_cli("verify", d), "receipt.json/gate/")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "reference" /
+              "verify.md").read_text()
     assert "compared with the replay's as JSON values" in readme

@@ -35,6 +35,7 @@ ALLOWED: dict[str, set[str] | None] = {
     "resources": set(),
     "atomic": set(),
     "core": set(),
+    "executors": set(),          # where independent jobs run: local processes or Ray
     "invariants": {"core"},
     "trace": {"resources", "atomic", "contracts", "core"},
     "policy": {"contracts", "core", "invariants"},
@@ -51,10 +52,10 @@ ALLOWED: dict[str, set[str] | None] = {
             "resources", "stats", "trace"},
     "experiment": {"api", "atomic", "engines", "receipt", "resources", "stats", "trace",
                    "workloads"},
-    "sweep": {"api", "atomic", "engines", "experiment", "policies", "receipt", "trace",
-              "workloads"},
+    "sweep": {"api", "atomic", "engines", "executors", "experiment", "policies", "receipt",
+              "trace", "workloads"},
     # capacity curves: lru's one pass over the trace, other points by api.replay
-    "curve": {"api", "engines", "policies", "trace"},
+    "curve": {"api", "engines", "executors", "policies", "trace"},
     "bench": {"api", "atomic", "contracts", "core", "engines", "policies", "receipt", "resources",
               "stats", "trace", "workloads"},
     "report": {"api", "engines", "experiment", "policies", "receipt", "resources", "stats",

@@ -298,7 +298,7 @@ def test_replay_memory_per_tenant_is_linear(tmp_path):
 
 
 def test_fifty_thousand_tenants_replay_within_the_stated_bound(tmp_path):
-    """The README's scale limit, measured: a replay of 50,000 tenants (100,000 two-block
+    """The scale limit (docs/reference/limits.md), measured: a replay of 50,000 tenants (100,000 two-block
     requests; lru against prefixshield) peaks under 150 MB + GROUP_BYTES_TARGET per tenant
     of resident memory, in a fresh process. Quadratic, 50,000 tenants passed 23 GB."""
     many = tmp_path / "many.jsonl"

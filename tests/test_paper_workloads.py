@@ -1,7 +1,7 @@
 """The paper's workloads: PrefixShield protects the victim on one-touch; borrowing.
 
 The one-touch parameters are the committed defaults of psgate.workloads.paper
-(DESIGN section 7), fixed before any policy was compared on them.
+(docs/design.md section 7), fixed before any policy was compared on them.
 """
 
 from __future__ import annotations

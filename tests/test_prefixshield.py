@@ -1,4 +1,4 @@
-"""PrefixShield, rule by rule (DESIGN.md section 4), with exact values.
+"""PrefixShield, rule by rule (docs/design.md section 4), with exact values.
 
 Most scenarios use a small contract table so the arithmetic is easy to follow:
 
@@ -658,7 +658,7 @@ def test_leaf_only_never_orphans_where_the_paper_order_does(tmp_path):
 
 
 def test_leaf_only_with_a_child_funded_while_in_debt(tmp_path):
-    # DESIGN 4, ancestry: a Normal child funded on its own contract while the group
+    # docs/design.md section 4, ancestry: a Normal child funded on its own contract while the group
     # owes on another; its Probationary parent must not go first.
     p = write(tmp_path, [
         {"t": 0, "id": "A", "group": "a", "prefix": "p", "blocks": ["a1"], "tail": 1,

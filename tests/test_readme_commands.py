@@ -1,4 +1,4 @@
-"""Every shell example in README.md (and examples/ci/README.md) runs as written.
+"""Every shell example in README.md, examples/ci/README.md and the docs site runs as written.
 
 Commands come from indented code blocks and ```sh fences: a line starting with
 ``psgate``, ``python``/``python3``, ``bash``, a virtualenv's ``bin/`` or an environment
@@ -25,11 +25,20 @@ import pytest
 from helpers import shell_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = {"README.md": ROOT / "README.md", "examples/ci/README.md": ROOT / "examples/ci/README.md"}
+# The README, the CI example's, and every page of the docs site but the generated references
+# (their examples are option synopses, not commands).
+GENERATED = {"docs/reference/cli.md", "docs/reference/trace-schema.md",
+             "docs/reference/receipt-schema.md", "docs/policy-api.md"}
+DOCS = {"README.md": ROOT / "README.md", "examples/ci/README.md": ROOT / "examples/ci/README.md",
+        **{str(p.relative_to(ROOT)): p for p in sorted((ROOT / "docs").rglob("*.md"))
+           if str(p.relative_to(ROOT)) not in GENERATED}}
 EXAMPLE_TRACE = ROOT / "psgate" / "data" / "traces" / "example.jsonl"
 PROGRAM = re.compile(r"^(psgate|python3?|bash|\.venv[\w.-]*/bin/\w+|[A-Z_]+=\S*)\s")
 
 SKIPPED = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install .":
+        "the install alone (docs/index.md): the README's main job command makes the same "
+        "install, and the tests run in one",
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && "
     "python -m pytest -q": "the whole test suite, of which this test is a part",
     "bash scripts/install-calibrate.sh .venv-calibrate":
@@ -56,6 +65,8 @@ SKIPPED = {
         "rewrites the committed golden receipts",
     "python -m pytest tests/test_golden_policies.py --update-golden":
         "rewrites the committed golden policy outcomes",
+    "python examples/paper/reproduce.py --quick":
+        "minutes; .ci/run runs it after the tests, tests/test_paper_report.py runs --tiny",
     "python examples/paper/reproduce.py [--quick]":
         "minutes even with --quick; .ci/run runs it after the tests",
     "python examples/paper/evaluate.py [--report examples/paper/REPORT.md]":
@@ -101,11 +112,14 @@ NOT_JSON = {
 
 # files the examples name, made in every block's directory
 FIXTURES = {
+    "raw.jsonl": "a raw request log of three requests with token ids",
     "T.jsonl": "the bundled example trace",
     "incident.jsonl": "the bundled example trace",
     "gate.toml": "examples/ci/gate.toml",
     "stat-gate.toml": "the README's code block of stat checks",
     "last-release/": "a receipt of the example trace, as the last release would have left",
+    "receipt/": "the tutorial's receipt (the incident, lru against prefixshield, 96 blocks), "
+                "for a block that reads it without writing it",
 }
 
 
@@ -150,11 +164,11 @@ def test_tables_name_only_commands_the_readme_has():
 
 def _stat_gate() -> str:
     """The README's stat checks (the block of TOML that uses ``stat``), as a gate file."""
-    for block in shell_blocks(DOCS["README.md"].read_text()):
+    for block in shell_blocks(DOCS["docs/concepts/commands.md"].read_text()):
         text = "\n".join(block)
         if text.lstrip().startswith("[[check]]") and "stat = " in text:
             return text + "\n"
-    raise AssertionError("README.md has no TOML block of stat checks")
+    raise AssertionError("docs/concepts/commands.md has no TOML block of stat checks")
 
 
 def _env() -> dict:
@@ -172,12 +186,26 @@ def _workdir(tmp_path: Path, cmds: list[str]) -> Path:
         return re.search(rf"(^|[ /]){re.escape(name)}\b", text) is not None and \
             f"-o {name}" not in text
 
+    if wanted("raw.jsonl"):
+        (tmp_path / "raw.jsonl").write_text("".join(json.dumps({
+            "t": 0.5 * i, "id": f"req-{i}", "group": "acme" if i % 2 else "beta",
+            "contract": "standard", "model": "m", "tokenizer": "rev-1", "adapter": "",
+            "cache_salt": "", "prompt_token_ids": list(range(40 + i)), "out": 8,
+            "done_t": 0.5 * i + 0.2}) + "\n" for i in range(3)))
     for name in ("T.jsonl", "incident.jsonl"):
         if wanted(name):
             shutil.copy(EXAMPLE_TRACE, tmp_path / name)
     if wanted("gate.toml"):
         shutil.copy(ROOT / "examples" / "ci" / "gate.toml", tmp_path / "gate.toml")
     (tmp_path / "stat-gate.toml").write_text(_stat_gate())
+    if re.search(r"\s(explain|report|summary|verify) receipt\b", text) and \
+            "--out receipt" not in text:
+        proc = subprocess.run(["psgate", "replay", "--trace", "examples/ci/incident.jsonl",
+                               "--baseline", "lru", "--candidate", "prefixshield",
+                               "--capacity", "96", "--out", "receipt", "--quiet"],
+                              cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
     if any("last-release" in c for c in cmds):
         proc = subprocess.run(["psgate", "replay", "--trace", "incident.jsonl", "--baseline",
                                "lru", "--candidate", "prefixshield", "--out", "last-release",
@@ -211,10 +239,9 @@ def test_readme_block_runs(doc, k, cmds, tmp_path):
 
 
 def test_the_readme_policy_passes_the_contract_suite(tmp_path):
-    """The policy the README shows under "Write your own policy", as printed, is a policy
+    """The policy docs/how-to/own-policy.md shows, as printed, is a policy
     psgate accepts: check-policy passes it and a replay gates it."""
-    text = DOCS["README.md"].read_text()
-    section = text.split("### Write your own policy", 1)[1]
+    section = DOCS["docs/how-to/own-policy.md"].read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     (tmp_path / "my_lru.py").write_text(code)
     proc = subprocess.run(["psgate", "check-policy", "my_lru.py:MyLRU"], cwd=tmp_path,

@@ -11,7 +11,7 @@ rates from that model (``rates=step``); experiment.py names the model in one pla
 real benign rows replay corpora built here from the public samples in examples/traces/ (one
 run per window or bundle of sessions).
 It writes OUT/REPORT.md (psgate's means with 95% bootstrap intervals beside the paper's
-numbers from paper_values.json, DESIGN section 7), OUT/fig2.png to OUT/fig5.png, and keeps
+numbers from paper_values.json, docs/design.md section 7), OUT/fig2.png to OUT/fig5.png, and keeps
 every cell's receipts (and the imported corpora) under OUT/cells/ (not committed:
 regenerate them). Policy defaults are the paper's; psgate's PrefixShield evicts leaves
 only, so the paper's behaviour (leaf_only=false) is reported beside it. Needs matplotlib

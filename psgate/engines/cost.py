@@ -7,7 +7,7 @@
 
 with u the prompt tokens computed (not served from the prefix cache) and c the
 tokens served from it. The two attention terms are zero in the defaults and in
-DESIGN section 3's linear form; a calibrated file (``psgate calibrate``) may set
+docs/design.md section 3's linear form; a calibrated file (``psgate calibrate``) may set
 them, since a new token attends to every earlier one.
 
 Defaults are rough figures for Qwen2.5-1.5B on an NVIDIA L4 (the PrefixShield
