@@ -34,7 +34,8 @@ def _help(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=120)
 
 
-@pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+@pytest.mark.parametrize("path,cmd", [((), ROOT_CMD), *COMMANDS],
+                         ids=["psgate"] + [" ".join(p) for p, _ in COMMANDS])
 def test_help_at_80_columns_shows_every_option_name_whole(path, cmd):
     proc = _help(*path)
     assert proc.returncode == 0, proc.stderr
