@@ -314,3 +314,25 @@ def test_report_of_matched_runs_renders_in_chromium(experiment_report, tmp_path)
     assert [p["id"] for p in check["plots"]] == ["plot-paired-hits", "plot-paired-ttft",
                                                  "plot-runs"]
     assert all(p["width"] > 100 and p["height"] > 100 for p in check["plots"])
+
+
+def _receipt(base: dict, cand: dict) -> dict:
+    return {"runs": {"baseline": {"metrics": {"groups": {
+        g: {"hit_fraction": v} for g, v in base.items()}}},
+        "candidate": {"metrics": {"groups": {g: {"hit_fraction": v} for g, v in cand.items()}}}}}
+
+
+def test_the_verdict_line_names_the_group_hurt_most_or_else_the_one_that_gained_most():
+    from psgate.report.render import group_verdict
+    hurt = _receipt({"a": 0.5, "b": 0.7, "c": 0.2}, {"a": 0.45, "b": 0.5, "c": 0.9})
+    assert group_verdict(hurt) == "hurt most: b, hit fraction 0.7000 -> 0.5000 (-0.2000)"
+    gained = _receipt({"a": 0.5, "b": 0.25, "c": None}, {"a": 0.6, "b": 0.75, "c": 0.1})
+    assert group_verdict(gained) == ("no group's hit fraction fell; gained most: b, 0.2500 "
+                                     "-> 0.7500 (+0.5000)")
+    tie = _receipt({"b": 0.5, "a": 0.25}, {"b": 0.75, "a": 0.5})     # both +0.25 exactly
+    assert "gained most: a, " in group_verdict(tie)
+    assert group_verdict(_receipt({}, {})) is None
+    summary = {"summary": {"groups": {"x": {"hit_fraction": {"baseline_mean": 0.4,
+                                                              "candidate_mean": 0.3}}}}}
+    assert group_verdict(summary) == "hurt most: x, hit fraction 0.4000 -> 0.3000 (-0.1000)"
+

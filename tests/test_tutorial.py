@@ -76,6 +76,9 @@ def test_the_tutorial_runs_as_written_and_its_answers_are_the_outputs(tmp_path):
     gate = receipt["gate"]
     verdict = f"gate: PASS ({gate['num_checks']}/{gate['num_checks']} checks passed)"
     assert gate["result"] == "pass" and verdict in out[cmds[1]] and verdict in page
+    assert ("no group's hit fraction fell; gained most: tenant-b, "
+            f"{b['baseline']:.4f} -> {b['candidate']:.4f} "
+            f"(+{b['candidate'] - b['baseline']:.4f})") in _flat(out[cmds[1]])
 
     # 3. who evicted tenant-a under lru, and request a14 in both runs
     by = runs["baseline"]["metrics"]["evictions_by"]

@@ -203,7 +203,35 @@ def render_failures(console: Console, gate: dict) -> None:
             console.print(check_line(c))
 
 
-def render_gate(console: Console, gate: dict, where: str, verbose: bool = False) -> None:
+def group_verdict(receipt: dict) -> str | None:
+    """The group a reader asks about first, in words: the one whose hit fraction fell most
+    under the candidate, or, when none fell, the one that gained most (ties by name);
+    None without groups. Means over runs for matched runs."""
+    if "summary" in receipt:
+        groups = {g: (v["hit_fraction"].get("baseline_mean"),
+                      v["hit_fraction"].get("candidate_mean"))
+                  for g, v in receipt["summary"].get("groups", {}).items()
+                  if "hit_fraction" in v}
+    else:
+        runs = receipt["runs"]
+        base = runs["baseline"]["metrics"]["groups"]
+        cand = runs["candidate"]["metrics"]["groups"]
+        groups = {g: (base[g].get("hit_fraction"), cand.get(g, {}).get("hit_fraction"))
+                  for g in base}
+    moved = sorted((c - b, g, b, c) for g, (b, c) in groups.items()
+                   if b is not None and c is not None)
+    if not moved:
+        return None
+    d, g, b, c = moved[0]
+    if d < 0:
+        return f"hurt most: {g}, hit fraction {fmt(b)} -> {fmt(c)} ({fmt_diff(d, b, c)})"
+    d, g, b, c = min(moved, key=lambda m: (-m[0], m[1]))
+    return (f"no group's hit fraction fell; gained most: {g}, {fmt(b)} -> {fmt(c)} "
+            f"({fmt_diff(d, b, c)})")
+
+
+def render_gate(console: Console, gate: dict, where: str, verbose: bool = False,
+                groups: str | None = None) -> None:
     if verbose:
         for c in gate.get("checks", []):
             if c.get("verdict") != "fail":
@@ -213,13 +241,13 @@ def render_gate(console: Console, gate: dict, where: str, verbose: bool = False)
     console.print(Text.assemble(
         "gate: ", (gate["result"].upper(), colour),
         f" ({gate['num_checks'] - gate['num_failed']}/{gate['num_checks']} checks passed); "
-        f"{where}"))
+        + (printable(groups) + "; " if groups else "") + where))
 
 
 def render_replay(console: Console, receipt: dict, out: Path, verbose: bool = False) -> None:
     console.print(replay_heading(receipt))
     console.print(replay_table(receipt, verbose))
-    render_gate(console, receipt["gate"], f"receipt in {out}/", verbose)
+    render_gate(console, receipt["gate"], f"receipt in {out}/", verbose, group_verdict(receipt))
 
 
 def render_experiment(console: Console, receipt: dict, out: Path,
@@ -227,7 +255,8 @@ def render_experiment(console: Console, receipt: dict, out: Path,
     console.print(experiment_heading(receipt))
     console.print(experiment_table(receipt, verbose))
     render_gate(console, receipt["gate"],
-                f"receipt in {out}/ (one receipt per run in {out}/runs/)", verbose)
+                f"receipt in {out}/ (one receipt per run in {out}/runs/)", verbose,
+                group_verdict(receipt))
 
 
 def render_trace_stats(console: Console, trace: str, st: dict) -> None:
