@@ -16,8 +16,8 @@ from psgate.workloads.paper import one_touch
 from test_cli import assert_one_line_error, psgate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-PLOTS = ["plot-occupancy", "plot-debt", "plot-hits", "plot-ttft", "plot-evictions",
-         "plot-recompute"]
+PLOTS = ["plot-occupancy", "plot-lost", "plot-debt", "plot-hits", "plot-ttft",
+         "plot-evictions", "plot-recompute"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def test_report_is_self_contained(report):
     assert "bundled:example" in page and "PASS" in page
 
 
-def test_report_renders_in_headless_chromium(report, tmp_path):
+@pytest.mark.parametrize("size", ["1366,768", "390,844"], ids=["laptop", "phone"])
+def test_report_renders_in_headless_chromium(report, tmp_path, size):
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is missing in CI: .ci/run installs Debian's chromium")
@@ -50,7 +51,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
          "--no-first-run", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-         "--virtual-time-budget=5000", "--window-size=1280,2000", "--dump-dom",
+         "--virtual-time-budget=5000", f"--window-size={size}", "--dump-dom",
          report.as_uri()], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = re.search(r'<pre id="psgate-selfcheck">([^<]*)</pre>', proc.stdout)
@@ -58,8 +59,17 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     check = json.loads(m.group(1).replace("&quot;", '"'))
     assert check["errors"] == []
     assert [p["id"] for p in check["plots"]] == PLOTS
-    for p in check["plots"]:
+    for p in check["plots"]:        # drawn, and scaled to the screen: none wider than it
         assert p["width"] > 100 and p["height"] > 100, p
+        assert p["width"] <= check["viewport"], (p, check["viewport"])
+    # a wide table scrolls inside itself: the page never scrolls sideways
+    assert check["page"] <= check["viewport"], check
+    # a screenshot of the first screen, kept with the test's files for a reader to look at
+    shot = tmp_path / f"report-{size.replace(',', 'x')}.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                    f"--user-data-dir={tmp_path / 'profile2'}", f"--window-size={size}",
+                    f"--screenshot={shot}", report.as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 1000
     assert "Uncaught" not in proc.stderr and ":CONSOLE(" not in proc.stderr
 
 
@@ -89,3 +99,18 @@ def test_report_of_a_non_receipt_exits_2(tmp_path):
     proc = psgate("report", tmp_path, "-o", tmp_path / "z.html")
     assert_one_line_error(proc, 2, "no receipt.json here")
     assert not (tmp_path / "z.html").exists()
+
+
+def test_the_eviction_timeline_shades_the_attack_window_the_trace_records(report):
+    """The bundled example is generated with an attack window; the page says so, and a
+    trace without one (a capture, an import) gets no shading."""
+    from psgate.report.html import incident_window
+    page = report.read_text()
+    assert "Blocks each group lost to eviction over time (shaded: the attack window the " \
+           "trace records)" in page
+    assert incident_window({"generator": {"params": {"attack_start_s": 3,
+                                                     "attack_end_s": 9}}}) == (3.0, 9.0)
+    assert incident_window({"source": "psgate capture"}) is None
+    assert incident_window({"generator": {"params": {"attack_start_s": 9,
+                                                     "attack_end_s": 3}}}) is None
+

@@ -55,7 +55,8 @@ def _plt():
 
 
 class _Sampler(NullRecorder):
-    """Samples per-group occupancy (and PrefixShield debt) every ``every`` admissions."""
+    """Samples per-group occupancy, blocks lost to eviction so far (by the group owning
+    them) and PrefixShield debt every ``every`` admissions."""
 
     hits = False
 
@@ -65,7 +66,12 @@ class _Sampler(NullRecorder):
         self.engine = None
         self.t: list[float] = []
         self.occ: list[dict[str, int]] = []
+        self.lost: list[dict[str, int]] = []
         self.debt: list[dict[str, float]] = []
+        self._lost: dict[str, int] = {}
+
+    def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
+        self._lost[owner] = self._lost.get(owner, 0) + 1
 
     def admission(self, now_ns, req, hits, allocated, new_blocks, note) -> None:
         self.n += 1
@@ -74,20 +80,65 @@ class _Sampler(NullRecorder):
         e = self.engine
         self.t.append(now_ns / 1e9)
         self.occ.append({g: e.occ[i] for i, g in enumerate(e.group_names)})
+        self.lost.append(dict(self._lost))
         pol = e.policy
         if hasattr(pol, "raw_debt") and hasattr(pol, "gnames"):
             now = now_ns / 1e9
             self.debt.append({g: pol.raw_debt(i, now) for i, g in enumerate(pol.gnames)})
 
 
-def sample_series(receipt: dict, trace: str | None) -> dict[str, _Sampler]:
+def sample_series(receipt: dict, trace: str | None
+                  ) -> tuple[dict[str, _Sampler], tuple[float, float] | None]:
+    """Each run's samples, and the incident window the trace names (None without)."""
     prepared = prepare_replay(receipt, trace, "drawing the time series")
     out = {}
     for run in RUNS:
         admitted = receipt["runs"][run]["counts"].get("admitted", 1)
         out[run] = sampler = _Sampler(max(1, admitted // MAX_SAMPLES))
         replay_run(receipt, prepared, run, sampler)
-    return out
+    return out, incident_window(prepared[1].raw)
+
+
+def incident_window(header: dict) -> tuple[float, float] | None:
+    """The attack window a generated trace's header records (``attack_start_s`` and
+    ``attack_end_s`` among its generator's parameters), shaded in the time plots; a
+    captured or imported trace names none."""
+    params = (header.get("generator") or {}).get("params") or {}
+    a, b = params.get("attack_start_s"), params.get("attack_end_s")
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a < b:
+        return float(a), float(b)
+    return None
+
+
+def _mark_window(ax, window: tuple[float, float] | None) -> None:
+    if window is not None:
+        ax.axvspan(*window, color="#d62728", alpha=0.08, zorder=0,
+                   label="attack window (from the trace)")
+
+
+def lost_figure(plt, series: dict, names: dict[str, str], window):
+    """Blocks each group has lost to eviction so far, over time, both runs side by side:
+    when a tenant's blocks went, and whether the candidate slowed it."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    total: dict[str, int] = {}
+    for run in RUNS:
+        for g, n in (series[run].lost[-1] if series[run].lost else {}).items():
+            total[g] = max(total.get(g, 0), n)
+    shown, rest = _top_groups(total, MAX_PLOT_GROUPS)
+    for ax, run in zip(axes, RUNS):
+        s = series[run]
+        _mark_window(ax, window)
+        for i, g in enumerate(shown):
+            ax.plot(s.t, [x.get(g, 0) for x in s.lost], label=g, linewidth=1.3,
+                    color=f"C{i % 10}")
+        if rest:
+            ax.plot(s.t, [sum(x.get(g, 0) for g in rest) for x in s.lost],
+                    label=f"({len(rest)} others)", linewidth=1.2, color="grey")
+        ax.set_title(f"{run}: {names[run]}")
+        ax.set_xlabel("trace time (s)")
+    axes[0].set_ylabel("blocks lost to eviction (cumulative)")
+    axes[1].legend(fontsize=7, loc="upper left")
+    return fig
 
 
 def _svg(fig) -> str:
@@ -119,10 +170,12 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def hits_figure(plt, requests: dict[str, list[dict]], names: dict[str, str]):
-    """Rolling hit fraction per role, baseline and candidate side by side."""
+def hits_figure(plt, requests: dict[str, list[dict]], names: dict[str, str], window=None):
+    """Rolling hit fraction per role, baseline and candidate side by side (the trace's
+    attack window shaded where it records one)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
     for ax, run in zip(axes, RUNS):
+        _mark_window(ax, window)
         rows = [r for r in requests.get(run, []) if r["measure"] == "1"
                 and r["state"] in ("completed", "cancelled", "unfinished")]
         for role in sorted({r["role"] or "(none)" for r in rows}):
@@ -213,7 +266,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
 
     # time series from a replay, which runs sim
     refusal = resimulation_refusal(receipt, "drawing the time series")
-    series = None
+    series, window = None, None
     if refusal:
         sections.append(f'<p class="note">No time series: {html.escape(refusal)}</p>')
     else:
@@ -221,7 +274,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
             sections.append('<p class="note">Time series are re-simulated with sim, which the '
                             'conformance suite proves equal to vllm-pool.</p>')
         try:
-            series = sample_series(receipt, trace)
+            series, window = sample_series(receipt, trace)
         except PsgateError as exc:
             sections.append(f'<p class="note">Time series need the trace: '
                             f'{html.escape(str(exc))}</p>')
@@ -247,6 +300,11 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
         plots.append(_plot("Per-group occupancy over time (dotted: usable blocks)",
                            "occupancy", _svg(fig)))
         plt.close(fig)
+        fig = lost_figure(plt, series, names, window)
+        plots.append(_plot("Blocks each group lost to eviction over time" + (
+            " (shaded: the attack window the trace records)" if window else ""),
+            "lost", _svg(fig)))
+        plt.close(fig)
         debt_runs = [run for run in RUNS if series[run].debt]
         fig, ax = plt.subplots(figsize=(11, 3.2))
         for run in debt_runs:
@@ -265,7 +323,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
         plt.close(fig)
 
     # hit fraction over time per role, from requests.csv
-    fig = hits_figure(plt, requests, names)
+    fig = hits_figure(plt, requests, names, window)
     plots.append(_plot("Hit fraction over time per role", "hits", _svg(fig)))
     plt.close(fig)
 
@@ -389,9 +447,11 @@ def _cost_model(cm: dict) -> str:
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>psgate report</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
 body { font-family: sans-serif; margin: 2em; max-width: 1200px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em;
+        display: block; overflow-x: auto; max-width: 100%; }
 td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
 th { background: #f2f2f2; }
 .pass { color: #1a7f37; } .fail { color: #cf222e; }
@@ -412,7 +472,8 @@ window.addEventListener("load", function () {
     return {id: f.id, width: r.width, height: r.height};
   });
   document.getElementById("psgate-selfcheck").textContent =
-    JSON.stringify({plots: plots, errors: psgateErrors});
+    JSON.stringify({plots: plots, errors: psgateErrors, viewport: window.innerWidth,
+                    page: document.documentElement.scrollWidth});
 });
 </script>
 </body></html>
