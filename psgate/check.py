@@ -4,7 +4,7 @@ A policy named by a spec (:mod:`psgate.policies`: a built-in name, an entry poin
 ``module:Class`` or ``path/to/file.py:Class``) is constructed, replayed on generated traces
 under the paranoid invariant checker with both schedulers, compared with itself and
 replayed end to end. psgate's built-in policies are held to this same code
-(tests/test_check_policy.py), so a user's policy meets exactly the bar they meet. Each
+(tests/test_check.py), so a user's policy meets exactly the bar they meet. Each
 contract ends as pass, fail (one line: what broke, where, on which trace) or skip (why it
 does not apply):
 

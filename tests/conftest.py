@@ -2,7 +2,14 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+# Tests are laid out like the package (tests/<package>/test_<module>.py, tests/system/ end
+# to end, tests/vllm_suite/ the heavy suite); their shared helpers sit here, and a test may
+# import another's fixtures by module name, so every folder is on the path.
+_HERE = Path(__file__).parent
+sys.path.insert(0, str(_HERE))
+sys.path[1:1] = [str(d) for d in sorted(_HERE.iterdir())
+                 if d.is_dir() and d.name not in ("data", "vllm_suite") and not d.name.startswith(
+                     (".", "_"))]
 
 
 def pytest_addoption(parser):
@@ -11,7 +18,7 @@ def pytest_addoption(parser):
 
 
 # tests/vllm_suite imports vLLM: it runs in an interpreter that has it, started by
-# tests/test_vllm.py with PSGATE_VLLM_SUITE=1 (never collected by the plain test run).
+# tests/engines/test_vllm.py with PSGATE_VLLM_SUITE=1 (never collected by the plain run).
 collect_ignore = [] if os.environ.get("PSGATE_VLLM_SUITE") == "1" else ["vllm_suite"]
 
 

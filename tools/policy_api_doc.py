@@ -5,7 +5,7 @@
 
 Every name in ``psgate.policy.__all__``, in that order: its signature and docstring; for a
 class, each public method and property with its own. The page is generated so that it
-cannot drift from the code a policy is written against (tests/test_policy_api_doc.py
+cannot drift from the code a policy is written against (tests/policy/test_api_doc.py
 runs --check).
 """
 

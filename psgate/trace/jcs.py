@@ -7,7 +7,7 @@ they are provably JCS's, and the pure-Python ``rfc8785`` does the rest.
 Why orjson's bytes are JCS's on the fast path:
 - strings: orjson escapes exactly what JCS escapes (``"``, ``\\``, control characters,
   with the same short forms and lowercase ``\\u00xx``) and writes everything else as
-  UTF-8; checked for every code point in tests/test_trace_reader.py;
+  UTF-8; checked for every code point in tests/trace/test_reader.py;
 - object keys: OPT_SORT_KEYS orders by code point, which is JCS's UTF-16 order unless
   a key holds a character above U+FFFF (such an object takes the slow path);
 - integers: written as decimal digits, as JCS does inside +-(2**53 - 1) (outside it

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from psgate.errors import InputError
 from psgate.trace import HashTable, RequestEvent, TraceReader, TraceSource, validate_trace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEADER = {"psgate_trace": 1, "block_size": 16}
 
 

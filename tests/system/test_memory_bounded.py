@@ -39,7 +39,7 @@ from helpers import traced_peak
 
 CONTRACTS = ("critical", "standard", "best-effort")
 INSTANT_STEPS = StepCostModel(0.0, 0.0, 0.0, 0.0, 0.0)     # each step one nanosecond
-MOONCAKE_HEAD = Path(__file__).resolve().parents[1] / "examples/traces/" \
+MOONCAKE_HEAD = Path(__file__).resolve().parents[2] / "examples/traces/" \
     "mooncake_conversation_head.jsonl"
 
 

@@ -238,7 +238,7 @@ def test_decimals_are_coded_by_their_last_place(tmp_path):
 def test_version_1_files_still_read():
     """A compact ledger written before the "%" code (version 1) decodes as it did."""
     from pathlib import Path
-    data = Path(__file__).parent / "data" / "compact_v1"
+    data = Path(__file__).resolve().parents[1] / "data" / "compact_v1"
     with gzip.open(data / "ledger.compact.csv.gz", "rt", encoding="utf-8", newline="") as fh:
         assert fh.readline().startswith("psgate-compact-ledger,1")
     got = "".join(open_compact(data / "ledger.compact.csv.gz"))

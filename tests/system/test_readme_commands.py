@@ -24,7 +24,7 @@ import pytest
 
 from helpers import shell_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The README, the CI example's, and every page of the docs site but the generated references
 # (their examples are option synopses, not commands).
 GENERATED = {"docs/reference/cli.md", "docs/reference/trace-schema.md",
@@ -54,7 +54,7 @@ SKIPPED = {
     "PSGATE_LEDGER=/var/log/psgate-evictions.csv vllm serve MODEL --enable-prefix-caching":
         "serves a model with vLLM",
     "psgate bench [--quick] [--json] [--repeats N] [--vllm-python PY] [--policy SPEC]":
-        "a synopsis; tests/test_bench.py runs psgate bench --quick --json (about a minute)",
+        "a synopsis; tests/bench/test_bench.py runs psgate bench --quick --json (about a minute)",
     "python tools/bench_prefixshield_b.py [--quick]":
         "about 5 minutes even with --quick on this machine",
     "python tools/bench_prefixshield_b.py --seeds 10 --variant "
@@ -63,18 +63,18 @@ SKIPPED = {
     "tools/record_vllm_golden.py": "installs and drives vLLM",
     "python -m pytest tests/test_cli.py --update-golden":
         "rewrites the committed golden receipts",
-    "python -m pytest tests/test_golden_policies.py --update-golden":
+    "python -m pytest tests/policies/test_golden.py --update-golden":
         "rewrites the committed golden policy outcomes",
     "python examples/paper/reproduce.py --quick":
-        "minutes; .ci/run runs it after the tests, tests/test_paper_report.py runs --tiny",
+        "minutes; .ci/run runs it after the tests, tests/system/test_paper_report.py runs --tiny",
     "python examples/paper/reproduce.py [--quick]":
         "minutes even with --quick; .ci/run runs it after the tests",
     "python examples/paper/evaluate.py [--report examples/paper/REPORT.md]":
-        "a synopsis; replays the held-out set (minutes); tests/test_paper_evaluate.py runs "
+        "a synopsis; replays the held-out set (minutes); tests/system/test_paper_evaluate.py runs "
         "a small protocol end to end",
     "python3 tools/calibrate_gpu.py --out examples/cost-models --prefix h200": "needs a GPU",
-    "PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz_soak.py -k fuzz -s":
-        "tests/test_fuzz_soak.py runs in the suite at its default example count",
+    "PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/system/test_fuzz_soak.py -k fuzz -s":
+        "tests/system/test_fuzz_soak.py runs in the suite at its default example count",
 }
 
 # README command -> (what runs instead, why)

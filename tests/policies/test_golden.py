@@ -5,7 +5,7 @@ eviction count, who evicted whom, each group's hits and hit tokens, and a digest
 eviction sequence, from the tightest pool the trace fits in to one where nothing need be
 evicted. Any change to a policy's choices, however small, shows here with the policy and
 capacity that moved; a deliberate change regenerates the file with
-``python -m pytest tests/test_golden_policies.py --update-golden`` (never by hand).
+``python -m pytest tests/policies/test_golden.py --update-golden`` (never by hand).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from helpers import replay_file
 from psgate.policies import policy_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "examples" / "example.jsonl"
-GOLDEN = Path(__file__).parent / "data" / "golden" / "policies.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "policies.json"
 # configured blocks, tight to loose: the largest request (64 prefix blocks and its tail)
 # barely fits in the first; the last holds every block the trace ever computes
 CAPACITIES = (80, 128, 192, 256, 512, 8192)

@@ -25,7 +25,7 @@ from psgate.trace.reader import validate_trace
 from psgate.trace.redact import pseudonym
 from psgate.workloads import generate, generators
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIG = 2**76
 MAX_TIME_S = 4_000_000_000      # the stated limit on trace times (seconds)
 HEADER = {"psgate_trace": 1, "block_size": 4}

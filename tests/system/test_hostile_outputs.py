@@ -348,7 +348,7 @@ def test_memory_error_is_one_line(monkeypatch, run_main, tmp_path, corpus):
 
 # an output is never an input (issue 52) -----------------------------------------------------
 
-CI = Path(__file__).resolve().parent.parent / "examples" / "ci"
+CI = Path(__file__).resolve().parents[2] / "examples" / "ci"
 R = ["replay", "--trace", "t.jsonl", "--baseline", "lru", "--candidate", "prefixshield",
      "--quiet"]
 

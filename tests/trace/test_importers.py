@@ -15,9 +15,9 @@ from psgate.trace import validate_trace
 from psgate.trace.importers import FORMATS, import_trace
 from psgate.trace.writer import write_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "examples" / "traces"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 MOONCAKE_FULL = SHARED / "mooncake" / "mooncake_conversation_trace.jsonl"
 WEKA_DIR = SHARED / "weka"
 

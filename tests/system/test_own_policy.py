@@ -28,7 +28,7 @@ import pytest
 
 from helpers import assert_actionlint, shell_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "own-policy"
 README = EXAMPLE / "README.md"
 WORKFLOW = EXAMPLE / "ci" / "gate.yml"

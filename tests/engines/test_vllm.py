@@ -18,7 +18,7 @@ import pytest
 from helpers import heavy_python
 from test_cli import assert_one_line_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HIDE_VLLM = ("import sys; sys.modules['vllm'] = None; "
              "from psgate.cli import main; sys.argv[0] = 'psgate'; main()")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER_DIR = ROOT / "examples" / "paper"
 sys.path.insert(0, str(PAPER_DIR))
 

@@ -438,6 +438,6 @@ def test_reindented_receipt_verifies_as_the_readme_says(made, tmp_path):
     assert ran.code == 0 and ran.result["verified"] is True, (ran.err, ran.out)
     edit_json(d / "receipt.json", pass_everything)      # a changed value still is caught
     not_verified(run_cli("verify", d), "receipt.json/gate/")
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "reference" /
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "reference" /
               "verify.md").read_text()
     assert "compared with the replay's as JSON values" in readme

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psgate.policy as api
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_reference_page_is_current():

@@ -13,7 +13,7 @@ from psgate.errors import InputError
 from psgate.policies import make_policy
 from psgate.policies.tinylfu import CountMinSketch, mix64
 from psgate.policy import PoolInfo
-from test_policy_arc import SCAN, hits_of
+from test_arc import SCAN, hits_of
 
 
 def test_tinylfu_keeps_the_reused_prefix_the_scan_loses_its_duels(tmp_path):

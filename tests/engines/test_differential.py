@@ -14,7 +14,7 @@ CHAINS = [["a1", "a2", "a3", "a4"], ["b1", "b2"], ["c1", "c2", "c3"], ["d1"]]
 
 def traces():
     """Random traces; extra (unique) blocks only after a whole chain. Also used by
-    test_policy_contract."""
+    tests/policies/test_contract.py."""
     return random_traces(CHAINS, groups=("g", "g", "h"), max_requests=25,
                          gaps=(0, 0, 0.001, 0.004, 0.01, 0.05, 0.3), cancel_one_in=10,
                          extra_name="e{i}{j}", extras_on_partial=False, max_out=9,

@@ -27,7 +27,7 @@ from psgate.resources import bundled_trace_path
 from psgate.stats.bootstrap import paired_summary
 from psgate.sweep import SweepConfig, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def psgate(*args, cwd=None):

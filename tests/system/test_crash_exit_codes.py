@@ -20,7 +20,7 @@ import typer.main
 
 from psgate import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PSGATE = str(REPO / "psgate") + "/"
 INCIDENT = REPO / "examples" / "ci" / "incident.jsonl"
 SEEDS = 3

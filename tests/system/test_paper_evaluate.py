@@ -24,7 +24,7 @@ from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_tr
 from psgate.trace.writer import write_trace
 from psgate.workloads import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER_DIR = ROOT / "examples" / "paper"
 sys.path.insert(0, str(PAPER_DIR))
 

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import actionlint_path, assert_actionlint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CI = ROOT / "examples" / "ci"
 WORKFLOW = CI / "psgate-gate.yml"
 

@@ -1,6 +1,6 @@
 """Fuzzing the trace reader and the gate-file parser, resource limits, and a soak slice.
 
-Run at length:  PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz_soak.py -k fuzz -s
+Run at length:  PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/system/test_fuzz_soak.py -k fuzz -s
                 python tools/fuzz_atheris.py trace -max_total_time=600   (and gate)
 """
 
@@ -27,7 +27,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ
 TRIED = {"trace": 0, "gate": 0}
 
 # The seed trace tools/fuzz_atheris.py starts from too.
-VALID_TEXT = (Path(__file__).parent / "data" / "fuzz_seed.jsonl").read_bytes()
+VALID_TEXT = (Path(__file__).resolve().parents[1] / "data" / "fuzz_seed.jsonl").read_bytes()
 VALID = [json.loads(line) for line in VALID_TEXT.splitlines()]
 
 json_values = st.recursive(
@@ -114,7 +114,7 @@ def test_atheris_targets_run(tmp_path):
         pytest.skip("atheris not installed (pip install atheris)")
     runs = max(500, EXAMPLES * 5)
     for kind in ("trace", "gate"):
-        proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" /
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "tools" /
                                                    "fuzz_atheris.py"), kind, f"-runs={runs}",
                                "-seed=1"], capture_output=True, text=True, cwd=tmp_path,
                               timeout=600)
@@ -157,7 +157,7 @@ def test_limits_are_clear_errors(tmp_path):
 
 
 def test_soak_slice_every_policy_paranoid():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     from soak import soak
     from psgate.policies import policy_names
     counts = soak(60, seed=1000, policies=[n for n in policy_names()

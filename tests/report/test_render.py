@@ -297,7 +297,7 @@ def test_report_of_matched_runs(experiment_report):
 
 
 def test_report_of_matched_runs_renders_in_chromium(experiment_report, tmp_path):
-    from test_report_html import CHROMIUM
+    from test_html import CHROMIUM
 
     if CHROMIUM is None:
         pytest.skip("chromium not installed here (CI installs it)")
