@@ -49,3 +49,18 @@ def test_the_readme_stays_short_and_the_code_cites_the_design_page():
     assert cited, "no code cites docs/design.md"
     for n in set(cited):
         assert f"\n## {n}. " in design, n
+
+
+def test_the_tutorials_pictures_are_drawn_from_a_replay(tmp_path):
+    """tools/docs_figures.py draws every picture the tutorial shows (from a replay of the
+    bundled incident, with the HTML report's figures)."""
+    pytest.importorskip("matplotlib")
+    proc = subprocess.run([sys.executable, "tools/docs_figures.py", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shown = re.findall(r"\]\(img/([\w.-]+\.png)\)", (ROOT / "docs" / "tutorial.md").read_text())
+    assert len(shown) == 3
+    for name in shown:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert (ROOT / "docs" / "img" / name).exists(), name
+
