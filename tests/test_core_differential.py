@@ -175,14 +175,20 @@ def test_a_real_trace_gives_the_same_bytes(monkeypatch, tmp_path):
         assert files["ledger.csv"].count(b",evict,") > 0
 
 
-def _engine_state(loaded, policy: str, capacity: int, scheduler: str) -> dict:
+def _engine_state(loaded, policy: str, capacity: int, scheduler: str,
+                  trace: Path | None = None) -> dict:
     """One replay with no recorder (the policies' batch paths that build no decisions):
-    its result, the pool's final arrays, the policy's candidates and counters."""
+    its result, the pool's final arrays, the policy's candidates and counters. A
+    clairvoyant policy gets the trace's future, as a replay gives it."""
     from dataclasses import asdict
 
     from psgate.bench.traces import make_engine
     from psgate.policies import make_policy
+    from psgate.trace.future import future_uses
+    from psgate.trace.reader import TraceSource
     pol = make_policy(policy)
+    if pol.needs_future:         # (the callers without a trace name no such policy)
+        pol.set_future(future_uses(TraceSource(str(trace), trace), loaded.hashes))
     engine = make_engine(loaded, pol, capacity, scheduler)
     result = engine.run(loaded.events)
     got = asdict(result)
@@ -228,9 +234,9 @@ def test_replays_without_a_ledger_end_in_the_same_state(monkeypatch, tmp_path, p
     for trace, cap in traces:
         loaded = load(trace)
         monkeypatch.delenv("PSGATE_CORE", raising=False)
-        compiled = _engine_state(loaded, policy, cap, scheduler)
+        compiled = _engine_state(loaded, policy, cap, scheduler, Path(trace))
         monkeypatch.setenv("PSGATE_CORE", "0")
-        python = _engine_state(loaded, policy, cap, scheduler)
+        python = _engine_state(loaded, policy, cap, scheduler, Path(trace))
         assert compiled["evictions"] > 0 or python["evictions"] == 0
         for k in compiled:
             assert compiled[k] == python[k], f"{trace.name}: {k} differs"

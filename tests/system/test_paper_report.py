@@ -105,7 +105,8 @@ def test_tiny_reproduction_end_to_end(tmp_path):
                       if n not in ("trace (scope)", "configured blocks (tokens each)", "runs",
                                    "best", "best minus belady, pp", "belady") and v != "-"}
         top = max(deployable.values())
-        assert vals["best"] == ", ".join(n for n, v in deployable.items() if v == top)
+        best = [n for n, v in deployable.items() if v == top]
+        assert vals["best"] == (", ".join(best) if len(best) <= 3 else f"{len(best)} tie")
     # Every cell replays under vLLM's scheduler with the defaults, and generated traces take
     # their rates from the same step model; the report's header and comparison say so.
     ot = _cell(out, "table1-one-touch-", lambda c: c["candidate"] == "prefixshield"
