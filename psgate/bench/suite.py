@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from psgate import __version__, core
+from psgate.errors import InputError
 from psgate.policies import resolve
 from psgate.bench.memory import command_cost, memory, peak_growth
 from psgate.bench.timing import end_to_end, hot_loop, time_selection
@@ -107,7 +108,11 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
     if cfg.policy:
-        resolve(cfg.policy, "--policy")     # a spec that does not load: before any timing
+        cls = resolve(cfg.policy, "--policy").cls   # a spec that does not load: before timing
+        if getattr(cls, "needs_future", False):
+            raise InputError(f"expected a deployable policy; '{cfg.policy}' needs the trace's "
+                             f"future, which the bench's timed replays do not give",
+                             path="--policy")
     own_dir = cfg.workdir is None
     work = Path(tempfile.mkdtemp(prefix="psgate-bench-")) if own_dir else cfg.workdir
     work.mkdir(parents=True, exist_ok=True)

@@ -94,3 +94,13 @@ def test_table_renders_every_target(bench_run):
     assert ("vLLM not installed" in text) == (_result(bench_run)["vllm"]["version"] is None
                                               and "not installed" in
                                               _result(bench_run)["vllm"]["note"])
+
+
+def test_a_clairvoyant_policy_is_refused_before_any_timing():
+    """belady needs the trace's future, which the timed replays do not give: exit 2 with
+    one line, not a crash half-way through the bench."""
+    proc = subprocess.run([sys.executable, "-m", "psgate", "bench", "--quick", "--policy",
+                           "belady"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--policy: expected a deployable policy" in \
+        proc.stderr and "Traceback" not in proc.stderr
