@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psgate.atomic import StagedOutput, atomic_file, check_destination, prepare_out_dir
-from psgate.contracts import CONTRACT_NAMES
+from psgate.contracts import CONTRACT_NAMES, ContractsFile, contracts_params, load_contracts
 from psgate.engines import ENGINES, engine_class
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import MAX_BLOCKS
@@ -86,6 +86,10 @@ class ReplayConfig:
     step_cost: StepCostModel = field(default_factory=StepCostModel)
     sched: SchedulerParams = field(default_factory=SchedulerParams)
     contracts: tuple[str, ...] = CONTRACT_NAMES
+    # A contracts file (psgate.contracts): each group's contract, whatever the trace's
+    # labels say; recorded in the receipt with its digest. None: the trace's labels.
+    contracts_file: str | None = None
+    contracts_label: str | None = None  # how the file is named in outputs (verify)
     # How the trace and gate file are named in outputs when that differs from where
     # they are read (verify re-runs a receipt with the names it recorded).
     trace_label: str | None = None
@@ -186,9 +190,21 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
                          path="--ledger-level (config.ledger.level)")
     sources = policy_sources(cfg)
     check_capacity(cfg.capacity, sources)
-    policies = {label: construct(src, run_params(cfg, label), f"--{label}")
+    file = load_contracts_file(cfg)
+    if file is not None:
+        cfg = dataclasses.replace(cfg, contracts=tuple(file.table()))
+    policies = {label: construct(src, contracts_params(run_params(cfg, label),
+                                                       getattr(src.cls, "defaults", {}),
+                                                       file, f"--{label}-param"),
+                                 f"--{label}")
                 for label, src in sources.items()}
     contracts = contract_table(cfg.contracts, policies.values())
+    if file is not None:
+        missing = sorted(set(file.table()) - set(contracts))
+        if missing:
+            raise InputError(f"a policy's own contract table lacks '{missing[0]}', which the "
+                             f"file defines (a contracts file needs policies that take a "
+                             f"'contracts' parameter, or none)", path=file.path)
     gate_name = cfg.gate_label or cfg.gate_file
     spec: GateSpec | None = load_gate_file(cfg.gate_file) if cfg.gate_file else None
     if spec is not None and cfg.gate_label:
@@ -208,7 +224,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
     created = prepare_out_dir(cfg.out, cfg.force, inputs=(src.path, cfg.gate_file))
     try:
         result = _replay_into(cfg, sources, policies, spec, gate_sha, gate_name, contracts,
-                              src, hashes, header, summary, progress, started)
+                              src, hashes, header, summary, progress, started, file)
         result.notes = tuple(n for s in sources.values() for n in s.notes)
         return result
     except BaseException:
@@ -218,6 +234,17 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
             except OSError:
                 pass
         raise
+
+
+def load_contracts_file(cfg: ReplayConfig) -> ContractsFile | None:
+    """The run's contracts file, checked, named as outputs should name it; None when the
+    trace's labels decide."""
+    if cfg.contracts_file is None:
+        return None
+    file = load_contracts(cfg.contracts_file)
+    if cfg.contracts_label:
+        file = dataclasses.replace(file, path=cfg.contracts_label)
+    return file
 
 
 def check_capacity(capacity: int, sources: dict) -> None:
@@ -269,7 +296,7 @@ def run_params(cfg: ReplayConfig, label: str) -> dict:
 
 
 def _replay_into(cfg, sources, policies, spec, gate_sha, gate_name, contracts, src, hashes, header,
-                 summary, progress, started) -> ReplayResult:
+                 summary, progress, started, file) -> ReplayResult:
     runs: dict[str, dict] = {}
     results = []
     spools: list[RequestSpool] = []
@@ -310,7 +337,10 @@ def _replay_into(cfg, sources, policies, spec, gate_sha, gate_name, contracts, s
                                    progress=tick, groups=summary.groups,
                                    max_in_flight=cfg.limits.max_in_flight, **extra)
                 with TraceReader(src, hashes, cfg.limits, validated=summary) as reader:
-                    events = rep.select(reader.events(), tick)
+                    events = reader.events()
+                    if file is not None:
+                        events = file.relabelled(events)
+                    events = rep.select(events, tick)
                     result = engine.run(events)
                     if result.aborted is not None:
                         for _ in events:    # an aborted run stops reading: the digest below
@@ -337,7 +367,7 @@ def _replay_into(cfg, sources, policies, spec, gate_sha, gate_name, contracts, s
         receipt = assemble_receipt(
             cfg, src=src, header=header, summary=summary, policies=policies, sources=sources,
             contracts=contracts, gate_name=gate_name, gate_sha=gate_sha, tolerances=tolerances,
-            runs=runs, gate=gate, started=started,
+            runs=runs, gate=gate, started=started, contracts_file=file,
             outputs={name: staged.path(name)
                      for name in (ledger_name(cfg.ledger_compression), "requests.csv")})
         validate_receipt(receipt)

@@ -192,6 +192,7 @@ def replay(
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers", rich_help_panel="Trace, policies, output")] = Path("psgate-out"),
     force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)", rich_help_panel="Trace, policies, output")] = False,
     gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks", rich_help_panel="Trace, policies, output")] = None,
+    contracts: Annotated[Optional[str], typer.Option(help="contracts file (TOML, psgate contracts suggest): each group's contract, whatever the trace's labels", rich_help_panel="Trace, policies, output")] = None,
     tolerance_hit: Annotated[float, typer.Option(help="non-regression: hit fraction the candidate may lose (absolute), overall and per group", rich_help_panel="Gate tolerances")] = Tolerances().hit,
     tolerance_tokens: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's saved prefill tokens the candidate may lose", rich_help_panel="Gate tolerances")] = Tolerances().tokens,
     tolerance_ttft: Annotated[float, typer.Option(help="non-regression: fraction of the baseline's p95 TTFT the candidate may add", rich_help_panel="Gate tolerances")] = Tolerances().ttft,
@@ -241,7 +242,7 @@ def replay(
         tolerances=_tolerances(tolerance_hit, tolerance_tokens, tolerance_ttft, min_requests,
                                min_requests_ttft),
         limits=_limits(max_line_bytes, max_blocks_per_request, max_in_flight),
-        replicas=replicas, route=route)
+        replicas=replicas, route=route, contracts_file=contracts)
     check_replicas(replicas, route, engine)
     corpus = trace if trace_directory(trace) is not None else None
     if workload is not None and trace != api.DEFAULT_TRACE:
@@ -335,12 +336,13 @@ def verify(
     receipt_dir: Annotated[Path, typer.Argument(help="a directory written by psgate replay")],
     trace: Annotated[Optional[str], typer.Option(help="the trace, if not where the receipt says")] = None,
     gate: Annotated[Optional[str], typer.Option(help="the gate file, if not where the receipt says")] = None,
+    contracts: Annotated[Optional[str], typer.Option(help="the contracts file, if not where the receipt says")] = None,
 ) -> None:
     """Re-run a receipt's replay and confirm identical bytes.
 
     Exit 1 names the first difference; exit 5: the receipt's policy code is not the code
     here."""
-    res = verify_receipt(receipt_dir, trace=trace, gate=gate)
+    res = verify_receipt(receipt_dir, trace=trace, gate=gate, contracts=contracts)
     for change in res.policy_changes:
         err.print(f"{receipt_dir}: NOT verified: {change}", markup=False, soft_wrap=True)
     if res.identical and res.policy_changes:

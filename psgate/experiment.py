@@ -240,6 +240,8 @@ def run_experiment(cfg: ExperimentConfig,
                     ledger_rows=base.ledger_rows, ledger_compression=base.ledger_compression,
                     ledger_level=base.ledger_level,
                     contracts=base.contracts, limits=base.limits,
+                    contracts_file=base.contracts_file,
+                    contracts_label=base.contracts_label or base.contracts_file,
                     # Generated traces are named relative to OUT, so the receipts do not
                     # depend on where OUT is.
                     trace_label=label))
@@ -301,7 +303,7 @@ def run_experiment(cfg: ExperimentConfig,
                 "environment": {"out_dir": str(out.resolve()), "started_unix": round(started, 3),
                                 "wall_s": round(time.time() - started, 3)},
             }
-            for key in ("replay_model", "scheduler", "step_cost_model"):
+            for key in ("replay_model", "scheduler", "step_cost_model", "contracts_file"):
                 if key in first:        # the step scheduler's settings, as each run has them
                     receipt["config"][key] = first[key]
             found = first_schema_error(receipt, "experiment")

@@ -72,7 +72,7 @@ def policy_record(policy, source) -> dict:
 def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict, sources: dict,
                      contracts: list[str], gate_name: str | None, gate_sha: str | None,
                      tolerances, runs: dict, gate: dict, outputs: dict[str, Path],
-                     started: float) -> dict:
+                     started: float, contracts_file=None) -> dict:
     """The receipt of a replay configured by ``cfg`` (a ReplayConfig): ``runs`` as
     :func:`run_record` made them, ``gate`` the evaluated verdict, ``outputs`` the files
     written beside the receipt (name -> path, hashed here)."""
@@ -116,11 +116,15 @@ def assemble_receipt(cfg, *, src: TraceSource, header, summary, policies: dict, 
                        cfg.pacing, cfg.sched, cfg.step_cost)
     if info is not None:     # sim receipts stay as they were: no key at all
         receipt["config"]["engine_info"] = info
+    if contracts_file is not None:     # none: the trace's labels, and no key at all
+        receipt["config"]["contracts_file"] = contracts_file.to_json()
     if getattr(cfg, "replicas", 1) > 1:     # one instance: the receipt as it always was
         receipt["config"]["replicas"] = cfg.replicas
         receipt["config"]["route"] = cfg.route
     receipt["environment"] = environment(src, cfg.out, started, cfg.gate_file,
                                          summary.sha256)
+    if contracts_file is not None:
+        receipt["environment"]["contracts_abspath"] = str(Path(cfg.contracts_file).resolve())
     receipt["environment"]["policy_files"] = {label: list(s.paths)
                                               for label, s in sources.items()}
     return receipt

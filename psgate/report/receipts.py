@@ -19,7 +19,7 @@ from typing import Iterator
 
 import orjson
 
-from psgate.api import ReplayConfig, contract_table
+from psgate.api import ReplayConfig, contract_table, load_contracts_file
 from psgate.engines.cost import COEFFICIENTS, CostModel
 from psgate.engines import engine_class
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
@@ -199,7 +199,7 @@ def resolve_input(given: str, abspath: str | None, override: str | None, what: s
 
 
 def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
-                        gate: str | None = None) -> ReplayConfig:
+                        gate: str | None = None, contracts: str | None = None) -> ReplayConfig:
     cfg = receipt["config"]
     env = receipt.get("environment", {})
     trace_path = resolve_input(receipt["trace"]["path"], env.get("trace_abspath"), trace,
@@ -216,10 +216,16 @@ def config_from_receipt(receipt: dict, out: Path, trace: str | None = None,
             raise InputError(f"{exc} (a receipt is re-run with the policy code found here: "
                              f"run from the directory the replay ran in, with the policy's "
                              f"package installed)") from None
+    contracts_path = contracts_label = None
+    if cfg.get("contracts_file"):
+        contracts_label = cfg["contracts_file"]["path"]
+        contracts_path = resolve_input(contracts_label, env.get("contracts_abspath"), contracts,
+                                       "contracts", cfg["contracts_file"]["sha256"])
     return dataclasses.replace(
         replay_settings(receipt, out), trace=trace_path, gate_file=gate_path,
         trace_label=receipt["trace"]["path"],
-        gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None)
+        gate_label=cfg["gate_file"]["path"] if cfg.get("gate_file") else None,
+        contracts_file=contracts_path, contracts_label=contracts_label)
 
 
 def replay_settings(receipt: dict, out: Path) -> ReplayConfig:
@@ -301,11 +307,14 @@ def replay_run(receipt: dict, prepared, run: str, recorder):
     if policy.needs_future:
         policy.set_future(future_uses(src, hashes))
     step = ({"step_cost": cfg.step_cost, "sched": cfg.sched} if cfg.uses_steps else {})
+    file = load_contracts_file(cfg)
     engine = engine_class("sim", "step" if step else "service")(
         header=header, hashes=hashes, capacity=cfg.capacity, policy=policy,
-        contracts=contract_table(cfg.contracts, [policy]), done_ids=summary.done_ids,
+        contracts=contract_table(tuple(file.table()) if file else cfg.contracts, [policy]),
+        done_ids=summary.done_ids,
         cost=cfg.cost, recorder=recorder, label=run, trace_path=receipt["trace"]["path"],
         groups=summary.groups, max_in_flight=cfg.limits.max_in_flight, **step)
     recorder.engine = engine
     with TraceReader(src, hashes, cfg.limits) as reader:
-        return engine.run(reader.events())
+        events = reader.events()
+        return engine.run(file.relabelled(events) if file else events)

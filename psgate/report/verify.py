@@ -260,8 +260,8 @@ def _workload_spec(source: dict, path: Path) -> str:
     return spec
 
 
-def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
-                      ) -> VerifyResult:
+def verify_experiment(directory: Path, receipt: dict, gate: str | None = None,
+                      contracts: str | None = None) -> VerifyResult:
     """Recorded digests first (the experiment's outputs, each run's receipt and outputs),
     then the experiment run again from the same traces and configuration and compared
     whole: each run, the generated traces, runs.csv and the experiment receipt."""
@@ -305,10 +305,16 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
     if cfg["gate_file"]:
         gate_label = cfg["gate_file"]["path"]
         gate_path = resolve_input(gate_label, None, gate, "gate", cfg["gate_file"]["sha256"])
+    contracts_path = contracts_label = None
+    if cfg.get("contracts_file"):
+        contracts_label = cfg["contracts_file"]["path"]
+        contracts_path = resolve_input(contracts_label, None, contracts, "contracts",
+                                       cfg["contracts_file"]["sha256"])
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
     try:
         base = replace(replay_settings(first, work / "out"), force=False,
                        gate_file=gate_path, gate_label=gate_label,
+                       contracts_file=contracts_path, contracts_label=contracts_label,
                        tolerances=Tolerances.from_json(cfg.get("non_regression")))
         exp = ExperimentConfig(replay=base, resamples=cfg["bootstrap"]["resamples"],
                                bootstrap_seed=cfg["bootstrap"]["seed"])
@@ -349,11 +355,11 @@ def verify_experiment(directory: Path, receipt: dict, gate: str | None = None
 
 
 def verify(directory: str | Path, trace: str | None = None, gate: str | None = None,
-           progress=None) -> VerifyResult:
+           progress=None, contracts: str | None = None) -> VerifyResult:
     directory = Path(directory)
     receipt = load_receipt(directory, experiment_ok=trace is None)
     if "psgate_experiment" in receipt:
-        return verify_experiment(directory, receipt, gate=gate)
+        return verify_experiment(directory, receipt, gate=gate, contracts=contracts)
     _refuse_observed(receipt, directory / "receipt.json")
     compared = ["recorded SHA-256 of every output", "no unrecorded outputs"]
     diff = (recorded_outputs_difference(directory, receipt)
@@ -362,7 +368,8 @@ def verify(directory: str | Path, trace: str | None = None, gate: str | None = N
         return VerifyResult(False, diff, compared)
     work = Path(tempfile.mkdtemp(prefix="psgate-verify-"))
     try:
-        cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate)
+        cfg = config_from_receipt(receipt, work / "out", trace=trace, gate=gate,
+                                  contracts=contracts)
         again = api.replay(cfg, progress=progress).receipt
         changes: list[str] = []
         diff = _compare_replay(directory, receipt, again, work / "out", "", compared, changes)
