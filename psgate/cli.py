@@ -30,6 +30,7 @@ from rich.text import Text
 
 from psgate import __version__, api
 from psgate.atomic import check_output, write_atomic
+from psgate.suggest import SuggestConfig, suggest
 from psgate.check import DEFAULT_EXAMPLES, DEFAULT_TIME_LIMIT_S, check_policy
 from psgate.engines.cost import (COEFFICIENTS, CostModel, checked_coefficients,
                                  load_cost_model, load_step_cost_model, step_cost_from_params)
@@ -651,6 +652,53 @@ def trace_stats_cmd(
         render.render_trace_stats(err, path, one)
     if json:
         _emit(st)
+
+
+contracts_app = typer.Typer(no_args_is_help=True, help="Size PrefixShield's contracts from data.")
+app.add_typer(contracts_app, name="contracts")
+
+
+@contracts_app.command("suggest")
+def contracts_suggest(
+    trace: Annotated[str, typer.Option("--trace", help="psgate-trace v1 file, bundled:NAME, or a capture directory")],
+    capacity: Annotated[int, typer.Option(help="configured KV blocks of one instance, as the replay will run")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="the contracts file (TOML) to write")] = None,
+    history: Annotated[float, typer.Option(help="the first fraction of the trace's arrival span to learn from")] = SuggestConfig.history,
+    until: Annotated[Optional[float], typer.Option(help="instead of --history: learn from requests arriving before this trace second")] = None,
+    window: Annotated[float, typer.Option(help="seconds of the trailing window the creation rate is read over; the cache once per window is what all refills share")] = SuggestConfig.window_s,
+    quantile: Annotated[float, typer.Option(help="quantile of the window rates a refill covers")] = SuggestConfig.quantile,
+    headroom: Annotated[float, typer.Option(help="factor on each group's rate and burst need")] = SuggestConfig.headroom,
+    max_burst_share: Annotated[float, typer.Option(help="largest burst, as a share of the cache")] = SuggestConfig.max_burst_share,
+    min_refill: Annotated[float, typer.Option(help="least refill, blocks/s")] = SuggestConfig.min_refill,
+    min_burst: Annotated[float, typer.Option(help="least burst, blocks")] = SuggestConfig.min_burst,
+    default: Annotated[str, typer.Option(help="the class of every group the history does not show")] = SuggestConfig.default,
+    scheduler: Annotated[str, typer.Option(help="step or service, as the replay will run")] = api.DEFAULT_SCHEDULER,
+    replicas: Annotated[int, typer.Option(help="instances the trace is spread over (contracts are per instance)")] = 1,
+    route: Annotated[str, typer.Option(help="--replicas: round-robin or session")] = "round-robin",
+    force: Annotated[bool, typer.Option(help="replace an existing --output file")] = False,
+    json: Annotated[bool, typer.Option("--json", help="the table as JSON on stdout")] = False,
+) -> None:
+    """Contracts sized from each group's own history: a contracts file and its table.
+
+    Exit 0 when written, 2 on bad input. Replay with: psgate replay --contracts FILE."""
+    if output is not None:
+        _output(output, "--output", force, inputs=[("the --trace input", trace)])
+    if scheduler not in api.SCHEDULERS:
+        raise InputError(f"unknown scheduler '{scheduler}'; expected one of "
+                         f"{', '.join(api.SCHEDULERS)}", path="--scheduler")
+    found = suggest(SuggestConfig(
+        trace=trace, capacity=capacity, history=history, until_s=until, window_s=window,
+        quantile=quantile, headroom=headroom, max_burst_share=max_burst_share,
+        min_refill=min_refill, min_burst=min_burst, default=default, scheduler=scheduler,
+        replicas=replicas, route=route))
+    doc = found.to_json()
+    render.render_contracts_suggestion(err, trace, doc)
+    if output is not None:
+        write_atomic(output, found.text(trace).encode())
+        err.print(f"{output}: contracts for {len(doc['groups'])} groups (replay with "
+                  f"--contracts {output})", markup=False, highlight=False, soft_wrap=True)
+    if json:
+        _emit(doc)
 
 
 @app.command()

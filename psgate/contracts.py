@@ -96,10 +96,14 @@ def _with_contract(ev, contract: str):
 
 
 def _number(v, where: str, path: str, minimum: float, what: str) -> float:
-    if type(v) not in (int, float) or not math.isfinite(v) or v < minimum or (
-            minimum == 0 and v <= 0):
-        raise InputError(f"expected {what}, found {v!r}", path=path, field=where)
-    return float(v)
+    found = repr(v)
+    try:
+        x = float(v) if type(v) in (int, float) else math.nan
+    except OverflowError:           # an integer no float holds
+        x, found = math.inf, f"an integer of {len(str(v))} digits"
+    if not math.isfinite(x) or x < minimum or (minimum == 0 and x <= 0):
+        raise InputError(f"expected {what}, found {found}", path=path, field=where)
+    return x
 
 
 def _bucket(spec, where: str, path: str) -> list[float]:
@@ -129,7 +133,7 @@ def parse_contracts(text: str, path: str, sha256: str = "") -> ContractsFile:
     if extra:
         raise InputError("unknown key (expected version, default, classes, groups)",
                          path=path, field=extra[0])
-    if doc.get("version") != CONTRACTS_FILE_VERSION:
+    if type(doc.get("version")) is not int or doc["version"] != CONTRACTS_FILE_VERSION:
         raise InputError(f"expected {CONTRACTS_FILE_VERSION}, found {doc.get('version')!r}",
                          path=path, field="version")
     raw_classes = doc.get("classes")
@@ -173,7 +177,11 @@ def parse_contracts(text: str, path: str, sha256: str = "") -> ContractsFile:
 
 def load_contracts(path: str) -> ContractsFile:
     """The contracts file at ``path``, checked (exit 2 with one line when it is not one)."""
-    data = read_capped(path, "contracts file", MAX_CONTRACTS_FILE_BYTES)
+    try:
+        data = read_capped(path, "contracts file", MAX_CONTRACTS_FILE_BYTES)
+    except OSError as exc:
+        raise InputError(f"cannot read the contracts file: {exc.strerror or exc}",
+                         path=path) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -183,7 +191,12 @@ def load_contracts(path: str) -> ContractsFile:
 
 
 def _toml_str(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)
+    # JSON's escapes are TOML's, but TOML also forbids a raw DEL in a string
+    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _comment(text: str) -> str:
+    return " ".join(text.splitlines())
 
 
 def _toml_float(x: float) -> str:
@@ -195,7 +208,7 @@ def dumps_contracts(default: str, classes: dict[str, list[float]],
                     notes: dict[str, str] | None = None) -> str:
     """A contracts file's text; ``comments`` open it, ``notes`` (group -> text) follow
     each group's entry. It reads back as the same contracts (parse_contracts)."""
-    out = [f"# {c}" if c else "#" for c in comments]
+    out = [f"# {_comment(c)}" if c else "#" for c in comments]
     out += [f"version = {CONTRACTS_FILE_VERSION}",
             f"default = {_toml_str(default)}    # the class of every group not listed", "",
             "[classes]    # refill in blocks per second, burst in blocks"]
@@ -208,7 +221,7 @@ def dumps_contracts(default: str, classes: dict[str, list[float]],
         out += ["", "[[groups]]", f"name = {_toml_str(name)}",
                 f"refill = {_toml_float(rho)}", f"burst = {_toml_float(beta)}"]
         if notes and name in notes:
-            out.append(f"# {notes[name]}")
+            out.append(f"# {_comment(notes[name])}")
     return "\n".join(out) + "\n"
 
 

@@ -8,7 +8,9 @@ unsetting the variables and restarting is the way back. With it set::
     PSGATE_POLICY=prefixshield               a policy spec, as psgate replay takes one (a
                                              built-in name but belady, an installed entry
                                              point, module:Class or path/file.py:Class)
-    PSGATE_POLICY_CONFIG=policy.json         optional: {"params": {...}} (JSON or TOML)
+    PSGATE_POLICY_CONFIG=policy.json         optional: {"params": {...}} (JSON or TOML), and
+                                             "contracts": "contracts.toml" (a contracts
+                                             file, relative to it: psgate contracts suggest)
     PSGATE_LEDGER=/var/log/psgate-ledger.csv optional: one CSV row per eviction
 
 every KVCacheManager the engine core builds gets the policy installed as its
@@ -66,6 +68,7 @@ ENV_SHADOW_DIR = "PSGATE_SHADOW_DIR"
 ENV_SHADOW_INTERVAL = "PSGATE_SHADOW_INTERVAL_S"
 ENV_CAPTURE = "PSGATE_CAPTURE"
 ENV_KEY_FILE = "PSGATE_CAPTURE_KEY_FILE"
+ENV_HASH_KEY = "PSGATE_HASH_KEY"
 ENV_MAX_BYTES = "PSGATE_CAPTURE_MAX_BYTES"
 ENV_MAX_SECONDS = "PSGATE_CAPTURE_MAX_SECONDS"
 ENV_QUEUE = "PSGATE_CAPTURE_QUEUE"
@@ -131,11 +134,13 @@ def check_specs() -> None:
     from psgate.policies import make_policy
     try:
         params = load_params(os.environ.get(ENV_CONFIG))
+        contracts = load_contracts_file(os.environ.get(ENV_CONFIG))
         for env in (ENV_POLICY, ENV_SHADOW):
             spec = os.environ.get(env)
             if spec:
-                policy = make_policy(spec, params if env == ENV_POLICY
-                                     or not os.environ.get(ENV_POLICY) else {}, env)
+                policy = make_policy(spec, _with_contracts(
+                    spec, params if env == ENV_POLICY or not os.environ.get(ENV_POLICY)
+                    else {}, contracts), env)
                 # What LivePolicy refuses in the engine core (a traceback there), here.
                 if policy.needs_future:
                     raise InputError(f"policy '{spec}': it needs the trace's future and "
@@ -183,20 +188,52 @@ def _give_engine_core_time_to_finish() -> None:
     engine_utils.get_engine_process_shutdown_timeout = shutdown_timeout
 
 
-def load_params(path: str | None) -> dict:
+def _config_doc(path: str | None) -> dict:
     if not path:
         return {}
     p = Path(path)
     if p.suffix == ".toml":
         import tomllib
-        doc = tomllib.loads(p.read_text())
-    else:
-        doc = json.loads(p.read_text())
-    params = doc.get("params", {})
+        return tomllib.loads(p.read_text())
+    return json.loads(p.read_text())
+
+
+def load_params(path: str | None) -> dict:
+    params = _config_doc(path).get("params", {})
     if not isinstance(params, dict):
         raise ValueError(f"{path}: field 'params': expected a table of policy parameters, "
                          f"found {type(params).__name__}")
     return params
+
+
+def load_contracts_file(path: str | None):
+    """The policy config's ``contracts`` file (psgate.contracts, a path relative to the
+    config file), or None. Its group names are matched as served and, when a capture key
+    is set, as that key pseudonymizes them, so a file suggested from a capture applies."""
+    doc = _config_doc(path)
+    name = doc.get("contracts")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{path}: field 'contracts': expected the path of a contracts file, "
+                         f"found {name!r}")
+    from psgate.contracts import load_contracts
+    return load_contracts(str(Path(path).parent / name))
+
+
+def contract_namer(file, key: bytes | None):
+    """A request's (group, label) -> the contract the contracts file gives its group."""
+    if file is None:
+        return None
+    if key is None:
+        return lambda group, label: file.contract_of(group)
+    from psgate.trace.redact import pseudonym
+
+    def name(group: str, label: str) -> str:
+        if group in file.groups:
+            return file.contract_of(group)
+        return file.contract_of(pseudonym("g", group, key))
+    return name
 
 
 def origin() -> tuple[float, float]:
@@ -274,6 +311,12 @@ def install(mgr) -> dict:
     from psgate.policies import make_policy
 
     params = load_params(os.environ.get(ENV_CONFIG))
+    contracts = load_contracts_file(os.environ.get(ENV_CONFIG))
+    key = None
+    if contracts is not None and (os.environ.get(ENV_KEY_FILE)
+                                  or os.environ.get(ENV_HASH_KEY)):
+        key = _capture_key()
+    namer = contract_namer(contracts, key)
     done: dict = {"manager": mgr}
     t0 = origin()[0]
     flush_s = float(os.environ.get(ENV_FLUSH, "1"))
@@ -283,6 +326,8 @@ def install(mgr) -> dict:
 
         def describe(request):
             group, contract, scope = identify(request)
+            if namer is not None:
+                contract = namer(group, contract)
             if known is not None and contract not in known:
                 contract = DEFAULT_CONTRACT
             return group, contract, scope
@@ -291,7 +336,7 @@ def install(mgr) -> dict:
     said = []
     name = os.environ.get(ENV_POLICY)
     if name:
-        policy = make_policy(name, params, ENV_POLICY)
+        policy = make_policy(name, _with_contracts(name, params, contracts), ENV_POLICY)
         ledger = os.environ.get(ENV_LEDGER)
         done["ledger"] = EvictionLedger(ledger) if ledger else None
         done["policy"] = LivePolicy(mgr, policy, clock_ns=time.monotonic_ns,
@@ -304,7 +349,8 @@ def install(mgr) -> dict:
     shadow = os.environ.get(ENV_SHADOW)
     if shadow:
         from psgate.shadow import ShadowRunner
-        policy = make_policy(shadow, params if not name else {}, ENV_SHADOW)
+        policy = make_policy(shadow, _with_contracts(shadow, params if not name else {},
+                                                     contracts), ENV_SHADOW)
         directory = os.environ.get(ENV_SHADOW_DIR) or (
             str(Path(capture) / SHADOW_SUBDIR) if capture else "psgate-shadow")
         done["shadow"] = ShadowRunner(
@@ -343,6 +389,16 @@ def close_installed(manager=None) -> None:
                 logger.exception("psgate: closing the %s failed", key)
         if closed:      # DEBUG: in process, vLLM logs to stdout, where callers print results
             logger.debug("psgate: %s complete", ", ".join(closed))
+
+
+def _with_contracts(spec: str, params: dict, contracts) -> dict:
+    """``params`` with the contracts file's table where the policy takes one."""
+    if contracts is None:
+        return params
+    from psgate.contracts import contracts_params
+    from psgate.policies import resolve
+    return contracts_params(params, getattr(resolve(spec).cls, "defaults", {}), contracts,
+                            ENV_CONFIG)
 
 
 # -- capture ------------------------------------------------------------------------------

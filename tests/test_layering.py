@@ -11,7 +11,8 @@ through the interface and the registry, never a
 concrete policy or a family's checker (the policy hands those over), and never the receipt,
 the reports or the CLI; stats, workloads and the receipt see of the engines only their
 results, the cost models and the registry; the receipt also holds the metrics; api,
-experiment and sweep put a replay together; report reads receipts back and may re-run
+experiment and sweep put a replay together; suggest sizes contracts from a replayed
+history; report reads receipts back and may re-run
 them; check runs the policy contract (psgate check-policy) over the engines and the api,
 and no room below the CLI uses it; the CLI may use anything.
 A second rule: no module imports a ``_``-name from another psgate module.
@@ -47,7 +48,7 @@ ALLOWED: dict[str, set[str] | None] = {
     "calibrate": {"atomic", "engines", "workloads"},
     "capture": {"trace"},
     "shadow": {"engines", "policy", "policies", "trace"},
-    "vllm_plugin": {"capture", "engines", "policies", "shadow", "trace"},
+    "vllm_plugin": {"capture", "contracts", "engines", "policies", "shadow", "trace"},
     "api": {"atomic", "contracts", "engines", "invariants", "policies", "receipt",
             "resources", "stats", "trace"},
     "experiment": {"api", "atomic", "engines", "receipt", "resources", "stats", "trace",
@@ -64,6 +65,8 @@ ALLOWED: dict[str, set[str] | None] = {
     # generators, the policy API and the invariant checker's constants
     "check": {"api", "engines", "invariants", "policies", "policy", "receipt", "trace",
               "workloads"},
+    # contracts from data: the history replayed under lru, its creations read as buckets
+    "suggest": {"contracts", "engines", "policies", "stats", "trace"},
     "cli": None,                 # anything
     "__main__": {"cli"},
 }

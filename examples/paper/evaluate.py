@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from psgate.atomic import write_atomic  # noqa: E402
 from psgate.bench.traces import load  # noqa: E402
-from psgate.contracts import CONTRACT_NAMES  # noqa: E402
+from psgate.contracts import CONTRACT_NAMES, contracts_params, parse_contracts  # noqa: E402
 from psgate.engines import engine_class  # noqa: E402
 from psgate.engines.cost import CostModel  # noqa: E402
 from psgate.engines.replicas import merge_results, replicas_of  # noqa: E402
@@ -50,6 +50,7 @@ from psgate.policies import make_policy, policy_names  # noqa: E402
 from psgate.stats.bootstrap import bootstrap_ci  # noqa: E402
 from psgate.stats.metrics import run_metrics  # noqa: E402
 from psgate.stats.saturation import SATURATED, SaturationMeter  # noqa: E402
+from psgate.suggest import SuggestConfig, rest_lines, split_time_s, suggest  # noqa: E402
 from psgate.sweep import code_digest  # noqa: E402
 from psgate.trace.future import future_uses  # noqa: E402
 from psgate.trace.importers import import_trace  # noqa: E402
@@ -62,6 +63,10 @@ from experiment import import_sessions, with_hold  # noqa: E402  (examples/paper
 PROTOCOL = Path(__file__).resolve().parent / "protocol.toml"
 SHARED = ROOT.parent / "shared" / "traces"
 BEGIN, END = "<!-- heldout:begin -->", "<!-- heldout:end -->"
+SPLIT_BEGIN, SPLIT_END = "<!-- split:begin -->", "<!-- split:end -->"
+DEFAULTS = "default contracts"     # --split: the split policy with the built-in table
+SUGGEST_KEYS = ("window_s", "quantile", "headroom", "max_burst_share", "min_refill",
+                "min_burst", "default")
 MOONCAKE_TENANTS = 6
 RULE = "rule"
 REPORT_SEEDS = 10       # the paper reproduction's runs: derive_seed(0, i), i < 10 (tuning)
@@ -107,7 +112,33 @@ def load_protocol(path: Path) -> dict:
                                     f"'weka', found {cell.get('format')!r}")
     _check_reported(proto, path)
     _check_disjoint(proto, path)
+    _check_split(proto, path)
     return proto
+
+
+def _check_split(proto: dict, path: Path) -> None:
+    """[split] (optional): the time-split rule, a PrefixShield-family policy replayed on
+    the rest of each trace with contracts suggested from its first part."""
+    sp = proto.get("split")
+    if sp is None:
+        return
+    extra = sorted(set(sp) - {"history", "policy", "params", "suggest"})
+    if extra:
+        raise ProtocolError(f"{path}: split.{extra[0]}: unknown key")
+    if not isinstance(sp.get("history"), float) or not 0 < sp["history"] < 1:
+        raise ProtocolError(f"{path}: split.history: expected a fraction in (0, 1), found "
+                            f"{sp.get('history')!r}")
+    if sp.get("policy") not in ("prefixshield", "prefixshield-b"):
+        raise ProtocolError(f"{path}: split.policy: expected prefixshield or "
+                            f"prefixshield-b, found {sp.get('policy')!r}")
+    bad = sorted(set(sp.get("suggest", {})) - set(SUGGEST_KEYS))
+    if bad:
+        raise ProtocolError(f"{path}: split.suggest.{bad[0]}: unknown key (expected one of "
+                            f"{', '.join(SUGGEST_KEYS)})")
+
+
+def _trace_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def _check_reported(proto: dict, path: Path) -> None:
@@ -234,11 +265,15 @@ def build_runs(cell: dict, rates: str, tmp: Path) -> list[tuple[str, Path]]:
 
 # -- one replay ----------------------------------------------------------------------
 def replay(loaded, capacity: int, policy: str, params: dict, replicas: int,
-           scope: str, path: Path) -> dict:
+           scope: str, path: Path, contracts=None) -> dict:
     """One policy on one loaded trace (read from ``path``): the scope's mean hit
     fraction, whether every hard invariant held on every instance, and how many instances
     saturated. A clairvoyant policy gets each instance's future, as replay gives it."""
     cls = engine_class("sim", "step")
+    events, names = loaded.events, CONTRACT_NAMES
+    if contracts is not None:       # the file decides every group's contract
+        params = contracts_params(params, make_policy(policy).defaults, contracts, policy)
+        events, names = list(contracts.relabelled(events)), tuple(contracts.table())
     instances = replicas_of(policy, replicas, "round-robin",
                             lambda: make_policy(policy, params), make_policy(policy, params))
     results, saturated, metrics = [], 0, None
@@ -247,10 +282,10 @@ def replay(loaded, capacity: int, policy: str, params: dict, replicas: int,
             rep.policy.set_future(future_uses(TraceSource(str(path), path), loaded.hashes,
                                               rep.lookahead))
         eng = cls(header=loaded.header, hashes=loaded.hashes, capacity=capacity,
-                  policy=rep.policy, contracts=CONTRACT_NAMES,
+                  policy=rep.policy, contracts=names,
                   done_ids=loaded.summary.done_ids, groups=loaded.summary.groups,
                   cost=CostModel())
-        res = eng.run(rep.select(iter(loaded.events)))
+        res = eng.run(rep.select(iter(events)))
         results.append(res)
         metrics = run_metrics(res, CostModel())
         meter = SaturationMeter().extend(res.requests)
@@ -267,10 +302,19 @@ def replay(loaded, capacity: int, policy: str, params: dict, replicas: int,
 
 
 def _replay_job(args):
-    """Every policy on one run's trace at one capacity: the trace is loaded once."""
-    key, path, capacity, policies, replicas, scope = args
+    """Every policy on one run's trace at one capacity: the trace is loaded once. With a
+    split (the full trace, where its history ends, the suggest settings), ``path`` is the
+    rest and the RULE label runs under contracts suggested from the history."""
+    key, path, capacity, policies, replicas, scope, split = args
     loaded = load(Path(path))
-    return key, {label: replay(loaded, capacity, name, params, replicas, scope, Path(path))
+    contracts = None
+    if split is not None:
+        full, t_s, settings = split
+        found = suggest(SuggestConfig(trace=full, capacity=capacity, until_s=t_s,
+                                      replicas=replicas, **settings))
+        contracts = parse_contracts(found.text(Path(full).name), "suggested")
+    return key, {label: replay(loaded, capacity, name, params, replicas, scope, Path(path),
+                               contracts if label == RULE else None)
                  for label, name, params in policies}
 
 
@@ -288,12 +332,12 @@ def judge(cell: dict, values: dict[str, list[float]], proto: dict) -> dict:
     """The criterion of the cell's kind, with what was found and what was expected."""
     st = proto["statistics"]
     mean = {p: 100 * statistics.fmean(v) for p, v in values.items()}
-    judged = proto["replay"]["policies"]
+    judged = proto["replay"]["policies"] + ([DEFAULTS] if DEFAULTS in values else [])
     paired = {p: _paired(values[RULE], values[p], st["resamples"], st["bootstrap_seed"])
               for p in judged}
     # a reported policy against LRU (policy minus LRU), the way the report reads it
     versus_lru = {p: _paired(values[p], values["lru"], st["resamples"], st["bootstrap_seed"])
-                  for p in reported(proto)}
+                  for p in reported(proto) if p in values}
     if cell["kind"] == "benign":
         c = proto["criteria"]["benign"]
         best = max(mean["lru"], mean["s3fifo"])
@@ -314,10 +358,16 @@ def judge(cell: dict, values: dict[str, list[float]], proto: dict) -> dict:
 
 
 def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
-            only: list[str] | None) -> dict:
-    policies = [(p, {}) for p in proto["replay"]["policies"] + reported(proto)]
-    policies.append((RULE, {**proto["rule"].get("params", {}), **rule_params}))
-    rule_policy = proto["rule"]["policy"]
+            only: list[str] | None, split: dict | None = None) -> dict:
+    if split is None:
+        policies = [(p, {}) for p in proto["replay"]["policies"] + reported(proto)]
+        policies.append((RULE, {**proto["rule"].get("params", {}), **rule_params}))
+        rule_policy = proto["rule"]["policy"]
+    else:   # the split policy with the built-in table beside it, then with suggested ones
+        rule_policy = split["policy"]
+        params = {**split.get("params", {}), **rule_params}
+        policies = [(p, {}) for p in proto["replay"]["policies"]]
+        policies += [(DEFAULTS, params), (RULE, params)]
     cells, skipped, jobs = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -335,11 +385,20 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
                      else proto["criteria"]["benign"]["scope"])
             for cap in cell["capacities"]:
                 cells.append({"cell": cell, "capacity": cap, "runs": [r for r, _ in runs]})
-                named = [(label, rule_policy if label == RULE else label, params)
+                named = [(label, rule_policy if label in (RULE, DEFAULTS) else label, params)
                          for label, params in policies]
                 for ri, (_, path) in enumerate(runs):
+                    cut = None
+                    if split is not None:
+                        lines = _trace_lines(path)
+                        t_s = split_time_s(lines, split["history"])
+                        rest = path.with_suffix(".rest.jsonl")
+                        if not rest.exists():
+                            write_trace(rest, rest_lines(lines, t_s))
+                        cut = (str(path), t_s, split.get("suggest", {}))
+                        path = rest
                     jobs.append(((len(cells) - 1, ri), str(path), cap, named,
-                                 cell.get("replicas", 1), scope))
+                                 cell.get("replicas", 1), scope, cut))
         done: dict[tuple, dict] = {}
         with ProcessPoolExecutor(max_workers=workers,
                                  mp_context=get_context("spawn")) as pool:
@@ -367,8 +426,10 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
                                             for p in labels},
                     "replicas": cell.get("replicas", 1),
                     **verdict, "met": verdict["met"] and holds})
-    return {"set": set_name, "cells": out, "skipped": skipped, "reported": reported(proto),
-            "rule": {"policy": rule_policy, "params": policies[-1][1]}}
+    return {"set": set_name, "cells": out, "skipped": skipped,
+            "reported": reported(proto) if split is None else [],
+            "rule": {"policy": rule_policy, "params": policies[-1][1]},
+            **({"split": split} if split is not None else {})}
 
 
 def _measurable(cell: dict, c: dict, rows: dict[str, list[dict]],
@@ -460,6 +521,61 @@ def render(res: dict, meta: dict) -> str:
     return "\n".join(lines + reported_table(res)) + "\n"
 
 
+def render_split(res: dict, meta: dict) -> str:
+    """The time-split rule's section: per cell, the split policy with the built-in table
+    and with contracts suggested from each trace's history, against LRU, S3-FIFO and
+    PrefixShield, all replayed on the rest of the trace."""
+    sp, rule = res["split"], res["rule"]
+    params = json.dumps(rule["params"], sort_keys=True) if rule["params"] else "defaults"
+    head = "held-out" if res["set"] == "heldout" else "tuning"
+    lines = [
+        f"## Contracts from data: the time-split rule on the {head} set",
+        "",
+        f"Protocol `examples/paper/protocol.toml` (SHA-256 `{meta['protocol_sha256'][:16]}`), "
+        f"policy `{rule['policy']}` ({params}) with contracts that `psgate contracts "
+        f"suggest` sized from the first {sp['history']:g} of each trace's arrival span "
+        f"(settings {json.dumps(sp.get('suggest', {}), sort_keys=True)}), replayed with "
+        f"every other policy on the rest; replay code digest `{meta['code_digest'][:16]}`; "
+        f"command `{meta['command']}`. "
+        + ("Held out: no rule was tuned on these seeds, windows or sessions. "
+           if res["set"] == "heldout" else "These are the tuning set's numbers. ")
+        + "Hit fractions in %, mean over runs, of the requests after the split. Attack "
+          "cells: the victim's, met when the interval of suggested minus PrefixShield "
+          f"(built-in table) has its lower bound >= {meta['attack_low']} pp. Benign cells: "
+          f"all requests', met when the suggested mean is within {meta['benign_margin']} pp "
+          "of the better of LRU and S3-FIFO.",
+        "",
+        f"| cell | kind | configured blocks | runs | LRU | S3-FIFO | PrefixShield | "
+        f"{rule['policy']}, built-in table | {rule['policy']}, suggested | suggested minus "
+        f"built-in | suggested minus PrefixShield | criterion | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in res["cells"]:
+        m, p = c["means_pct"], c["paired"]
+        note = "" if c["invariants_hold"] else " (an invariant broke)"
+        lines.append(
+            f"| {c['name']} | {c['kind']} | {c['capacity']}"
+            + (f" x {c['replicas']} instances" if c["replicas"] > 1 else "")
+            + f" | {len(c['runs'])} | {m['lru']:.2f} | {m['s3fifo']:.2f} | "
+            f"{m['prefixshield']:.2f} | {m[DEFAULTS]:.2f} | {m[RULE]:.2f} | "
+            f"{_fmt_ci(p[DEFAULTS])} | {_fmt_ci(p['prefixshield'])} | "
+            f"{c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f}{note} | "
+            f"{'yes' if c['met'] else '**no**'} |")
+    benign = [c for c in res["cells"] if c["kind"] == "benign"]
+    attack = [c for c in res["cells"] if c["kind"] == "attack"]
+    lines += ["", f"Benign criterion: met on {sum(c['met'] for c in benign)} of "
+                  f"{len(benign)} cells; attack criterion: met on "
+                  f"{sum(c['met'] for c in attack)} of {len(attack)} cells."]
+    lost = [c for c in res["cells"] if not c["met"]]
+    if lost:
+        lines.append("Cells not met: " + "; ".join(
+            f"{c['name']} at {c['capacity']} blocks "
+            f"({c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f} pp)" for c in lost)
+            + ".")
+    for x in res["skipped"]:
+        lines.append(f"Skipped: {x}.")
+    return "\n".join(lines) + "\n"
+
+
 def _clairvoyant(name: str) -> bool:
     return make_policy(name).needs_future
 
@@ -508,22 +624,54 @@ def reported_table(res: dict) -> list[str]:
     return lines
 
 
-def update_report(report: Path, section: str) -> None:
+def update_report(report: Path, section: str, marks: tuple[str, str] = (BEGIN, END)) -> None:
     """Replace the marked section of ``report`` (append it, marked, when absent)."""
+    begin, end = marks
     text = report.read_text() if report.exists() else ""
-    block = f"{BEGIN}\n{section}{END}\n"
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END) + len(END)
+    block = f"{begin}\n{section}{end}\n"
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end) + len(end)
         text = text[:a] + block.rstrip("\n") + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + block
     write_atomic(report, (text if text.endswith("\n") else text + "\n").encode())
 
 
+def _split_settings(proto: dict, args) -> dict:
+    """The protocol's [split], with the tuning set's overrides."""
+    if "split" not in proto:
+        raise ProtocolError("--split: the protocol has no [split] table")
+    split = json.loads(json.dumps(proto["split"]))
+    if args.split_policy or args.suggest:
+        if args.set_name == "heldout":
+            raise ProtocolError("--split-policy, --suggest: the held-out set runs the "
+                                "registered split rule only; tune on --set tuning")
+        if args.split_policy:
+            if args.split_policy not in ("prefixshield", "prefixshield-b"):
+                raise ProtocolError(f"--split-policy: expected prefixshield or "
+                                    f"prefixshield-b, found {args.split_policy!r}")
+            if args.split_policy != split["policy"]:
+                split["params"] = {}
+            split["policy"] = args.split_policy
+        if args.suggest:
+            try:
+                extra = json.loads(args.suggest)
+            except json.JSONDecodeError as exc:
+                raise ProtocolError(f"--suggest: not JSON ({exc})") from None
+            bad = sorted(set(extra) - set(SUGGEST_KEYS)) if isinstance(extra, dict) else [""]
+            if bad:
+                raise ProtocolError(f"--suggest: expected an object with keys among "
+                                    f"{', '.join(SUGGEST_KEYS)}, found {args.suggest!r}")
+            split["suggest"] = {**split.get("suggest", {}), **extra}
+    return split
+
+
 def _rerender(args) -> int:
     try:
         saved = json.loads(args.from_results.read_text())
         res = {k: saved[k] for k in ("set", "cells", "skipped", "rule")}
+        if "split" in saved:
+            res["split"] = saved["split"]
         res["reported"] = saved.get("reported", [])
         meta = {k: saved[k] for k in ("registered", "protocol_sha256", "code_digest",
                                       "command", "attack_low", "benign_margin")}
@@ -531,9 +679,10 @@ def _rerender(args) -> int:
         print(f"evaluate: error: {args.from_results}: not a results.json of evaluate.py "
               f"({exc})", file=sys.stderr)
         return 2
-    section = render(res, meta)
+    section = render_split(res, meta) if "split" in res else render(res, meta)
     if args.report:
-        update_report(args.report, section)
+        update_report(args.report, section,
+                      (SPLIT_BEGIN, SPLIT_END) if "split" in res else (BEGIN, END))
     print(section)
     return 0 if all(c["met"] for c in res["cells"]) else 1
 
@@ -546,6 +695,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the rule's parameters over the protocol's (tuning set only)")
     ap.add_argument("--only", action="append", default=None, metavar="TEXT",
                     help="only cells whose name contains TEXT (repeatable)")
+    ap.add_argument("--split", action="store_true",
+                    help="the time-split rule (protocol [split]): contracts suggested from "
+                         "each trace's first part, every policy judged on the rest")
+    ap.add_argument("--split-policy", default=None, metavar="NAME",
+                    help="--split on the tuning set: prefixshield or prefixshield-b instead "
+                         "of the protocol's")
+    ap.add_argument("--suggest", default=None, metavar="JSON",
+                    help="--split on the tuning set: suggest settings over the protocol's")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None,
                     help="where results.json and results.md go (default: a temporary "
@@ -572,7 +729,12 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(rule_params, dict):
                 raise ProtocolError(f"--rule-params: expected a JSON object, found "
                                     f"{args.rule_params!r}")
-        res = run_set(proto, args.set_name, rule_params, args.workers, args.only)
+        split = None
+        if args.split:
+            split = _split_settings(proto, args)
+        elif args.split_policy or args.suggest:
+            raise ProtocolError("--split-policy and --suggest go with --split")
+        res = run_set(proto, args.set_name, rule_params, args.workers, args.only, split)
     except ProtocolError as exc:
         print(f"evaluate: error: {exc}", file=sys.stderr)
         return 2
@@ -587,18 +749,22 @@ def main(argv: list[str] | None = None) -> int:
             "code_digest": code_digest(),
             "command": "python examples/paper/evaluate.py"
                        + ("" if args.set_name == "heldout" else " --set tuning")
+                       + (" --split" if args.split else "")
+                       + (f" --split-policy {args.split_policy}" if args.split_policy else "")
+                       + (f" --suggest '{args.suggest}'" if args.suggest else "")
                        + (f" --rule-params '{args.rule_params}'" if args.rule_params else "")
                        + "".join(f" --only '{o}'" for o in args.only or []),
             "attack_low": crit["attack"]["min_ci_low_pp"],
             "benign_margin": crit["benign"]["margin_pp"]}
     out = args.out or Path(tempfile.mkdtemp(prefix="psgate-eval-"))
     out.mkdir(parents=True, exist_ok=True)
-    section = render(res, meta)
+    section = render_split(res, meta) if args.split else render(res, meta)
     write_atomic(out / "results.json",
                  (json.dumps({**meta, **res}, indent=1, sort_keys=True) + "\n").encode())
     write_atomic(out / "results.md", section.encode())
     if args.report:
-        update_report(args.report, section)
+        update_report(args.report, section,
+                      (SPLIT_BEGIN, SPLIT_END) if args.split else (BEGIN, END))
     print(section)
     print(f"{out / 'results.json'}", file=sys.stderr)
     return 0 if all(c["met"] for c in res["cells"]) else 1

@@ -275,6 +275,27 @@ def render_trace_stats(console: Console, trace: str, st: dict) -> None:
     console.print(t)
 
 
+def render_contracts_suggestion(console: Console, trace: str, doc: dict) -> None:
+    """psgate contracts suggest's table: per group what the history showed, what it would
+    need, what the file gives it (after the caps) and how much of the history it would
+    have owed under that."""
+    lo, hi = doc["history_s"]
+    console.print(Text(f"{trace}: contracts from trace seconds {lo:g} to {hi:g} at "
+                       f"{doc['capacity']} blocks; refills share {doc['turnover_budget']:g} "
+                       f"blocks/s; other groups: {doc['default']}", style="bold"))
+    t = _table(None, ["group (label)", "created", "need /s", "need burst", "refill /s",
+                      "burst", "owed"])
+    for g in doc["groups"]:
+        t.add_row(Text(printable(f"{g['group']} ({g['label']})")),
+                  fmt(g["created_blocks"]), fmt(round(g["rate_need"], 3)),
+                  fmt(round(g["burst_need"], 3)), fmt(g["refill"]), fmt(g["burst"]),
+                  f"{100 * g['owed_share']:.2f}%")
+    console.print(t)
+    for g in doc["groups"]:
+        for c in g["notes"]:
+            console.print(Text(printable(f"{g['group']}: {c}")), soft_wrap=True)
+
+
 def render_diff(console: Console, res, a, b) -> None:
     """The rows that differ between two receipts, then what changed and what regressed."""
     t = _table(None, ["run / scope / metric", "A", "B", "B - A"])
