@@ -807,6 +807,7 @@ def sweep(
     cost_model: Annotated[Optional[str], typer.Option(help="calibrated cost-model file")] = None,
     scheduler: Annotated[str, typer.Option(help="step or service (see psgate replay --help)")] = api.DEFAULT_SCHEDULER,
     step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)")] = None,
+    contracts: Annotated[Optional[str], typer.Option(help="contracts file (TOML): each group's contract in every cell, whatever the traces' labels")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="also write each cell's gate as a JUnit test case")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress or summary on stderr")] = False,
 ) -> None:
@@ -837,7 +838,8 @@ def sweep(
                       step_cost=_step_cost(step_param,
                                            cost_model if scheduler == "step" else None),
                       tolerances=_tolerances(tolerance_hit, tolerance_tokens, tolerance_ttft,
-                                             min_requests, min_requests_ttft))
+                                             min_requests, min_requests_ttft),
+                      contracts_file=contracts)
     bar = None
     if not quiet and err.is_terminal:
         bar = Progress(TextColumn("cells"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

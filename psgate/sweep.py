@@ -25,6 +25,7 @@ specification. Nothing in a cell depends on which worker ran it or when.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import itertools
@@ -38,6 +39,7 @@ import orjson
 
 from psgate import api
 from psgate.atomic import write_atomic
+from psgate.contracts import load_contracts
 from psgate.engines.cost import CostModel
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import InputError
@@ -77,6 +79,7 @@ class SweepConfig:
     scheduler: str = api.DEFAULT_SCHEDULER
     step_cost: StepCostModel = field(default_factory=StepCostModel)
     sched: SchedulerParams = field(default_factory=SchedulerParams)
+    contracts_file: str | None = None    # every cell's groups' contracts (psgate.contracts)
 
 
 _CODE_DIGEST: str | None = None
@@ -168,6 +171,8 @@ def cells(cfg: SweepConfig) -> list[dict]:
         elif gen is not None and (key not in gen.defaults or key == "seed"):
             raise InputError(f"'{key}' is neither capacity, candidate nor a parameter of "
                              f"'{kind}' (seeds come from --runs/--seed)", path="--axis")
+    contracts_sha256 = (load_contracts(cfg.contracts_file).sha256
+                        if cfg.contracts_file is not None else None)
     keys = list(cfg.axes)
     out = []
     for index, combo in enumerate(itertools.product(*(cfg.axes[k] for k in keys))):
@@ -192,10 +197,14 @@ def cells(cfg: SweepConfig) -> list[dict]:
         if cfg.scheduler == "step":     # a service-model cell's spec is as it always was
             spec.update({"scheduler": "step", "sched": cfg.sched.to_json(),
                          "step_cost": cfg.step_cost.to_json()})
+        if cfg.contracts_file is not None:   # its digest is what the cell depends on
+            spec["contracts"] = {"path": str(Path(cfg.contracts_file).resolve()),
+                                 "sha256": contracts_sha256}
         if corpus is not None:      # one run per trace; where the directory is stays out
             spec.update({"runs": len(traces), "seed": None, "traces": traces,
                          "corpus": str(corpus)})
-        digest = hashlib.sha256(dumps({k: v for k, v in spec.items()
+        digest = hashlib.sha256(dumps({k: (v if k != "contracts" else v["sha256"])
+                                       for k, v in spec.items()
                                        if k not in ("axes", "corpus")}))
         spec["id"] = f"c{index:04d}-{digest.hexdigest()[:10]}"
         out.append(spec)
@@ -231,6 +240,12 @@ def run_cell(spec: dict, out: str) -> dict:
                                   allow_unexercised=spec["allow_unexercised"],
                                   tolerances=Tolerances.from_json(spec["non_regression"]),
                                   **_step_settings(spec))
+        if spec.get("contracts"):
+            path = spec["contracts"]["path"]
+            if load_contracts(path).sha256 != spec["contracts"]["sha256"]:
+                raise InputError("the contracts file changed since the sweep was planned",
+                                 path=path)
+            replay = dataclasses.replace(replay, contracts_file=path)
         if spec.get("corpus"):
             d = Path(spec["corpus"])
             found = {p.name: _file_sha256(p) for p in sorted(d.iterdir())

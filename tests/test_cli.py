@@ -308,3 +308,103 @@ def test_ledger_volume_options(tmp_path):
     assert_one_line_error(psgate("replay", "--baseline", "lru", "--candidate", "lru",
                                  "--out", tmp_path / "x", "--ledger-rows", "some"),
                           2, "--ledger-rows")
+
+
+# -- contracts files ----------------------------------------------------------------------
+CONTRACTS_TOML = """version = 1
+default = "best-effort"
+
+[[groups]]
+name = "g"
+refill = 20.0
+burst = 300.0
+"""
+
+
+def test_contracts_suggest_writes_a_file_that_replay_and_verify_use(tmp_path):
+    trace = small_trace(tmp_path, n=120)
+    first = psgate("contracts", "suggest", "--trace", trace, "--capacity", 16, "-o", "c.toml",
+                   "--json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    assert [g["group"] for g in doc["groups"]] == ["g", "h"]
+    text = (tmp_path / "c.toml").read_text()
+    again = psgate("contracts", "suggest", "--trace", trace, "--capacity", 16, "-o", "c.toml",
+                   cwd=tmp_path)
+    assert_one_line_error(again, 2, "c.toml", "--force")
+    again = psgate("contracts", "suggest", "--trace", trace, "--capacity", 16, "-o", "c.toml",
+                   "--force", cwd=tmp_path)
+    assert again.returncode == 0 and (tmp_path / "c.toml").read_text() == text
+    rep = psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
+                 "prefixshield", "--capacity", 16, "--contracts", "c.toml", "-o", "out",
+                 "--allow-unexercised", cwd=tmp_path)
+    assert rep.returncode in (0, 1), rep.stderr
+    receipt = json.loads((tmp_path / "out" / "receipt.json").read_text())
+    validate_receipt(receipt)
+    assert receipt["config"]["contracts_file"]["path"] == "c.toml"
+    assert receipt["config"]["contracts"] == ["@g", "@h", "best-effort", "critical", "standard"]
+    with open(tmp_path / "out" / "requests.csv") as fh:
+        assert {line.split(",")[4] for line in list(fh)[1:]} == {"@g", "@h"}
+    ok = psgate("verify", "out", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    # a receipt cannot be verified against another table
+    shutil.copy(tmp_path / "c.toml", tmp_path / "orig.toml")
+    (tmp_path / "c.toml").write_text(text.replace("version = 1", "version = 1\n# edited"))
+    bad = psgate("verify", "out", cwd=tmp_path)
+    assert_one_line_error(bad, 2, "c.toml", "SHA-256", "--contracts")
+    ok = psgate("verify", "out", "--contracts", "orig.toml", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("body, needle", [
+    (CONTRACTS_TOML + '\n[[groups]]\nname = "g"\nrefill = 1.0\nburst = 2.0\n',
+     "field 'groups[1].name': group 'g' is named twice (first in groups[0])"),
+    (CONTRACTS_TOML.replace("20.0", "-1.0"), "field 'groups[0].refill': expected a finite"),
+    (CONTRACTS_TOML.replace("20.0", "nan"), "found nan"),
+    (CONTRACTS_TOML.replace("300.0", "0.5"), "field 'groups[0].burst': expected a finite burst"),
+    (CONTRACTS_TOML.replace('"best-effort"', '"gold"'), "field 'default'"),
+])
+def test_a_bad_contracts_file_is_one_line_exit_2_and_nothing_written(tmp_path, body, needle):
+    trace = small_trace(tmp_path)
+    (tmp_path / "c.toml").write_text(body)
+    proc = psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
+                  "prefixshield", "--contracts", "c.toml", "-o", "out", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "c.toml", needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_contracts_parameter_and_a_different_file_are_refused(tmp_path):
+    trace = small_trace(tmp_path)
+    (tmp_path / "c.toml").write_text(CONTRACTS_TOML)
+    proc = psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
+                  "prefixshield", "--contracts", "c.toml", "--candidate-param",
+                  'contracts={"standard": [1, 2]}', "-o", "out", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "--candidate-param", "disagree")
+
+
+def test_matched_runs_carry_the_contracts_file_and_verify(tmp_path):
+    (tmp_path / "c.toml").write_text(CONTRACTS_TOML.replace('"g"', '"victim"'))
+    proc = psgate("replay", "--workload", "one-touch:attack_requests=40", "--runs", 2,
+                  "--baseline", "lru", "--candidate", "prefixshield-b", "--contracts",
+                  "c.toml", "-o", "exp", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    top = json.loads((tmp_path / "exp" / "receipt.json").read_text())
+    assert top["config"]["contracts_file"]["path"] == "c.toml"
+    run = json.loads((tmp_path / "exp" / "runs" / "run-000" / "receipt.json").read_text())
+    assert run["runs"]["candidate"]["metrics"]["groups"]
+    assert run["config"]["candidate"]["params"]["contracts"]["@victim"] == [20.0, 300.0]
+    ok = psgate("verify", "exp", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--history", "0"], "--history: expected a fraction in (0, 1]"),
+    (["--window", "-1"], "--window: expected a finite number > 0"),
+    (["--default", "gold"], "--default: expected one of best-effort, critical, standard"),
+    (["--scheduler", "fifo"], "--scheduler"),
+])
+def test_contracts_suggest_bad_settings_are_one_line_exit_2(tmp_path, args, needle):
+    trace = small_trace(tmp_path)
+    proc = psgate("contracts", "suggest", "--trace", trace, "--capacity", 16, *args,
+                  cwd=tmp_path)
+    assert_one_line_error(proc, 2, needle)

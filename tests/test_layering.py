@@ -53,8 +53,8 @@ ALLOWED: dict[str, set[str] | None] = {
             "resources", "stats", "trace"},
     "experiment": {"api", "atomic", "engines", "receipt", "resources", "stats", "trace",
                    "workloads"},
-    "sweep": {"api", "atomic", "engines", "executors", "experiment", "policies", "receipt",
-              "trace", "workloads"},
+    "sweep": {"api", "atomic", "contracts", "engines", "executors", "experiment", "policies",
+              "receipt", "trace", "workloads"},
     # capacity curves: lru's one pass over the trace, other points by api.replay
     "curve": {"api", "engines", "executors", "policies", "trace"},
     "bench": {"api", "atomic", "contracts", "core", "engines", "policies", "receipt", "resources",
