@@ -198,11 +198,11 @@ def _history(path: str) -> tuple[list, object, object, HashTable]:
     return events, header, summary, hashes
 
 
-def _creations(cfg: SuggestConfig, events: list, header, summary, hashes,
-               t_end_ns: int) -> list[list[tuple[str, str, float, float]]]:
-    """Per instance, (group, label, admission time s, blocks created) of each admitted
-    request of the history, replayed under LRU: every instance holds its own contracts'
-    buckets, so each is sized on what one instance sees."""
+def _creations(cfg: SuggestConfig, events: list, header, summary, hashes, t_end_ns: int
+               ) -> tuple[list[list[tuple[str, float, float]]], list[RequestEvent]]:
+    """Per instance, (group, admission time s, blocks created) of each admitted request of
+    the history, replayed under LRU (every instance holds its own contracts' buckets, so
+    each is sized on what one instance sees); and the history's requests."""
     kept, ids = [], set()
     for ev in events:
         if ev.t_ns >= t_end_ns:
@@ -214,7 +214,7 @@ def _creations(cfg: SuggestConfig, events: list, header, summary, hashes,
         kept.append(ev)
     reqs = {ev.id: ev for ev in kept if type(ev) is RequestEvent}
     if not reqs:
-        return []
+        return [], []
     labels = sorted({ev.contract for ev in reqs.values()})
     step = ({"step_cost": cfg.step_cost, "sched": cfg.sched}
             if cfg.scheduler == "step" else {})
@@ -233,10 +233,10 @@ def _creations(cfg: SuggestConfig, events: list, header, summary, hashes,
                 continue
             ev = reqs[o.id]
             full_out = (ev.prompt_tokens + ev.out) // bs - ev.prompt_tokens // bs
-            out.append((o.group, ev.contract, o.t_ns / 1e9 + o.queue_ms / 1e3,
+            out.append((o.group, o.t_ns / 1e9 + o.queue_ms / 1e3,
                         float(o.new_blocks + full_out)))
         per_instance.append(out)
-    return per_instance
+    return per_instance, list(reqs.values())
 
 
 def suggest(cfg: SuggestConfig) -> Suggestion:
@@ -261,11 +261,13 @@ def suggest(cfg: SuggestConfig) -> Suggestion:
     label: dict[str, str] = {}
     requests: dict[str, int] = {}
     for events, header, summary, hashes in loaded:
-        for i, rows in enumerate(_creations(cfg, events, header, summary, hashes, t_end)):
-            for group, lab, t, n in rows:
+        per_instance, seen = _creations(cfg, events, header, summary, hashes, t_end)
+        for ev in seen:     # a group whose requests were all rejected created nothing
+            label.setdefault(ev.group, ev.contract)
+            requests[ev.group] = requests.get(ev.group, 0) + 1
+        for i, rows in enumerate(per_instance):
+            for group, t, n in rows:
                 series[i].setdefault(group, []).append((t, n))
-                label.setdefault(group, lab)
-                requests[group] = requests.get(group, 0) + 1
     if not label:
         raise InputError(f"no request arrives in the history window (before trace second "
                          f"{t_end / 1e9:.3f})", path=cfg.trace)
@@ -275,9 +277,9 @@ def suggest(cfg: SuggestConfig) -> Suggestion:
     h = cfg.headroom
     # a group's need is its busiest instance's
     rate_need = {g: max(cfg.min_refill,
-                        h * max(quantile(window_rates(per_group[g], cfg.window_s),
-                                         cfg.quantile)
-                                for per_group in series if g in per_group))
+                        h * max((quantile(window_rates(per_group[g], cfg.window_s),
+                                          cfg.quantile)
+                                 for per_group in series if g in per_group), default=0.0))
                  for g in label}
     budget = cfg.capacity / cfg.window_s
     fair = max_min_fair(rate_need, budget)
@@ -290,23 +292,27 @@ def suggest(cfg: SuggestConfig) -> Suggestion:
         cls_rho, cls_beta = cfg.classes[cls_name]
         notes = []
         rho = min(rate_need[g], fair[g])
-        if rho < rate_need[g]:
-            notes.append(f"refill {rate_need[g]:.3f} -> {rho:.3f} (turnover share)")
-        beta = max(1.0, cfg.min_burst, h * max(envelope_burst(s, rho) for s in mine))
+        beta = max(1.0, cfg.min_burst,
+                   h * max((envelope_burst(s, rho) for s in mine), default=0.0))
         fits = beta <= burst_cap
         if fits:
             # it fits: never below its class, raised to what its history needs
+            if max(rho, cls_rho) < rate_need[g]:
+                notes.append(f"refill {rate_need[g]:.3f} -> {max(rho, cls_rho):.3f} "
+                             f"(turnover share), burst {beta:.3f} covers it")
             rho, beta = max(rho, cls_rho), max(beta, cls_beta)
         else:
-            notes.append(f"needs a burst of {beta:.3f} at that refill, over the cap of "
-                         f"{burst_cap:.3f}: keeps class {cls_name}")
+            notes.append(f"needs a burst of {beta:.3f} at a refill of {rho:.3f} (its "
+                         f"turnover share), over the cap of {burst_cap:.3f}: keeps class "
+                         f"{cls_name}")
             rho, beta = cls_rho, cls_beta
         rho, beta = _round(rho), max(1.0, _round(beta))
         created = sum(n for s in mine for _, n in s)
         rows.append(GroupSizing(
             group=g, label=label[g], requests=requests[g], created=created,
             mean_rate=created / hist_span / cfg.replicas, rate_need=rate_need[g],
-            burst_need=h * max(envelope_burst(s, rate_need[g]) for s in mine),
+            burst_need=h * max((envelope_burst(s, rate_need[g]) for s in mine), default=0.0),
             refill=rho, burst=beta, fits=fits, notes=notes,
-            owed_share=max(owed_share(s, rho, beta, span[0], span[1]) for s in mine)))
+            owed_share=max((owed_share(s, rho, beta, span[0], span[1]) for s in mine),
+                           default=0.0)))
     return Suggestion(cfg, span, rows, budget)

@@ -217,3 +217,17 @@ def test_rest_lines_keep_the_rest_and_its_cancels(tmp_path):
              {"t": 3.0, "op": "request", "id": "b"}, {"t": 4.0, "op": "done", "id": "b"}]
     assert split_time_s(lines, 0.5) == 2.0
     assert rest_lines(lines, 2.0) == [lines[0], lines[3], lines[4]]
+
+
+def test_a_group_whose_history_was_all_rejected_keeps_its_class(tmp_path):
+    """Every prompt larger than the pool: rejected, nothing created, nothing to size."""
+    lines = [{"psgate_trace": 1, "block_size": 4}]
+    for i in range(6):
+        lines.append({"t": float(i), "op": "request", "id": f"r{i}", "group": "big",
+                      "contract": "standard", "scope": "m",
+                      "blocks": [f"{i:x}{j:x}" for j in range(40)], "tail": 0, "out": 1})
+    path = tmp_path / "t.jsonl"
+    write_trace(path, lines)
+    (row,) = suggest(SuggestConfig(trace=str(path), capacity=16)).groups
+    assert (row.group, row.requests, row.created) == ("big", 3, 0.0)
+    assert [row.refill, row.burst] == DEFAULT_CONTRACTS["standard"] and row.owed_share == 0

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from psgate import api  # noqa: E402
 from psgate.report.html import (evictions_figure, hits_figure, lost_figure,  # noqa: E402
-                                require_plotting, sample_series)
+                                read_requests, require_plotting, sample_series)
 from psgate.report.receipts import load_receipt  # noqa: E402
 
 OUT = ROOT / "docs" / "img"
@@ -32,7 +32,6 @@ def main() -> int:
     out_dir = ap.parse_args().out
     require_plotting()
     import matplotlib.pyplot as plt
-    import csv
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "receipt"
         api.replay(api.ReplayConfig(trace=str(ROOT / "examples" / "ci" / "incident.jsonl"),
@@ -41,10 +40,7 @@ def main() -> int:
         receipt = load_receipt(out)
         names = {run: receipt["config"][run]["name"] for run in ("baseline", "candidate")}
         series, window = sample_series(receipt, None)
-        with open(out / "requests.csv") as fh:
-            requests: dict[str, list[dict]] = {}
-            for row in csv.DictReader(fh):
-                requests.setdefault(row["run"], []).append(row)
+        requests = read_requests(out)
         groups = sorted(receipt["runs"]["baseline"]["metrics"]["groups"])
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, fig in (("incident-lost.png", lost_figure(plt, series, names, window)),

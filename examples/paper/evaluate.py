@@ -59,6 +59,7 @@ from psgate.trace.writer import write_trace  # noqa: E402
 from psgate.workloads import generate, generators  # noqa: E402
 
 from experiment import import_sessions, with_hold  # noqa: E402  (examples/paper)
+from report import best_names  # noqa: E402  (examples/paper)
 
 PROTOCOL = Path(__file__).resolve().parent / "protocol.toml"
 SHARED = ROOT.parent / "shared" / "traces"
@@ -612,7 +613,7 @@ def reported_table(res: dict) -> list[str]:
         best = [label.get(p, p) for p in deployable if m[p] == top]
         for b in best:
             wins[b] = wins.get(b, 0) + 1
-        shown = ", ".join(best) if len(best) <= 3 else f"{len(best)} tie"
+        shown = best_names(best, short=True)
         lines.append(f"| {c['name']} | {c['capacity']}"
                      + (f" x {c['replicas']}" if c["replicas"] > 1 else "") + " | "
                      + " | ".join(f"{m[p]:.2f}" for p in order)

@@ -258,21 +258,21 @@ def field_section(rows: list[dict], ci: str) -> list[str]:
         lines.append(f"| {r['trace']} ({r['scope']}) | {r['capacity']} ({r['block_tokens']}) "
                      f"| {r['runs']} | "
                      + " | ".join("-" if v[p] is None else pct(v[p]) for p in cols)
-                     + f" | {_best(r['best'], short=True)} | {r['best_minus_belady_pp']:+.2f} |")
+                     + f" | {best_names(r['best'], short=True)} | {r['best_minus_belady_pp']:+.2f} |")
     lines += [""]
     for r in rows:
         best = r["best"][0]
         gain = ("" if "lru" in r["best"] else
                 f", {diff(r['vs_lru'][best])} pp over LRU [{ci} CI]")
         d = r["best_minus_belady_pp"]
-        lines.append(f"- {r['trace']}: best {_best(r['best'], short=False)} at "
+        lines.append(f"- {r['trace']}: best {best_names(r['best'], short=False)} at "
                      f"{pct(r['values'][best])} %{gain}; "
                      + ("equal to belady." if round(d, 2) == 0 else
                         f"{abs(d):.2f} pp {'below' if d < 0 else 'above'} belady."))
     return lines + [""]
 
 
-def _best(names: list[str], short: bool) -> str:
+def best_names(names: list[str], short: bool) -> str:
     """The best policies of a row, a long tie counted rather than listed in the table."""
     if len(names) <= 3:
         return ", ".join(names) if short else " and ".join(names)

@@ -153,7 +153,8 @@ def _plot(title: str, pid: str, svg: str) -> str:
             f'</figcaption>{svg}</figure>')
 
 
-def _read_requests(directory: Path) -> dict[str, list[dict]]:
+def read_requests(directory: Path) -> dict[str, list[dict]]:
+    """A receipt directory's requests.csv rows (plain or compressed), by run."""
     rows: dict[str, list[dict]] = {r: [] for r in RUNS}
     p = directory / "requests.csv"
     if not p.is_file():
@@ -259,7 +260,7 @@ def build_report(directory: str | Path, trace: str | None = None) -> str:
     receipt = load_receipt(directory, experiment_ok=True)
     if "psgate_experiment" in receipt:
         return build_experiment_report(directory, receipt, plt)
-    requests = _read_requests(directory)
+    requests = read_requests(directory)
     names = {run: receipt["config"][run]["name"] for run in RUNS}
     sections: list[str] = []
     plots: list[str] = []

@@ -244,7 +244,7 @@ def test_report_hit_line_at_zero_is_visible(hostile):
 
     d, _, _ = hostile
     plt = rep._plt()
-    fig = rep.hits_figure(plt, rep._read_requests(d / "r"), {"baseline": "lru",
+    fig = rep.hits_figure(plt, rep.read_requests(d / "r"), {"baseline": "lru",
                                                              "candidate": "prefixshield"})
     for ax in fig.axes:
         lo, hi = ax.get_ylim()
