@@ -293,3 +293,75 @@ def test_a_run_whose_every_request_is_rejected_is_left_out_not_scored_zero():
     with pytest.raises(evaluate.ProtocolError, match="1 run.s. with measured requests, at "
                                                       "least 2 needed; left out: a: all 2"):
         evaluate._measurable(cell, c, rows, ["lru"])
+
+
+def test_the_time_split_rule_runs_end_to_end_on_the_rest_of_each_trace(tmp_path):
+    """--split: contracts suggested from each trace's first half, every policy replayed on
+    the second half; the values equal replays made here through the public API (the
+    rule's with the suggested file), and the section goes between its own markers."""
+    from psgate import api
+    from psgate.suggest import SuggestConfig, rest_lines, split_time_s, suggest
+
+    params = ", ".join(f"{k} = {v}" for k, v in SMALL.items())
+    cells = ('[[tuning]]\nname = "t"\nkind = "attack"\nworkload = "one-touch"\n'
+             f'params = {{ {params} }}\nseeds = [0, 2]\ncapacities = [256]\n'
+             '[[heldout]]\nname = "small one-touch"\nkind = "attack"\n'
+             f'workload = "one-touch"\nparams = {{ {params} }}\nseeds = [100, 2]\n'
+             'capacities = [256]\n')
+    proto = _protocol(tmp_path, cells)
+    report = tmp_path / "REPORT.md"
+    report.write_text("# A report\n")
+    out = tmp_path / "out"
+    r = _run("--protocol", str(proto), "--split", "--out", str(out), "--report", str(report),
+             "--workers", "1")
+    assert r.returncode in (0, 1), r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["split"]["policy"] == "prefixshield-b" and res["reported"] == []
+    (cell,) = res["cells"]
+    assert sorted(cell["values"]) == sorted(["lru", "s3fifo", "prefixshield",
+                                             evaluate.DEFAULTS, evaluate.RULE])
+    settings = res["split"]["suggest"]
+    for i, seed in enumerate((100, 101)):
+        lines = generate("one-touch", {**SMALL, "seed": seed, "rates": "step"},
+                         cost=CostModel())
+        full, rest = tmp_path / f"ot-{seed}.jsonl", tmp_path / f"ot-{seed}.rest.jsonl"
+        write_trace(full, lines)
+        t_s = split_time_s(lines, res["split"]["history"])
+        write_trace(rest, rest_lines(lines, t_s))
+        assert cell["values"]["lru"][i] == round(_hit(rest, "lru", {}, 256, "victim"), 6)
+        contracts = tmp_path / f"c-{seed}.toml"
+        contracts.write_text(suggest(SuggestConfig(trace=str(full), capacity=256,
+                                                   until_s=t_s, **settings)).text("x"))
+        receipt = api.replay(api.ReplayConfig(
+            trace=str(rest), baseline="prefixshield-b", candidate="prefixshield-b",
+            baseline_params=res["split"]["params"], candidate_params=res["split"]["params"],
+            capacity=256, contracts_file=str(contracts), out=tmp_path / f"r-{seed}",
+            allow_unexercised=True)).receipt
+        got = receipt["runs"]["candidate"]["metrics"]["roles"]["victim"]["hit_fraction"]
+        assert cell["values"][evaluate.RULE][i] == round(got, 6)
+    low = cell["paired"]["prefixshield"]["ci_pp"][0]
+    assert cell["met"] == (low >= -0.1)
+    text = report.read_text()
+    assert text.count(evaluate.SPLIT_BEGIN) == 1 and evaluate.BEGIN not in text
+    assert "| small one-touch | attack | 256 | 2 |" in text
+
+
+@pytest.mark.parametrize("split, needle", [
+    ("history = 1.5\npolicy = \"prefixshield-b\"\n", "split.history"),
+    ("history = 0.5\npolicy = \"lru\"\n", "split.policy"),
+    ("history = 0.5\npolicy = \"prefixshield\"\nsuggest = { windw_s = 5.0 }\n",
+     "split.suggest.windw_s"),
+])
+def test_bad_split_tables_are_one_line_errors(tmp_path, split, needle):
+    text = (PAPER_DIR / "protocol.toml").read_text()
+    a = text.index("\n[split]\n") + 1
+    b = text.index("\n[", a + 1)
+    p = tmp_path / "p.toml"
+    p.write_text(text[:a] + "[split]\n" + split + text[b:])
+    r = _run("--protocol", str(p), "--split", "--set", "tuning", "--only", "nothing")
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_heldout_split_refuses_overrides():
+    r = _run("--split", "--suggest", '{"headroom": 2.0}')
+    assert r.returncode == 2 and "registered split rule only" in r.stderr

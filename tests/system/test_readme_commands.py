@@ -72,6 +72,9 @@ SKIPPED = {
     "python examples/paper/evaluate.py [--report examples/paper/REPORT.md]":
         "a synopsis; replays the held-out set (minutes); tests/system/test_paper_evaluate.py runs "
         "a small protocol end to end",
+    "python examples/paper/evaluate.py --set tuning --split --only sharegpt":
+        "a minute of replays per capacity; tests/system/test_paper_evaluate.py runs the time "
+        "split on a small protocol end to end",
     "python3 tools/calibrate_gpu.py --out examples/cost-models --prefix h200": "needs a GPU",
     "PSGATE_FUZZ_EXAMPLES=20000 python -m pytest tests/system/test_fuzz_soak.py -k fuzz -s":
         "tests/system/test_fuzz_soak.py runs in the suite at its default example count",
