@@ -464,6 +464,23 @@ def _fmt_ci(p: dict) -> str:
     return f"{p['mean_pp']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
 
 
+def _verdict_lines(res: dict) -> list[str]:
+    """How many cells met each criterion, the ones that did not, and the cells skipped."""
+    benign = [c for c in res["cells"] if c["kind"] == "benign"]
+    attack = [c for c in res["cells"] if c["kind"] == "attack"]
+    lines = ["",
+             f"Benign criterion: met on {sum(c['met'] for c in benign)} of {len(benign)} "
+             f"cells; attack criterion: met on {sum(c['met'] for c in attack)} of "
+             f"{len(attack)} cells."]
+    lost = [c for c in res["cells"] if not c["met"]]
+    if lost:
+        lines.append("Cells not met: " + "; ".join(
+            f"{c['name']} at {c['capacity']} blocks "
+            f"({c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f} pp)" for c in lost)
+            + ".")
+    return lines + [f"Skipped: {s}." for s in res["skipped"]]
+
+
 def render(res: dict, meta: dict) -> str:
     rule = res["rule"]
     params = json.dumps(rule["params"], sort_keys=True) if rule["params"] else "defaults"
@@ -502,20 +519,7 @@ def render(res: dict, meta: dict) -> str:
             f"{_fmt_ci(p['s3fifo'])} | {_fmt_ci(p['prefixshield'])} | "
             f"{c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f}{note} | "
             f"{'yes' if c['met'] else '**no**'} |")
-    benign = [c for c in res["cells"] if c["kind"] == "benign"]
-    attack = [c for c in res["cells"] if c["kind"] == "attack"]
-    lines += ["",
-              f"Benign criterion: met on {sum(c['met'] for c in benign)} of {len(benign)} "
-              f"cells; attack criterion: met on {sum(c['met'] for c in attack)} of "
-              f"{len(attack)} cells."]
-    lost = [c for c in res["cells"] if not c["met"]]
-    if lost:
-        lines.append("Cells not met: " + "; ".join(
-            f"{c['name']} at {c['capacity']} blocks "
-            f"({c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f} pp)" for c in lost)
-            + ".")
-    for s in res["skipped"]:
-        lines.append(f"Skipped: {s}.")
+    lines += _verdict_lines(res)
     for c in res["cells"]:
         for x in c.get("excluded", []):
             lines.append(f"Left out of {c['name']} at {c['capacity']} blocks: {x}.")
@@ -561,20 +565,7 @@ def render_split(res: dict, meta: dict) -> str:
             f"{_fmt_ci(p[DEFAULTS])} | {_fmt_ci(p['prefixshield'])} | "
             f"{c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f}{note} | "
             f"{'yes' if c['met'] else '**no**'} |")
-    benign = [c for c in res["cells"] if c["kind"] == "benign"]
-    attack = [c for c in res["cells"] if c["kind"] == "attack"]
-    lines += ["", f"Benign criterion: met on {sum(c['met'] for c in benign)} of "
-                  f"{len(benign)} cells; attack criterion: met on "
-                  f"{sum(c['met'] for c in attack)} of {len(attack)} cells."]
-    lost = [c for c in res["cells"] if not c["met"]]
-    if lost:
-        lines.append("Cells not met: " + "; ".join(
-            f"{c['name']} at {c['capacity']} blocks "
-            f"({c['found_pp']:+.{3 if c['kind'] == 'attack' else 2}f} pp)" for c in lost)
-            + ".")
-    for x in res["skipped"]:
-        lines.append(f"Skipped: {x}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _verdict_lines(res)) + "\n"
 
 
 def _clairvoyant(name: str) -> bool:
