@@ -77,6 +77,10 @@ class ProtocolError(Exception):
     """A protocol file or option that cannot be run: one line, exit 2."""
 
 
+class Unmeasurable(Exception):
+    """A cell left with fewer than 2 runs that have a measured request."""
+
+
 # -- the protocol --------------------------------------------------------------------
 def load_protocol(path: Path) -> dict:
     try:
@@ -414,7 +418,15 @@ def run_set(proto: dict, set_name: str, rule_params: dict, workers: int,
         cell = c["cell"]
         labels = [p for p, _ in policies]
         rows = {p: [done[(i, r, p)] for r in range(len(c["runs"]))] for p in labels}
-        kept, excluded = _measurable(cell, c, rows, labels)
+        try:
+            kept, excluded = _measurable(cell, c, rows, labels)
+        except Unmeasurable as exc:
+            if split is None:       # the whole trace: a protocol error, as registered
+                raise ProtocolError(str(exc)) from None
+            # the rest of a trace can hold only requests larger than the pool (a WEKA
+            # session's late turns): the cell is named, judged for no policy
+            skipped.append(f"{exc} (the rest of each trace after the split)")
+            continue
         rows = {p: [rows[p][r] for r in kept] for p in labels}
         values = {p: [x["hit_fraction"] for x in rows[p]] for p in labels}
         verdict = judge(cell, values, proto)
@@ -453,8 +465,8 @@ def _measurable(cell: dict, c: dict, rows: dict[str, list[dict]],
         else:
             raise ProtocolError(f"{where}: no measured request in its scope in run {run}")
     if len(kept) < 2:
-        raise ProtocolError(f"{where}: {len(kept)} run(s) with measured requests, at least 2 "
-                            f"needed; left out: {'; '.join(excluded)}")
+        raise Unmeasurable(f"{where}: {len(kept)} run(s) with measured requests, at least 2 "
+                           f"needed; left out: {'; '.join(excluded)}")
     return kept, excluded
 
 

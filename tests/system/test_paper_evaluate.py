@@ -288,10 +288,11 @@ def test_a_run_whose_every_request_is_rejected_is_left_out_not_scored_zero():
     with pytest.raises(evaluate.ProtocolError, match="no measured request in its scope in "
                                                       "run b"):
         evaluate._measurable(cell, c, rows, ["lru", "rule"])
-    # fewer than two runs left: no interval, an error naming what was left out
+    # fewer than two runs left: no interval, named with what was left out (run_set makes
+    # it a protocol error on whole traces, a cell judged for no policy after a time split)
     rows = {"lru": [_row(None, 2, 2), _row(None, 2, 2), _row(0.7)]}
-    with pytest.raises(evaluate.ProtocolError, match="1 run.s. with measured requests, at "
-                                                      "least 2 needed; left out: a: all 2"):
+    with pytest.raises(evaluate.Unmeasurable, match="1 run.s. with measured requests, at "
+                                                     "least 2 needed; left out: a: all 2"):
         evaluate._measurable(cell, c, rows, ["lru"])
 
 
