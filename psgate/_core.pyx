@@ -1839,7 +1839,7 @@ cdef class PrefixShieldView:
     cdef Py_ssize_t bm_num, bm_cap
     cdef list qnames, gnames, contract_names
     cdef tuple seg_names, class_names
-    cdef short[:] contract
+    cdef signed char[:] contract
     cdef object decision_cls
     cdef int runner_g           # _first_of's second group, -1 when one group tops
     # the policy's num_cand while a kernel runs (read on entry, written back on exit and

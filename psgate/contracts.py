@@ -47,8 +47,9 @@ CONTRACT_NAMES: tuple[str, ...] = ("critical", "standard", "best-effort")
 CONTRACTS_FILE_VERSION = 1
 GROUP_PREFIX = "@"          # a group's own contract is named "@<group>"
 MAX_CONTRACTS_FILE_BYTES = 16 << 20
-# A bucket's contract is a 16-bit index in the PrefixShield family's per-block arrays.
-MAX_CONTRACTS = 32767
+# The PrefixShield family keeps each block's contract as a one-byte index, so one table
+# holds at most 127 contracts: classes and listed groups together.
+MAX_CONTRACTS = 127
 
 
 def group_contract(group: str) -> str:
@@ -170,8 +171,9 @@ def parse_contracts(text: str, path: str, sha256: str = "") -> ContractsFile:
         first[name] = i
         groups[name] = _bucket(spec, where, path)
     if len(classes) + len(groups) > MAX_CONTRACTS:
-        raise InputError(f"{len(classes) + len(groups)} contracts, at most {MAX_CONTRACTS}",
-                         path=path, field="groups")
+        raise InputError(f"{len(classes) + len(groups)} contracts (classes and groups), at "
+                         f"most {MAX_CONTRACTS}: PrefixShield keeps a contract index in one "
+                         f"byte per block", path=path, field="groups")
     return ContractsFile(path, sha256, default, classes, groups)
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from psgate.contracts import DEFAULT_CONTRACTS, dumps_contracts
+from psgate.contracts import DEFAULT_CONTRACTS, MAX_CONTRACTS, dumps_contracts
 from psgate.engines import engine_class
 from psgate.engines.cost import CostModel
 from psgate.engines.replicas import check_replicas, replicas_of
@@ -271,6 +271,10 @@ def suggest(cfg: SuggestConfig) -> Suggestion:
     if not label:
         raise InputError(f"no request arrives in the history window (before trace second "
                          f"{t_end / 1e9:.3f})", path=cfg.trace)
+    if len(label) + len(cfg.classes) > MAX_CONTRACTS:
+        raise InputError(f"{len(label)} groups in the history and {len(cfg.classes)} classes: "
+                         f"a contracts file holds at most {MAX_CONTRACTS} contracts",
+                         path=cfg.trace)
     for per_group in series:
         for s in per_group.values():
             s.sort()

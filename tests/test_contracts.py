@@ -394,3 +394,12 @@ def test_contracts_params_refuses_a_different_table():
     table["@tenant-a"] = [12.5, math.nextafter(300.0, 0)]
     with pytest.raises(InputError):
         contracts_params({"contracts": table}, ps, f, "--baseline-param")
+
+
+def test_more_contracts_than_a_block_can_index_are_refused():
+    from psgate.contracts import MAX_CONTRACTS
+    text = CLASSES + "".join(group(f"g{i}") for i in range(MAX_CONTRACTS))
+    e = refused(text)
+    assert e.field == "groups" and f"at most {MAX_CONTRACTS}" in str(e)
+    ok = CLASSES + "".join(group(f"g{i}") for i in range(MAX_CONTRACTS - 2))
+    assert len(parse_contracts(ok, PATH).table()) == MAX_CONTRACTS

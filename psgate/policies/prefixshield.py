@@ -118,7 +118,7 @@ class PrefixShield(EvictionPolicy):
         n = pool.num_blocks
         self.owner = array("i", [-1]) * n        # gid of the materializing group
         self.cls = array("b", [0]) * n
-        self.contract = array("h", [0]) * n      # index into contract_names
+        self.contract = array("b", [0]) * n      # index into contract_names
         self.lprefix: list = [None] * n          # the request's prefix label, or None
         self.cand = bytearray(n)                 # 1 while unpinned and cached
         self.freed_seq = array("q", [0]) * n
