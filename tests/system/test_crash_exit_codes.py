@@ -67,6 +67,7 @@ def arguments(tmp: Path, receipt: Path) -> dict[tuple[str, ...], list]:
         ("curve",): ["--trace", INCIDENT, "--policy", "lru", "--capacities", "64,256",
                      "--json"],
         ("validate",): [INCIDENT],
+        ("contracts", "suggest"): ["--trace", INCIDENT, "--capacity", "96", "--json"],
         ("policies",): ["--json"],
         ("check-policy",): ["lru", "--examples", 1],
         ("ledger", "convert"): [receipt, "-o", tmp / "l.csv"],
