@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from psgate.contracts import DEFAULT_CONTRACTS, MAX_CONTRACTS, dumps_contracts
 from psgate.engines import engine_class
 from psgate.engines.cost import CostModel
+from psgate.engines.pool import MAX_BLOCKS
 from psgate.engines.replicas import check_replicas, replicas_of
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
 from psgate.errors import InputError
@@ -89,8 +90,8 @@ class SuggestConfig:
             raise bad("--min-burst", "at least 1 block", self.min_burst)
         if self.until_s is not None and not self.until_s > 0:
             raise bad("--until", "a time > 0 s", self.until_s)
-        if self.capacity < 2:
-            raise bad("--capacity", "at least 2 configured blocks", self.capacity)
+        if not 2 <= self.capacity <= MAX_BLOCKS:
+            raise bad("--capacity", f"2 to {MAX_BLOCKS} configured blocks", self.capacity)
         check_replicas(self.replicas, self.route, "sim")
         if self.default not in self.classes:
             raise bad("--default", f"one of {', '.join(sorted(self.classes))}", self.default)

@@ -192,7 +192,8 @@ def test_a_burst_the_cache_cannot_give_keeps_the_class(tmp_path):
     ("window_s", 0.0, "--window"), ("headroom", float("inf"), "--headroom"),
     ("quantile", 0.0, "--quantile"), ("max_burst_share", 2.0, "--max-burst-share"),
     ("min_burst", 0.5, "--min-burst"), ("until_s", -1.0, "--until"),
-    ("capacity", 1, "--capacity"), ("default", "gold", "--default"),
+    ("capacity", 1, "--capacity"), ("capacity", 2**40, "--capacity"),
+    ("default", "gold", "--default"),
 ])
 def test_bad_settings_name_their_option(tmp_path, field, value, option):
     path = tmp_path / "t.jsonl"
