@@ -228,6 +228,7 @@ def contract_namer(file, key: bytes | None):
     if key is None:
         return lambda group, label: file.contract_of(group)
     from psgate.trace.redact import pseudonym
+    key = key[:64]      # as the capture writer keys its pseudonyms
 
     def name(group: str, label: str) -> str:
         if group in file.groups:
