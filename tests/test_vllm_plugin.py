@@ -54,3 +54,12 @@ def test_a_bad_contracts_file_in_the_config_is_bad_input(tmp_path):
     path = _config(tmp_path, 'version = 1\ndefault = "gold"\n')
     with pytest.raises(InputError, match="field 'default'"):
         load_contracts_file(path)
+
+
+def test_a_long_key_is_cut_as_the_capture_cuts_it(tmp_path):
+    key = bytes(range(100))
+    captured = pseudonym("g", "acme", key[:64])      # psgate.capture keys with 64 bytes
+    body = (f'version = 1\ndefault = "best-effort"\n[[groups]]\nname = "{captured}"\n'
+            'refill = 5.0\nburst = 50.0\n')
+    file = load_contracts_file(_config(tmp_path, body))
+    assert contract_namer(file, key)("acme", "standard") == f"@{captured}"
