@@ -1245,7 +1245,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     if num_full > num_cached:
         preq.num_new_full_blocks = num_full - num_cached
         on_cached = eng.on_cached_fn
-        evb = r.ev.blocks
+        evb = r.chain           # the prompt's trace hashes, then its answer's
         num_prompt = len(evb)
         start = num_cached
         if start < num_prompt:
@@ -1277,7 +1277,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     cdef list keys = []
     cdef long long base
     if num_hits:            # the content each hit must hold: its trace block, then output
-        evb = r.ev.blocks
+        evb = r.chain
         base = (<long long>r.ns) << 32
         index = preq.index
         for pos in range(num_hits):

@@ -132,6 +132,49 @@ def random_traces(chains, *, groups=("g",), max_requests: int = 30,
     return traces()
 
 
+def chat_traces(*, max_sessions: int = 4, max_turns: int = 4, groups=("g", "h"),
+                block_size: int = 4, max_user: int = 9, max_out: int = 14,
+                answers: bool = True, cancel_one_in: int = 0):
+    """A hypothesis strategy for multi-turn chat trace lines (header first): each turn's
+    prompt is the conversation so far (every earlier prompt and answer) plus a new user
+    message, and (with ``answers``) each request carries the hashes of its answer's full
+    blocks, so a later turn re-sends blocks its predecessor cached while decoding. Turns
+    of one session arrive in order, sessions interleave; one request in
+    ``cancel_one_in`` (0: none) is cancelled a moment later."""
+    from psgate.workloads.common import chain
+
+    @st.composite
+    def traces(draw):
+        num_sessions = draw(st.integers(1, max_sessions))
+        events = []
+        for s in range(num_sessions):
+            group = draw(st.sampled_from(groups))
+            t = draw(st.sampled_from([0, 0.001, 0.01, 0.05]))
+            said: list[str] = []       # full blocks of the conversation so far
+            num_said = 0               # its tokens
+            for j in range(draw(st.integers(1, max_turns))):
+                prompt = num_said + draw(st.integers(1, max_user))
+                out = draw(st.integers(1, max_out))
+                blocks = said + chain(f"s{s}/u{j}", prompt // block_size - len(said),
+                                      parent=said[-1] if said else None, start=len(said))
+                answer = chain(f"s{s}/a{j}", (prompt + out) // block_size - len(blocks),
+                               parent=blocks[-1] if blocks else None, start=len(blocks))
+                r = {"t": round(t, 3), "op": "request", "id": f"s{s}t{j}", "group": group,
+                     "contract": "standard", "scope": "m", "blocks": blocks,
+                     "tail": prompt % block_size, "out": out}
+                if answers and answer:
+                    r["answer"] = answer
+                events.append(r)
+                if cancel_one_in and draw(st.integers(0, cancel_one_in - 1)) == 0:
+                    events.append({"t": round(t + 0.002, 3), "op": "cancel", "id": r["id"]})
+                said, num_said = blocks + answer, prompt + out
+                t += draw(st.sampled_from([0.001, 0.01, 0.03, 0.1]))
+        events.sort(key=lambda e: e["t"])     # stable: a cancel stays after its request
+        return [{"psgate_trace": 1, "block_size": block_size}] + events
+
+    return traces()
+
+
 def replay_file(path: Path | str, capacity: int, policy: str = "lru", paranoid: bool = False,
                 params: dict | None = None, cost=None, recorder=None, setup=None,
                 engine: str = "sim"):

@@ -42,7 +42,7 @@ class RequestState:
 
     __slots__ = ("ev", "preq", "gid", "ns", "state", "blocks", "num_total", "admit_ns",
                  "first_token_ns", "release_ns", "seq", "done_ns", "awaits_done", "outcome",
-                 "wait_start_ns")
+                 "wait_start_ns", "chain")
 
     def __init__(self, ev: RequestEvent, preq: PolicyRequest, gid: int, num_total: int,
                  outcome: RequestOutcome, awaits_done: bool):
@@ -61,6 +61,9 @@ class RequestState:
         self.awaits_done = awaits_done
         self.outcome = outcome
         self.wait_start_ns = -1
+        # the trace hashes of its full blocks in order: the prompt's, then its answer's
+        # (the output blocks past them are keyed to the request alone)
+        self.chain = ev.blocks if ev.answer is None else ev.blocks + ev.answer
 
 
 class PolicyFault(Exception):
@@ -296,9 +299,10 @@ class ReplayEngine(BlockPool):
 
     def record_hits(self, r: RequestState, hits: list[int]) -> None:
         """One ledger row per block r hit (``--ledger-hits``), in prefix order; a hit past
-        the trace's blocks (a resumed request's own output block) has no hash name."""
+        the trace's blocks and answer (a resumed request's own output block) has no hash
+        name."""
         names, gnames, owner = self.hashes.names, self.group_names, self.owner
-        evb = r.ev.blocks
+        evb = r.chain
         now, preq, hit = self.now, r.preq, self.recorder.hit
         for pos, b in enumerate(hits):
             hit(now, preq, pos, b, names[evb[pos]] if pos < len(evb) else "", gnames[owner[b]])

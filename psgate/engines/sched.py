@@ -374,7 +374,7 @@ class StepSimEngine(ReplayEngine):
         ``num_tokens - 1`` tokens (kv_cache_manager.py:295)."""
         hits: list[int] = []
         num = (r.num_tokens - 1) // self.bs
-        evb = r.ev.blocks
+        evb = r.chain           # past the prompt: a resumed request's own answer
         ns = r.ns
         slot_ns, slot_blk = self.slot_ns, self.slot_blk
         start = 0
@@ -474,21 +474,21 @@ class StepSimEngine(ReplayEngine):
             preq.num_new_full_blocks = num_full - r.num_cached_blocks
             key = self.key
             on_cached = self.on_cached_fn
-            evb = r.ev.blocks
-            num_prompt = len(evb)
+            evb = r.chain
+            num_chain = len(evb)
             base = r.ns << KEY_SHIFT
             ns = r.ns
             slot_ns, slot_blk, slot_lost = self.slot_ns, self.slot_blk, self.slot_lost
             index_add = self.index_add
             start = r.num_cached_blocks
-            if self.kernels is not None and start < num_prompt:
-                stop = min(num_full, num_prompt)
+            if self.kernels is not None and start < num_chain:
+                stop = min(num_full, num_chain)
                 recompute = self.kernels.pool_cache(self, blocks, evb, start, stop, ns, bs,
                                                     cached_now, on_cached, preq)
                 start = stop
             for pos in range(start, num_full):
                 b = blocks[pos]
-                if pos < num_prompt:
+                if pos < num_chain:
                     h = evb[pos]
                     k = base | h
                     o = slot_ns[h]
@@ -525,9 +525,9 @@ class StepSimEngine(ReplayEngine):
     def _checked(self, r: StepRequest, hits: list[int], new: list[int],
                  cached_now: list[tuple[int, int]]) -> None:
         """_check_batch, with the keys a step request's hits must hold (past its trace
-        blocks, its own output blocks)."""
+        blocks and answer, its own output blocks)."""
         base = r.ns << KEY_SHIFT
-        evb = r.ev.blocks
+        evb = r.chain
         num_hits = len(hits)
         keys = [base | h for h in (evb[:num_hits] if num_hits < len(evb) else evb)]
         if num_hits > len(evb):

@@ -73,17 +73,28 @@ def tail_tokens(request_id: str, n: int, vocab: int = 30000) -> list[int]:
     return tokens_for("tail:" + request_id, n, vocab) if n else []
 
 
+def block_tokens(h: int, names, block_size: int, cache: dict[int, list[int]],
+                 vocab: int = 30000) -> list[int]:
+    """The tokens of trace hash id ``h`` (memoized in ``cache``)."""
+    t = cache.get(h)
+    if t is None:
+        t = cache[h] = tokens_for(names[h], block_size, vocab)
+    return t
+
+
 def prompt_token_ids(ev, names, block_size: int, cache: dict[int, list[int]],
                      vocab: int = 30000) -> list[int]:
     """A request's synthesized prompt: its blocks' tokens (memoized per trace hash id in
-    ``cache``), then its tail."""
+    ``cache``), then its tail: the first tokens of its answer's first block where it has
+    an answer (that block holds the tail and the first generated tokens), else tokens
+    of its own."""
     tokens: list[int] = []
     for h in ev.blocks:
-        t = cache.get(h)
-        if t is None:
-            t = cache[h] = tokens_for(names[h], block_size, vocab)
-        tokens += t
-    return tokens + tail_tokens(ev.id, ev.prompt_tokens - len(ev.blocks) * block_size, vocab)
+        tokens += block_tokens(h, names, block_size, cache, vocab)
+    num_tail = ev.prompt_tokens - len(ev.blocks) * block_size
+    if ev.answer:
+        return tokens + block_tokens(ev.answer[0], names, block_size, cache, vocab)[:num_tail]
+    return tokens + tail_tokens(ev.id, num_tail, vocab)
 
 
 def namespace_salt(group: str, scope: str) -> str:

@@ -30,8 +30,8 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.base import PolicyFault, ReplayEngine, RequestState, policy_fault
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
-from psgate.engines.vllm_pool import (RefView, namespace_salt, prompt_token_ids, tokens_for,
-                                      vllm_version)
+from psgate.engines.vllm_pool import (RefView, block_tokens, namespace_salt,
+                                      prompt_token_ids, tokens_for, vllm_version)
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policy import Decision, PolicyRequest, PoolInfo
@@ -42,9 +42,17 @@ NS_PER_MS = 1_000_000
 _WAITING, _RUNNING = 1, 2
 
 
-def sampled_token(request_id: str, index: int) -> int:
-    """The id a request samples as its ``index``-th output token (deterministic)."""
-    return tokens_for(f"out\x00{request_id}\x00{index}", 1)[0]
+def sampled_token(ev: RequestEvent, index: int, block_size: int, names: list[str],
+                  cache: dict[int, list[int]]) -> int:
+    """The id a request samples as its ``index``-th output token (deterministic): inside
+    a block its answer names, that block's token (the tokens a later turn re-sends for
+    it, so vLLM's hash of the cached block equals the one the later turn looks up);
+    elsewhere a pseudo-random id of the request and the index."""
+    pos = ev.prompt_tokens + index
+    j = pos // block_size - len(ev.blocks)
+    if ev.answer is not None and j < len(ev.answer):
+        return block_tokens(ev.answer[j], names, block_size, cache)[pos % block_size]
+    return tokens_for(f"out\x00{ev.id}\x00{index}", 1)[0]
 
 
 def build_scheduler(num_blocks: int, block_size: int, sched: SchedulerParams,
@@ -185,13 +193,13 @@ class VllmSchedEngine(ReplayEngine):
     # -- content keys and names (the protocol's) ------------------------------------
     def _key_of(self, rid: str, pos: int, block=None) -> int:
         r = self.reqs[rid]
-        if pos < len(r.ev.blocks):
-            return content_key(r.ns, r.ev.blocks[pos])
+        if pos < len(r.chain):
+            return content_key(r.ns, r.chain[pos])
         return output_key(r.preq.index, pos)
 
     def _name_of(self, rid: str, pos: int, block=None) -> str:
-        ev = self.reqs[rid].ev
-        return self.hashes.names[ev.blocks[pos]] if pos < len(ev.blocks) else ""
+        chain = self.reqs[rid].chain
+        return self.hashes.names[chain[pos]] if pos < len(chain) else ""
 
     def _parent_key(self, k: int) -> int:
         """A trace block's parent in its namespace; none for a block of generated tokens."""
@@ -423,8 +431,9 @@ class VllmSchedEngine(ReplayEngine):
         for rid in ids:
             vreq = requests[rid]
             if vreq.num_computed_tokens >= vreq.num_tokens:
-                sampled.append([sampled_token(rid, vreq.num_output_tokens)])
                 r = self.reqs[rid]
+                sampled.append([sampled_token(r.ev, vreq.num_output_tokens, self.bs,
+                                              self.hashes.names, self._tokens)])
                 if r.first_token_ns < 0:
                     r.first_token_ns = self.now
                     r.outcome.ttft_ms = (self.now - r.ev.t_ns) / NS_PER_MS

@@ -62,6 +62,9 @@ class RequestEvent:
     retention_ns: int | None = None       # retention_s: keep at least this long after use
     done_ns: int | None = None
     prefill_ms: float | None = None
+    # the hashes of the request's full output blocks, interned like ``blocks`` and chained on
+    # from them: the blocks a server caches while decoding the answer (see trace/reader.py)
+    answer: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -93,3 +96,6 @@ class TraceSummary:
     num_skipped_unknown: int
     done_ids: frozenset[str] = field(default_factory=frozenset)
     groups: tuple[str, ...] = ()     # declared in the header, then in order of appearance
+    # request id -> its answer (interned hashes) where a done line carried it: a replay
+    # needs an answer while the request decodes, before its done line is read
+    answers: dict[str, list[int]] = field(default_factory=dict)

@@ -80,9 +80,11 @@ class HashTable:
     def __len__(self) -> int:
         return len(self.names)
 
-    def intern_chain(self, hashes: list[str], where) -> list[int]:
+    def intern_chain(self, hashes: list[str], where, parent: int = ROOT,
+                     field: str = "blocks") -> list[int]:
+        """``hashes`` as ids, each checked against the parent it was first seen with;
+        ``parent`` is the id the first one hangs from (an answer goes on from its prompt)."""
         out = []
-        parent = self.ROOT
         ids = self.ids
         for h in hashes:
             hid = ids.get(h)
@@ -96,7 +98,7 @@ class HashTable:
                 seen_s = "none (a first block)" if seen == self.ROOT else self.names[seen][:16]
                 here_s = "none (a first block)" if parent == self.ROOT else self.names[parent][:16]
                 raise where(f"block hash {h[:16]} was seen earlier with parent {seen_s}; "
-                            f"here its parent is {here_s}", "blocks")
+                            f"here its parent is {here_s}", field)
             out.append(hid)
             parent = hid
         return out
@@ -482,6 +484,7 @@ class TraceReader:
         bs = self.header.block_size
         partial = self.header.partial
         known: set[str] = set()      # request ids, kept only where a partial trace needs them
+        answers = self.validated.answers     # done lines' answers, known before their requests
         loads = orjson.loads
         try:
             while True:
@@ -511,6 +514,10 @@ class TraceReader:
                         ev.done_ns = seconds_to_ns(obj["done_t"])
                     elif num_fields > 9:
                         self._optional_fields(obj, ev, t, t_ns)
+                        if "answer" in obj:
+                            ev.answer = [ids[h] for h in obj["answer"]]
+                    if answers:
+                        ev.answer = answers.get(rid, ev.answer)
                     if partial:
                         known.add(rid)
                     yield ev
@@ -528,7 +535,8 @@ class TraceReader:
             path=v.path, sha256=sha.hexdigest(), canonical_sha256=v.canonical_sha256,
             num_lines=self._line, num_requests=v.num_requests, num_cancels=v.num_cancels,
             num_dones=v.num_dones, num_distinct_blocks=v.num_distinct_blocks,
-            num_skipped_unknown=v.num_skipped_unknown, done_ids=v.done_ids, groups=v.groups)
+            num_skipped_unknown=v.num_skipped_unknown, done_ids=v.done_ids, groups=v.groups,
+            answers=v.answers)
 
     def _checked_events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
         header = self.header
@@ -536,9 +544,11 @@ class TraceReader:
         groups = header.groups
         partial = header.partial
         last_t = -1
-        # id -> True when the request carries done_t (a done event would then conflict)
-        requests: dict[str, bool] = {}
+        # id -> (carries done_t (a done event would then conflict), the id its answer hangs
+        # from, the most full output blocks it can have, carries an answer)
+        requests: dict[str, tuple[bool, int, int, bool]] = {}
         done_ids: set[str] = set()
+        answers: dict[str, list[int]] = {}
         group_order: dict[str, None] = dict.fromkeys(groups or ())
         n_req = n_cancel = n_done = n_skipped = 0
         err = self._err
@@ -624,28 +634,41 @@ class TraceReader:
                 self._optional_fields(obj, ev, t, t_ns)
                 ids = None if kernels is None else kernels.intern_chain(self.hashes, blocks)
                 ev.blocks = intern(blocks, err) if ids is None else ids
-                requests[rid] = ev.done_ns is not None
+                last = ev.blocks[-1] if ev.blocks else HashTable.ROOT
+                max_answer = (prompt_tokens + out) // bs - len(blocks)
+                if "answer" in obj:
+                    ev.answer = self._answer(obj["answer"], last, max_answer)
+                requests[rid] = (ev.done_ns is not None, last, max_answer, "answer" in obj)
                 group_order.setdefault(group)
                 n_req += 1
                 yield ev
             else:
-                has_done_t = requests.get(rid)
-                if has_done_t is None:
+                known = requests.get(rid)
+                if known is None:
                     if partial:
                         n_skipped += 1
                         continue
                     raise err(f"{op} of unknown request id '{rid}' (no earlier request line "
                               f"has this id)", "id")
+                if "answer" in obj and op != "done":
+                    raise err("an answer belongs on a request line or on its done line",
+                              "answer")
                 if op == "cancel":
                     n_cancel += 1
                     yield CancelEvent(line=self._line, t_ns=t_ns, id=rid)
                 else:
+                    has_done_t, last, max_answer, has_answer = known
                     if has_done_t:
                         raise err(f"request '{rid}' already carries done_t; a done event "
                                   f"would give it two completions", "id")
                     if rid in done_ids:
                         raise err(f"duplicate done for request '{rid}'", "id")
                     done_ids.add(rid)
+                    if "answer" in obj:
+                        if has_answer:
+                            raise err(f"request '{rid}' already carries its answer on its "
+                                      f"request line", "answer")
+                        answers[rid] = self._answer(obj["answer"], last, max_answer)
                     n_done += 1
                     yield DoneEvent(line=self._line, t_ns=t_ns, id=rid)
 
@@ -654,7 +677,22 @@ class TraceReader:
             canonical_sha256=self._canon_sha.hexdigest(), num_lines=self._line,
             num_requests=n_req, num_cancels=n_cancel, num_dones=n_done,
             num_distinct_blocks=len(self.hashes), num_skipped_unknown=n_skipped,
-            done_ids=frozenset(done_ids), groups=tuple(group_order))
+            done_ids=frozenset(done_ids), groups=tuple(group_order), answers=answers)
+
+    def _answer(self, v, parent: int, max_blocks: int) -> list[int]:
+        """``answer`` checked and interned: hashes of full output blocks chained on from the
+        request's last prompt block, no more than its prompt and ``out`` tokens can fill."""
+        err = self._err
+        if type(v) is not list:
+            raise err(f"expected an array of block hashes, found {type_name(v)}", "answer")
+        if len(v) > max_blocks:
+            raise err(f"{len(v)} answer blocks, more than the request's prompt and out "
+                      f"tokens fill beyond its prompt blocks ({max(max_blocks, 0)})", "answer")
+        for i, h in enumerate(v):
+            if type(h) is not str or _HASH_RE.fullmatch(h) is None:
+                raise err(f"element {i}: expected a lowercase hex string of 1-128 characters, "
+                          f"found {h!r:.40}", "answer")
+        return self.hashes.intern_chain(v, err, parent, "answer")
 
     def _optional_fields(self, obj: dict, ev: RequestEvent, t, t_ns: int) -> None:
         err = self._err

@@ -96,9 +96,11 @@ def rate_model(kind: str, p: dict, cost) -> CostModel | StepRates:
 
 
 def header_params(p: dict) -> dict:
-    """A header's ``params``: ``rates`` only when it is not the service default, so traces
-    generated before it existed stay byte-identical."""
-    return {k: v for k, v in p.items() if k != "rates" or v != "service"}
+    """A header's ``params``: ``rates`` only when it is not the service default and
+    ``answers`` only when true, so traces generated before they existed stay
+    byte-identical."""
+    return {k: v for k, v in p.items()
+            if not (k == "rates" and v == "service" or k == "answers" and v is False)}
 
 
 def rate_provenance(model: CostModel | StepRates, measured: dict | None = None) -> dict:

@@ -113,7 +113,7 @@ SHAREGPT_DEFAULTS = {
     "user_mean_tokens": 85.0, "user_sigma": 1.0, "user_max_tokens": 1024,
     "answer_mean_tokens": 250.0, "answer_sigma": 0.7, "answer_max_tokens": 1024,
     "max_context_tokens": 4096, "think_mean_s": 5.0, "load": 0.6, "warmup_s": 0.0,
-    "rates": "service",
+    "rates": "service", "answers": False,
 }
 
 SHAREGPT_BURSTY_DEFAULTS = {**SHAREGPT_DEFAULTS, "burst_period_s": 20.0, "burst_s": 2.0}
@@ -595,6 +595,8 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
          f"room for a first turn: user_max_tokens + answer_max_tokens = {first_turn}",
          p["max_context_tokens"])
     tenants = p["tenant_contracts"]
+    need(kind, type(p["answers"]) is bool, "answers", "true or false", p["answers"])
+    answers = p["answers"]
     need(kind, isinstance(tenants, list) and tenants
          and all(isinstance(c, str) and c for c in tenants),
          "tenant_contracts", "a non-empty list of contract names", tenants)
@@ -649,15 +651,22 @@ def _sharegpt(kind: str, p: dict, burst: tuple[float, float] | None,
             period, width = burst
             k = math.floor(t0 / period)
             start = k * period + (t0 - k * period) * width / period
-        t, blocks = start, []
+        t, blocks, said = start, [], []
         for j, (prompt, out, prev) in enumerate(turns):
-            shared = blocks[:prev // bs]
+            # what the next turn re-sends: with answers, the previous turn's full blocks of
+            # prompt and answer (their hashes in its answer field); without, its prompt's
+            shared = said if answers else blocks[:prev // bs]
             blocks = shared + chain(f"c{c}/t{j}", prompt // bs - len(shared),
                                     parent=shared[-1] if shared else None, start=len(shared))
+            extra = {}
+            if answers:
+                said = blocks + chain(f"c{c}/a{j}", (prompt + out) // bs - len(blocks),
+                                      parent=blocks[-1] if blocks else None, start=len(blocks))
+                extra["answer"] = said[len(blocks):]
             group = f"tenant-{tenant}"
             events.append((t, c, j, request(t, f"c{c}t{j}", group, tenants[tenant], blocks,
                                             prompt % bs, out, f"c{c}", "benign",
-                                            measure=t >= p["warmup_s"])))
+                                            measure=t >= p["warmup_s"], **extra)))
             t += hold_s(prompt, out) + (think.expovariate(1.0 / p["think_mean_s"])
                                         if p["think_mean_s"] > 0 else 0.0)
     events.sort(key=lambda e: (e[3]["t"], e[1], e[2]))

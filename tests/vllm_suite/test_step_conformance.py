@@ -30,7 +30,7 @@ from psgate.trace.importers import import_trace
 from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 from psgate.trace.writer import write_trace
 
-from helpers import random_traces, shared_traces, write_lines
+from helpers import chat_traces, random_traces, shared_traces, write_lines
 from test_vllm_pool import REAL, _window
 
 LIVE = [n for n in policy_names() if not n.startswith("test-")
@@ -123,6 +123,35 @@ def test_sim_and_vllm_sched_agree_on_generated_traces(tmp_path, policy):
     for what in ("evictions", "output_block_evictions", "preemptions", "cancellations",
                  "queued"):
         assert counts[what] > 0, f"the generated corpus has no {what}: {dict(counts)}"
+
+
+@pytest.mark.parametrize("policy", LIVE)
+def test_sim_and_vllm_sched_agree_on_chat_with_answers(tmp_path, policy):
+    """Multi-turn chat whose requests carry their answers: vLLM's scheduler decodes tokens
+    whose blocks hash as the answer's (the tokens a later turn re-sends), so a follow-up
+    turn hits the blocks cached while decoding; sim must hit exactly the same."""
+    counts: Counter = Counter()
+
+    @settings(max_examples=max(10, NUM_TRACES // 2), deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                    HealthCheck.function_scoped_fixture])
+    @given(lines=chat_traces(cancel_one_in=9), capacity=st.integers(8, 24))
+    def check(lines, capacity):
+        path = write_lines(tmp_path, lines)
+        compare(path, capacity, policy, counts)
+        # what the answers gave: the same trace without them, on sim
+        bare = write_lines(tmp_path, [{k: v for k, v in x.items() if k != "answer"}
+                                      for x in lines], "bare.jsonl")
+        with_answers = run("sim", path, capacity, policy, SCHED)[1]
+        without = run("sim", bare, capacity, policy, SCHED)[1]
+        counts["answer_hit_tokens"] += (sum(v[1] for v in with_answers.values())
+                                        - sum(v[1] for v in without.values()))
+
+    check()
+    print(f"\n{policy}: {dict(counts)}")
+    assert counts["answer_hit_tokens"] > 0, dict(counts)
+    for what in ("evictions", "preemptions", "cancellations", "queued"):
+        assert counts[what] > 0, f"the chat corpus has no {what}: {dict(counts)}"
 
 
 VARIANTS = {
