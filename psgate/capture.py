@@ -12,7 +12,11 @@ never waited for, and wakes nothing. A writer thread, which drains the queue eve
               binds it; id, group and scope pseudonymized with the key; ``out`` is
               the request's max_tokens (what it reserved)
     done      with ``cached_tokens_observed``, ``ttft_ms_observed`` (first token as
-              the scheduler saw it), ``out_observed`` and ``preemptions_observed``
+              the scheduler saw it), ``out_observed``, ``preemptions_observed`` and
+              ``answer``: the keyed hashes of the full blocks its output completed,
+              chained on from its prompt's as vLLM chains them, so a later turn that
+              re-sends the answer is replayed as hitting what the server cached
+              while decoding it
     cancel    an aborted request
 
 A request's retention hints, ``SamplingParams.extra_args`` ``psgate_retention`` (a list of
@@ -100,7 +104,7 @@ class CaptureWriter:
         self.num_requests = 0
         self.num_hints_dropped = 0      # retention hints that failed the reader's checks
         self.files: list[str] = []
-        self._ids: dict[str, str] = {}
+        self._ids: dict[str, tuple] = {}      # id -> (pseudonym, answer's parent, tail)
         self._roots: dict[tuple, bytes] = {}
         self._names: dict[tuple, tuple[str, str]] = {}   # (group, scope) -> pseudonyms
         self._fh = None
@@ -145,8 +149,11 @@ class CaptureWriter:
                      max_tokens, client_id, hints))
 
     def done(self, rid: str, cached_tokens: int | None, ttft_ms: float | None,
-             out: int, preemptions: int) -> None:
-        self.submit(("done", self.now(), rid, cached_tokens, ttft_ms, out, preemptions))
+             out: int, preemptions: int, output_token_ids=()) -> None:
+        """``output_token_ids``: the tokens it generated (a sequence the scheduler no
+        longer changes; hashed on the writer thread into the line's ``answer``)."""
+        self.submit(("done", self.now(), rid, cached_tokens, ttft_ms, out, preemptions,
+                     output_token_ids))
 
     def cancel(self, rid: str) -> None:
         self.submit(("cancel", self.now(), rid))
@@ -187,26 +194,33 @@ class CaptureWriter:
                 n += 1
                 new_id = f"{base}.{n}"
             self._used.add(new_id)
-            self._ids[rid] = new_id
             self.num_requests += 1
             toks = list(toks)
+            blocks = chain_hashes(toks, self.bs, self.key, parent=root)
+            tail = len(toks) % self.bs
+            # what its answer's hashes go on from: the last full prompt block, the tail
+            self._ids[rid] = (new_id, bytes.fromhex(blocks[-1]) if blocks else root,
+                              toks[len(toks) - tail:] if tail else [])
             line = {"t": t, "op": "request", "id": new_id,
                     "group": names[0], "contract": contract, "scope": names[1],
-                    "blocks": chain_hashes(toks, self.bs, self.key, parent=root),
-                    "tail": len(toks) % self.bs, "out": int(max_tokens or 0)}
+                    "blocks": blocks, "tail": tail, "out": int(max_tokens or 0)}
             if hints:
                 kept = hints_from_xargs(hints, len(toks))
                 self.num_hints_dropped += len(hints) - len(kept)
                 line.update(kept)
             return line
-        new_id = self._ids.pop(ev[2], None)
-        if new_id is None:          # its request line was dropped: nothing to refer to
+        known = self._ids.pop(ev[2], None)
+        if known is None:           # its request line was dropped: nothing to refer to
             return None
+        new_id, parent, tail = known
         if kind == "cancel":
             return {"t": t, "op": "cancel", "id": new_id}
-        _, _, _, cached, ttft_ms, out, preemptions = ev
+        _, _, _, cached, ttft_ms, out, preemptions, out_toks = ev
         line = {"t": t, "op": "done", "id": new_id, "out_observed": out,
                 "preemptions_observed": preemptions}
+        answer = chain_hashes(tail + list(out_toks), self.bs, self.key, parent=parent)
+        if answer:
+            line["answer"] = answer
         if cached is not None:
             line["cached_tokens_observed"] = cached
         if ttft_ms is not None:

@@ -473,7 +473,7 @@ class _CaptureHooks:
             first = self.writer.now()          # one output token: its time is the end
         ttft = None if first is None or arrival is None else (first - arrival) * 1000.0
         self.writer.done(rid, cached, ttft, request.num_output_tokens,
-                         getattr(request, "num_preemptions", 0))
+                         getattr(request, "num_preemptions", 0), request.output_token_ids)
 
 
 def _patch_scheduler(capture: bool) -> None:

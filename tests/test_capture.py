@@ -165,3 +165,54 @@ def test_retention_hints_from_extra_args_are_written_and_bad_ones_left_out(tmp_p
     assert b["retention"] == ranges and b["retention_s"] == 2.5
     assert "retention" not in c and "retention_s" not in c
     assert "retention" not in d and "retention_s" not in d
+
+
+def _replay_cached(trace, tmp_path, name: str) -> dict[str, int]:
+    """Each request's cached tokens in an LRU step replay of ``trace``, by id."""
+    import csv
+
+    out = tmp_path / name
+    api.replay(api.ReplayConfig(trace=str(trace), baseline="lru", candidate="lru",
+                                capacity=64, out=out))
+    with open(out / "requests.csv") as fh:
+        return {row["id"]: int(row["cached_tokens"]) for row in csv.DictReader(fh)
+                if row["run"] == "baseline"}
+
+
+def test_a_follow_up_turn_hits_the_answer_the_done_line_names(tmp_path):
+    """Turn 2 re-sends turn 1's prompt and answer: the done line's answer chains on from
+    the prompt as vLLM hashes the decoded blocks, so the replay hits them; without the
+    answer it would recompute them."""
+    from psgate.trace.hashing import chain_hashes
+    from psgate.trace.redact import scope_root
+
+    clock = Clock()
+    cap = tmp_path / "cap"
+    w = CaptureWriter(cap, KEY, 16, clock=clock)
+    scope = ("model-x", "", "", "")
+    turn1 = list(range(1000, 1037))                 # 37 tokens: 2 blocks and a tail of 5
+    answer1 = list(range(2000, 2040))               # 40 tokens: full blocks 2..4 complete
+    turn2 = turn1 + answer1 + list(range(3000, 3020))
+    w.request("t1", "acme", "standard", scope, turn1, 40)
+    clock.t += 10.0
+    w.done("t1", 0, 5.0, 40, 0, answer1)
+    clock.t += 1.0
+    w.request("t2", "acme", "standard", scope, turn2, 8)
+    clock.t += 10.0
+    w.done("t2", 64, 5.0, 8, 0, list(range(4000, 4008)))
+    summary = w.close()
+    path = cap / summary["files"][0]
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    req1, done1, req2 = lines[1], lines[2], lines[3]
+    whole = chain_hashes(turn1 + answer1, 16, KEY, parent=scope_root(scope, KEY))
+    assert done1["answer"] == whole[2:] and len(whole) == 4
+    assert req2["blocks"][:4] == req1["blocks"] + done1["answer"]
+    # turn 2's 97 + 8 tokens complete no block past its 6 prompt blocks: no answer
+    assert (len(turn2) + 8) // 16 == len(req2["blocks"]) == 6 and "answer" not in lines[4]
+    cached = _replay_cached(path, tmp_path, "with")
+    # turn 1 computed 76 tokens (its last sampled token is never computed): 4 full blocks
+    assert cached == {req1["id"]: 0, req2["id"]: 64}
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "answer"}) + "\n"
+                            for x in lines))
+    assert _replay_cached(bare, tmp_path, "without") == {req1["id"]: 0, req2["id"]: 32}
