@@ -25,7 +25,7 @@ from psgate.report.render import printable
 from psgate.report.verify import recorded_outputs_difference
 from psgate.trace.keys import OUTPUT_KEY_BIT, split_key
 from psgate.trace.model import RequestEvent
-from psgate.trace.reader import HashTable, TraceReader, TraceSource
+from psgate.trace.reader import HashTable, TraceReader, TraceSource, validate_trace
 
 SEGMENT_ORDER = "Probationary, then Normal, then Reuse"
 
@@ -294,6 +294,7 @@ class _Request:
     t_ns: int
     blocks: list[int]
     prompt_tokens: int
+    chain: list[int]        # blocks, then the answer's: the contents its admissions cache
 
 
 class _Trace:
@@ -305,14 +306,25 @@ class _Trace:
         self.override = trace
         self.hashes = HashTable()
         self.requests: dict[str, _Request] = {}
+        # a content first seen in a request's answer -> that request: a later prompt that
+        # re-sends it hits what the server cached while decoding the answer
+        self.answer_of: dict[int, str] = {}
         scopes: dict[str, set[str]] = {}
-        with TraceReader(TraceSource.resolve(cfg.trace), self.hashes, cfg.limits) as reader:
+        summary = validate_trace(cfg.trace, self.hashes, cfg.limits)[1]
+        seen: set[int] = set()
+        with TraceReader(TraceSource.resolve(cfg.trace), self.hashes, cfg.limits,
+                         validated=summary) as reader:
             self.block_size = reader.header.block_size
             for ev in reader.events():
                 if type(ev) is RequestEvent:
-                    self.requests[ev.id] = _Request(ev.id, ev.group, ev.contract, ev.scope,
-                                                    ev.t_ns, ev.blocks, ev.prompt_tokens)
+                    self.requests[ev.id] = _Request(
+                        ev.id, ev.group, ev.contract, ev.scope, ev.t_ns, ev.blocks,
+                        ev.prompt_tokens, ev.blocks + ev.answer if ev.answer else ev.blocks)
                     scopes.setdefault(ev.group, set()).add(ev.scope)
+                    seen.update(ev.blocks)
+                    for h in ev.answer or ():
+                        if h not in seen:
+                            self.answer_of.setdefault(h, ev.id)
         self.scope_of = {g: next(iter(v)) for g, v in scopes.items() if len(v) == 1}
         self.multi_scope = len(self.scope_of) < len(scopes)
 
@@ -605,19 +617,20 @@ def _walk(directory: Path, receipt: dict, run: str, trace: _Trace, request: str 
                 cached_upto[r.id] = hits
             if first:
                 # A resumed request has sampled tokens: its lookup may pass its trace
-                # blocks into its own output blocks, which the trace does not name.
+                # blocks and answer into its own output blocks, which the trace does not
+                # name.
                 expect = 0
-                for hid in (r.blocks if resumed else r.blocks[:trace.max_hits(r)]):
+                for hid in (r.chain if resumed else r.blocks[:trace.max_hits(r)]):
                     if copies.get((ns, hid), 0) <= 0:
                         break
                     expect += 1
-                if not (expect == hits or (resumed and expect == len(r.blocks) < hits)):
+                if not (expect == hits or (resumed and expect == len(r.chain) < hits)):
                     mismatches.append(int(row["seq"]))
             start = cached_upto[r.id]
             end = start + int(row["new_blocks"] or 0)
             cached_upto[r.id] = end
-            for pos in range(start, min(end, len(r.blocks))):
-                k = (ns, r.blocks[pos])
+            for pos in range(start, min(end, len(r.chain))):
+                k = (ns, r.chain[pos])
                 copies[k] = copies.get(k, 0) + 1
             pos = r.blocks.index(target) if target is not None and target in r.blocks else -1
             if pos >= 0 and (pos < hits or start <= pos < end):
@@ -664,8 +677,11 @@ def _blame_run(w: dict, req: _Request, trace: _Trace) -> dict:
             status, why = "evicted", None
         else:
             status, why = "never_cached", "no earlier admission computed this content"
+        answer_of = (trace.answer_of.get(req.blocks[pos]) if pos < len(req.blocks)
+                     else None)
         blocks.append({"pos": pos, "hash": b["hash"], "status": status,
                        **({"why": why} if why else {}),
+                       **({"answer_of": answer_of} if answer_of else {}),
                        **({"eviction": b["eviction"]} if status == "evicted" else {})})
     missed = [b for b in blocks if b["status"] != "hit"]
     by_group: dict[str, list[dict]] = {}
@@ -840,6 +856,14 @@ def _render_run(res: dict, run: str, limit: int) -> list[str]:
                    f"{printable(b['group'])}'s request{'s' if len(b['requests']) > 1 else ''} "
                    f"{_who(b['requests'])} (decision{'s' if len(ds) > 1 else ''} "
                    f"{_range(ds[0], ds[-1])}, t={_range(t0, t1)} s)")
+    by_answer: dict[str, list[int]] = {}
+    for b in x["blocks"]:
+        if b["status"] == "hit" and "answer_of" in b:
+            by_answer.setdefault(b["answer_of"], []).append(b["pos"])
+    for rid, pos in by_answer.items():
+        out += _wrap(f"  {len(pos)} hit the answer of request {printable(rid)} (the blocks the "
+                     f"server cached while decoding it; block{'s' if len(pos) > 1 else ''} "
+                     f"{_span(pos)})")
     for status, text in (("never_cached", "never cached"),
                          ("resident_not_hit", "resident but not hit")):
         sel = [b for b in x["blocks"] if b["status"] == status]

@@ -315,6 +315,6 @@ def replay_run(receipt: dict, prepared, run: str, recorder):
         cost=cfg.cost, recorder=recorder, label=run, trace_path=receipt["trace"]["path"],
         groups=summary.groups, max_in_flight=cfg.limits.max_in_flight, **step)
     recorder.engine = engine
-    with TraceReader(src, hashes, cfg.limits) as reader:
+    with TraceReader(src, hashes, cfg.limits, validated=summary) as reader:
         events = reader.events()
         return engine.run(file.relabelled(events) if file else events)

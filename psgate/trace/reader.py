@@ -650,9 +650,6 @@ class TraceReader:
                         continue
                     raise err(f"{op} of unknown request id '{rid}' (no earlier request line "
                               f"has this id)", "id")
-                if "answer" in obj and op != "done":
-                    raise err("an answer belongs on a request line or on its done line",
-                              "answer")
                 if op == "cancel":
                     n_cancel += 1
                     yield CancelEvent(line=self._line, t_ns=t_ns, id=rid)
@@ -685,13 +682,17 @@ class TraceReader:
         err = self._err
         if type(v) is not list:
             raise err(f"expected an array of block hashes, found {type_name(v)}", "answer")
-        if len(v) > max_blocks:
-            raise err(f"{len(v)} answer blocks, more than the request's prompt and out "
-                      f"tokens fill beyond its prompt blocks ({max(max_blocks, 0)})", "answer")
+        if len(v) > self.limits.max_blocks_per_request:
+            raise err(f"{len(v)} answer blocks, more than the cap of "
+                      f"{self.limits.max_blocks_per_request} (--max-blocks-per-request)",
+                      "answer")
         for i, h in enumerate(v):
             if type(h) is not str or _HASH_RE.fullmatch(h) is None:
                 raise err(f"element {i}: expected a lowercase hex string of 1-128 characters, "
                           f"found {h!r:.40}", "answer")
+        if len(v) > max_blocks:
+            raise err(f"{len(v)} answer blocks, more than the request's prompt and out "
+                      f"tokens fill beyond its prompt blocks ({max_blocks})", "answer")
         return self.hashes.intern_chain(v, err, parent, "answer")
 
     def _optional_fields(self, obj: dict, ev: RequestEvent, t, t_ns: int) -> None:

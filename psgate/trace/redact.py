@@ -7,6 +7,10 @@ cancel ``{"op": "cancel", "id": ..., "t": ...}``:
      "model": "qwen2.5-1.5b", "tokenizer": "rev-3", "adapter": "", "cache_salt": "acme",
      "prompt_token_ids": [151644, 8948, ...], "out": 128, "done_t": 2.9}
 
+Optional ``output_token_ids`` (the tokens the request generated) become its ``answer``: the
+keyed hashes of the full blocks they complete, chained on from the prompt's, so a later
+turn whose prompt re-sends them replays as hitting what the server cached while decoding.
+
 Output: the block hashes are keyed BLAKE2b chains (psgate.trace.hashing) whose root
 binds the scope (model, tokenizer revision, adapter, cache salt), so equal tokens
 under another scope never match. Nothing raw survives: token ids are hashed away,
@@ -203,6 +207,20 @@ def _redacted(src: str, block_size: int, key: bytes | None) -> Iterator[dict]:
                     "scope": pseudonym("s", "\x00".join(scope), key),
                     "blocks": chain_hashes(toks, block_size, hkey, parent=root),
                     "tail": len(toks) % block_size, "out": out}
+            if "output_token_ids" in obj:
+                gen = obj["output_token_ids"]
+                if type(gen) is not list or not all(
+                        type(x) is int and 0 <= x < 2**63 for x in gen):
+                    raise err("expected an array of token ids", "output_token_ids")
+                if len(gen) > out:
+                    raise err(f"{len(gen)} output tokens, more than out ({out})",
+                              "output_token_ids")
+                # the answer: the full blocks the output completes, hashed on from the
+                # prompt's as the prompt's are (a later prompt that re-sends them hits)
+                answer = chain_hashes(toks + gen, block_size, hkey,
+                                      parent=root)[len(line["blocks"]):]
+                if answer:
+                    line["answer"] = answer
             if "done_t" in obj:
                 d = obj["done_t"]
                 if type(d) not in (int, float) or not math.isfinite(d) or d < t:

@@ -19,7 +19,7 @@ from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.trace.keys import KEY_SHIFT
 from psgate.trace.model import RequestEvent
 from psgate.trace.reader import (HashTable, TraceReader, TraceSource, corpus_traces,
-                                 trace_directory)
+                                 trace_directory, validate_trace)
 
 
 class _Fenwick:
@@ -77,7 +77,9 @@ def _one_trace_stats(given: str) -> dict:
     cached_tokens = prompt_tokens = 0
     requests = 0
     t_first = t_last = None
-    with TraceReader(src, hashes) as reader:
+    summary = validate_trace(given, hashes)[1]
+    answer_blocks = 0
+    with TraceReader(src, hashes, validated=summary) as reader:
         header = reader.header
         bs = header.block_size
         for ev in reader.events():
@@ -118,6 +120,14 @@ def _one_trace_stats(given: str) -> dict:
                 if k not in seen:
                     seen.add(k)
                     g["created_blocks"] += 1
+            # an answer's blocks are cached while it decodes: a later prompt that re-sends
+            # them hits (created by this group, referenced by no prompt yet)
+            for h in ev.answer or ():
+                k = base | h
+                answer_blocks += 1
+                if k not in seen:
+                    seen.add(k)
+                    g["created_blocks"] += 1
             cached_tokens += hit * bs
             prompt_tokens += ev.prompt_tokens
     span = max(1e-9, ((t_last or 0) - (t_first or 0)) / 1e9)
@@ -136,7 +146,8 @@ def _one_trace_stats(given: str) -> dict:
     return {
         "trace": given, "block_size": bs, "requests": requests, "groups": len(groups),
         "scopes": len(scopes), "block_references": refs, "unique_blocks": len(seen),
-        "first_references": first_refs, "span_s": round(span, 6),
+        "first_references": first_refs, "answer_blocks": answer_blocks,
+        "span_s": round(span, 6),
         "infinite_cache_hit_ratio": round(cached_tokens / prompt_tokens, 6)
         if prompt_tokens else None,
         "infinite_cache_cached_tokens": cached_tokens, "prompt_tokens": prompt_tokens,

@@ -54,6 +54,26 @@ GROUPED = {**HEADER, "groups": {"g": {"contracts": ["c"]}, "h": {}}}
 # (id, file bytes, offending line (None: the file as a whole), field (None: no field),
 #  regex that must match the rest of the message after "path:line: [field 'x': ]")
 BAD = [
+    ("answer-not-array", jsonl(HEADER, req(answer="bb")), 2, "answer",
+     r"^expected an array of block hashes, found a string$"),
+    ("answer-bad-hash", jsonl(HEADER, req(answer=["bb", "XY"])), 2, "answer",
+     r"^element 1: expected a lowercase hex string"),
+    # 16 + 1 prompt tokens and 4 out fill no block past the prompt's one
+    ("answer-too-long", jsonl(HEADER, req(answer=["bb"])), 2, "answer",
+     r"^1 answer blocks, more than the request's prompt and out tokens fill beyond its "
+     r"prompt blocks \(0\)$"),
+    ("answer-other-parent", jsonl(HEADER, req(out=40, answer=["bb"]),
+                                  req("r2", blocks=["cc", "bb"])), 3, "blocks",
+     r"^block hash bb was seen earlier with parent aa; here its parent is cc$"),
+    ("answer-parent-differs", jsonl(HEADER, req(blocks=["cc", "bb"]),
+                                    req("r2", out=40, answer=["bb"])), 3, "answer",
+     r"^block hash bb was seen earlier with parent cc; here its parent is aa$"),
+    ("answer-twice", jsonl(HEADER, req(out=40, answer=["bb"]),
+                           {"t": 1, "op": "done", "id": "r1", "answer": ["bb"]}), 3, "answer",
+     r"^request 'r1' already carries its answer on its request line$"),
+    ("answer-on-done-too-long", jsonl(HEADER, req(),
+                                      {"t": 1, "op": "done", "id": "r1", "answer": ["bb"]}),
+     3, "answer", r"^1 answer blocks, more than"),
     ("empty-file", b"", None, None, r"^empty file"),
     ("header-missing", jsonl(req()), 1, "psgate_trace", r"^missing"),
     ("header-version-2", jsonl({**HEADER, "psgate_trace": 2}), 1, "psgate_trace",
@@ -511,7 +531,8 @@ def valid_request(draw) -> dict:
                            optional={"end": st.one_of(st.none(), st.integers(4, 8)),
                                      "duration_s": st.one_of(st.none(), st.floats(0.5, 9))}),
                            min_size=1, max_size=2)),
-                       ("retention_s", st.floats(0.001, 1e6))):
+                       ("retention_s", st.floats(0.001, 1e6)),
+                       ("answer", st.lists(hex_hash, max_size=2))):
         if draw(st.booleans()) and draw(st.booleans()):
             ev[key] = draw(strat)
     if draw(st.integers(0, 4)) == 0:
@@ -545,7 +566,7 @@ def request_line(draw) -> dict:
 
 # Rules only the reader states (see the schema's description); a line the schema accepts may
 # still fail one of these, and nothing else.
-READER_ONLY_FIELDS = {"tail", "out", "priority", "blocks", "done_t"}
+READER_ONLY_FIELDS = {"tail", "out", "priority", "blocks", "done_t", "answer"}
 
 
 _BASE = req("r", 1.5, blocks=["ab"], tail=3, out=2, scope="")
@@ -720,3 +741,47 @@ def test_retention_touching_ranges_are_not_overlapping(tmp_path):
     path = _write(tmp_path, "t.jsonl", jsonl(HEADER, req(retention=[
         {"start": 0, "end": 8, "priority": 5}, {"start": 8, "end": None, "priority": 9}])))
     validate_trace(path)
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+def test_an_answer_chains_on_from_the_prompt_and_a_later_prompt_re_sends_it(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(jsonl(HEADER, req(out=40, answer=["bb", "cc"]),
+                        req("r2", t=1, blocks=["aa", "bb", "cc", "dd"], tail=0)))
+    hashes = HashTable()
+    header, summary = validate_trace(str(p), hashes)
+    with TraceReader(TraceSource(str(p), p), hashes) as r:
+        r1, r2 = list(r.events())
+    ids = hashes.ids
+    assert r1.answer == [ids["bb"], ids["cc"]] and r2.blocks[:3] == [ids["aa"]] + r1.answer
+    assert hashes.parent[ids["bb"]] == ids["aa"] and hashes.parent[ids["cc"]] == ids["bb"]
+    assert summary.answers == {} and summary.num_distinct_blocks == 4
+
+
+def test_a_done_lines_answer_reaches_its_request_on_a_validated_read(tmp_path):
+    """A capture knows an answer only at the end: the done line carries it, and the replay's
+    read (after the validating one) gives it to the request when it arrives."""
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(jsonl(HEADER, req(out=40), req("r2", t=0.5),
+                        {"t": 1, "op": "done", "id": "r1", "answer": ["bb", "cc"]},
+                        {"t": 2, "op": "done", "id": "r2"}))
+    hashes = HashTable()
+    _, summary = validate_trace(str(p), hashes)
+    assert summary.answers == {"r1": [hashes.ids["bb"], hashes.ids["cc"]]}
+    with TraceReader(TraceSource(str(p), p), hashes, validated=summary) as r:
+        evs = [e for e in r.events() if isinstance(e, RequestEvent)]
+        assert r.summary().answers == summary.answers
+    assert evs[0].answer == summary.answers["r1"] and evs[1].answer is None
+    # an unvalidated read sees only what request lines carry
+    with TraceReader(TraceSource(str(p), p), HashTable()) as r:
+        assert [e.answer for e in r.events() if isinstance(e, RequestEvent)] == [None, None]
+
+
+def test_a_partial_traces_done_for_an_unknown_request_drops_its_answer(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(jsonl({**HEADER, "partial": True}, req(),
+                        {"t": 1, "op": "done", "id": "gone", "answer": ["ee"]}))
+    hashes = HashTable()
+    _, summary = validate_trace(str(p), hashes)
+    assert summary.answers == {} and "ee" not in hashes.ids

@@ -102,6 +102,10 @@ def test_canary_nothing_raw_in_any_output(tmp_path):
       "retention": [{"start": 0, "end": 3, "priority": 50}]}, "retention[0].end"),
     ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": [1],
       "retention_s": 0}, "retention_s"),
+    ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": [1], "out": 4,
+      "output_token_ids": [1, "2"]}, "output_token_ids"),
+    ({"t": 0, "group": "a", "contract": "standard", "prompt_token_ids": [1], "out": 1,
+      "output_token_ids": [1, 2]}, "output_token_ids"),
 ])
 def test_bad_raw_input(tmp_path, line, field):
     p = tmp_path / "raw.jsonl"
@@ -135,3 +139,26 @@ def test_redaction_and_the_writer_keep_retention_hints(tmp_path):
     assert evs[0].retention_ns == evs[1].retention_ns == 120_000_000_000
     assert (validate_trace(str(tmp_path / "t.jsonl"))[1].canonical_sha256
             == validate_trace(str(tmp_path / "w.jsonl"))[1].canonical_sha256)
+
+
+def test_output_token_ids_become_the_answer_a_later_turn_re_sends(tmp_path):
+    """Turn 2's prompt is turn 1's prompt and output plus a question: the output's full
+    blocks hash on from the prompt's, so turn 2's prompt blocks begin with turn 1's
+    blocks and answer; no output token reaches the file."""
+    prompt = (CANARY_TOKENS * 10)[:37]                  # 2 blocks and a tail of 5
+    output = [900000 + i for i in range(40)]            # completes blocks 2 and 3 (77 tokens)
+    common = {"group": "acme-secret-tenant", "contract": "standard", "model": "m"}
+    lines = [{"t": 0, "id": "a", **common, "prompt_token_ids": prompt, "out": 40,
+              "output_token_ids": output},
+             {"t": 5, "id": "b", **common, "prompt_token_ids": prompt + output + [7] * 20,
+              "out": 3, "output_token_ids": [1, 2]}]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    proc = psgate("trace", "redact", raw, "-o", tmp_path / "t.jsonl", "--unkeyed")
+    assert proc.returncode == 0, proc.stderr
+    validate_trace(str(tmp_path / "t.jsonl"))
+    text = (tmp_path / "t.jsonl").read_text()
+    a, b = [json.loads(x) for x in text.splitlines()[1:]]
+    assert len(a["blocks"]) == 2 and len(a["answer"]) == 2
+    assert b["blocks"][:4] == a["blocks"] + a["answer"] and "answer" not in b
+    assert "900000" not in text
