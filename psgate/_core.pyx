@@ -1155,7 +1155,7 @@ def step_running(eng, list running, long long budget, long long bs, long long th
             if ok:
                 break
             victim = running.pop()
-            eng._preempt(victim)
+            eng._preempt(victim, r)
             preempted = True
             if victim is r:
                 break
@@ -3676,6 +3676,9 @@ def request_line(bytes head, o, object csv_field, object fmt_f, object fmt_t):
                 _buf_str(&buf, _field(fmt_f(x, 3), csv_field))
             _buf_put(&buf, ",", 1)
         _buf_time(&buf, o.release_ns, fmt_t, csv_field)
+        _buf_put(&buf, ",", 1)
+        _buf_field(&buf, o.preemptions, csv_field)
+        _buf_int_or_text(&buf, o.preempt_recompute_tokens, csv_field)
         _buf_put(&buf, "\n", 1)
         return PyBytes_FromStringAndSize(buf.p, buf.n)
     finally:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import random_traces, write, write_lines
+from helpers import chat_traces, random_traces, write, write_lines
 from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names, register, unregister
@@ -120,6 +120,7 @@ WORKLOADS = [
     ("one-touch", {"attack_requests": 60}, 384),
     ("fanout", {"duration_s": 20.0}, 512),
     ("sharegpt", {"conversations": 40}, 256),
+    ("sharegpt", {"conversations": 40, "answers": True}, 256),     # follow-ups hit answers
     ("cancellation", {"duration_s": 20.0}, 256),
     ("random", {"requests": 80}, 12),
 ]
@@ -160,6 +161,18 @@ def test_random_traces_give_the_same_bytes(monkeypatch, tmp_path, lines, capacit
     _compiled()
     trace = write_lines(tmp_path, lines)
     _replay_both(monkeypatch, tmp_path, trace, capacity, "lru", policy, scheduler=scheduler)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(lines=chat_traces(cancel_one_in=9), capacity=st.integers(6, 24),
+       policy=st.sampled_from(["lru", "prefixshield", "prefixshield-b", "s3fifo"]))
+def test_chat_with_answers_gives_the_same_bytes(monkeypatch, tmp_path, lines, capacity,
+                                                policy):
+    _compiled()
+    trace = write_lines(tmp_path, lines)
+    _replay_both(monkeypatch, tmp_path, trace, capacity, "lru", policy, scheduler="step",
+                 ledger_hits=True, allow_unexercised=True)
 
 
 def test_a_real_trace_gives_the_same_bytes(monkeypatch, tmp_path):

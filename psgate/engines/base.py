@@ -90,7 +90,10 @@ class NullRecorder:
     """Receives ledger events; the receipt layer supplies a real one. A recorder may
     also have ``eviction_batch(now_ns, req, decisions, blocks, hash_names, owners)``, taking
     one allocation's eviction rows in one call, after the policy evicted them all; one
-    that looks at the pool or the policy when called sets ``sequential = True``."""
+    that looks at the pool or the policy when called sets ``sequential = True``, and
+    ``preempted(now_ns, req, by, num_computed)``, told when the step scheduler preempts
+    ``req`` (its ``num_computed`` tokens lost) because running request ``by`` could not
+    get the blocks for its next tokens (no ledger row: explain re-simulates for it)."""
 
     def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
         pass

@@ -34,6 +34,9 @@ class RequestOutcome:
     waited: bool = False
     wait_ms: float = 0.0
     preemptions: int = 0           # times the step scheduler preempted it (recomputed later)
+    # tokens it computed again after its preemptions: what it had computed when preempted,
+    # less what its lookup on resuming found cached
+    preempt_recompute_tokens: int = 0
 
     @property
     def counts_for_hits(self) -> bool:

@@ -55,7 +55,7 @@ class StepRequest(RequestState):
 
     __slots__ = ("status", "num_computed", "num_output", "num_tokens", "max_out",
                  "num_cached_blocks", "started", "first_sched_ns", "arrive_step",
-                 "num_preemptions")
+                 "num_preemptions", "num_lost")
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
@@ -69,6 +69,7 @@ class StepRequest(RequestState):
         self.first_sched_ns = -1
         self.arrive_step = 0
         self.num_preemptions = 0
+        self.num_lost = 0           # tokens it had computed when last preempted
         self.first_token_ns = -1
 
 
@@ -98,6 +99,7 @@ class StepSimEngine(ReplayEngine):
                                         parent_table=parent, key_shift=KEY_SHIFT,
                                         opaque_keys_from=OUTPUT_KEY_BIT)
         self.counts.update(preemptions=0, steps=0)
+        self.on_preempt = getattr(self.recorder, "preempted", None)
         self._next = None
 
     # -- the replay -------------------------------------------------------------
@@ -222,6 +224,8 @@ class StepSimEngine(ReplayEngine):
                 waiting.popleft()
                 running.append(r)
                 self._started(r, hits)
+                if r.status == PREEMPTED:
+                    r.outcome.preempt_recompute_tokens += max(0, r.num_lost - num_computed)
                 r.status = RUNNING
                 r.num_computed = num_computed
                 scheduled.append(r)
@@ -295,7 +299,7 @@ class StepSimEngine(ReplayEngine):
                 if ok:
                     break
                 victim = running.pop()
-                self._preempt(victim)
+                self._preempt(victim, r)
                 preempted = True
                 if victim is r:
                     break
@@ -401,9 +405,14 @@ class StepSimEngine(ReplayEngine):
             hits.append(b)
         return hits
 
-    def _preempt(self, r: StepRequest) -> None:
+    def _preempt(self, r: StepRequest, by: StepRequest) -> None:
+        """``r`` (the last running request) loses its blocks and goes back to the front of
+        the waiting queue, because ``by`` could not get the blocks for its next tokens."""
+        if self.on_preempt is not None:
+            self.on_preempt(self.now, r.preq, by.preq, r.num_computed)
         self._return_blocks(r)
         r.status = PREEMPTED
+        r.num_lost = r.num_computed
         r.num_computed = 0
         r.num_preemptions += 1
         r.outcome.preemptions += 1

@@ -320,6 +320,8 @@ class VllmRealEngine:
                                                  # in release order
         partial_before: set[str] = set()         # looked up behind a partly allocated prompt
         preemptions: dict[str, int] = {}
+        lost_tokens: dict[str, int] = {}    # preempted, not yet resumed: tokens it had
+        recomputed: dict[str, int] = {}     # tokens computed again after its preemptions
         live_ref: list[LivePolicy] = []
 
         def on_eviction(block: int) -> None:
@@ -351,6 +353,15 @@ class VllmRealEngine:
             if tid not in lookup_seq:
                 lookup_seq[tid] = seq[0]
                 seq[0] += 1
+            if tid in lost_tokens and not request.num_computed_tokens:
+                # a resumed request's lookup: what it had computed, less what it hits
+                out = allocate(request, *args, **kwargs)
+                if out is not None:
+                    hits = kwargs.get("num_new_computed_tokens", args[1] if len(args) > 1
+                                      else 0)
+                    recomputed[tid] = (recomputed.get(tid, 0)
+                                       + max(0, lost_tokens.pop(tid) - hits))
+                return out
             if not (request.num_output_tokens and request.num_computed_tokens):
                 return allocate(request, *args, **kwargs)
             # A decode (not a resumed recompute): no lookup, so fewer free blocks after
@@ -368,6 +379,7 @@ class VllmRealEngine:
         def preempt_request(request, *args, **kwargs):
             # vllm/v1/core/sched/scheduler.py:1571-1608: blocks freed, back to waiting.
             tid = trace_id(request.request_id)
+            lost_tokens[tid] = request.num_computed_tokens
             preemptions[tid] = preemptions.get(tid, 0) + 1
             preemption_seq.append(seq[0])
             return preempt(request, *args, **kwargs)
@@ -509,6 +521,7 @@ class VllmRealEngine:
         end = clock()
         for rid, o in outcomes.items():
             o.preemptions = preemptions.get(rid, 0)
+            o.preempt_recompute_tokens = recomputed.get(rid, 0)
             start = first_start.get(rid)
             tok = first_token_ns.get(rid)
             if lockstep:

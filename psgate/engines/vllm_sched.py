@@ -189,6 +189,16 @@ class VllmSchedEngine(ReplayEngine):
         self.queue = self.live.queue
         self.free = self.queue.free        # the truly free blocks, as sim names them
         self._wrap_manager(mgr)
+        # request id -> the tokens it had computed when vLLM last preempted it, until it
+        # is scheduled again (its resumed lookup says how many it computes anew)
+        self.lost_tokens: dict[str, int] = {}
+        preempt = self.sched._preempt_request
+
+        def preempt_request(request, *args, **kwargs):
+            self.lost_tokens[request.request_id] = request.num_computed_tokens
+            return preempt(request, *args, **kwargs)
+
+        self.sched._preempt_request = preempt_request
 
     # -- content keys and names (the protocol's) ------------------------------------
     def _key_of(self, rid: str, pos: int, block=None) -> int:
@@ -403,6 +413,9 @@ class VllmSchedEngine(ReplayEngine):
                 num_prefill += n
                 num_context += before
             r = self.reqs[rid]
+            lost = self.lost_tokens.pop(rid, None)
+            if lost is not None:        # resumed: what it computes again
+                r.outcome.preempt_recompute_tokens += max(0, lost - before)
             if r.seq < 0:                # first scheduled: its lookup happened just now
                 r.seq = self.seq
                 self.seq += 1

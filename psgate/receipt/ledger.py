@@ -33,7 +33,7 @@ LEDGER_COLUMNS = (
 REQUEST_COLUMNS = (
     "run", "policy", "id", "group", "contract", "role", "measure", "state", "t",
     "prompt_tokens", "cached_tokens", "new_blocks", "recompute_tokens", "waited", "wait_ms",
-    "queue_ms", "prefill_ms", "ttft_ms", "done_t",
+    "queue_ms", "prefill_ms", "ttft_ms", "done_t", "preemptions", "preempt_recompute_tokens",
 )
 
 
@@ -337,7 +337,7 @@ def request_row(label: str, policy: str, o: RequestOutcome) -> list:
     return [label, policy, o.id, o.group, o.contract, o.role or "", int(o.measure), o.state,
             fmt_t(o.t_ns), o.prompt_tokens, o.cached_tokens, o.new_blocks, o.recompute_tokens,
             int(o.waited), fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
-            fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns)]
+            fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns), o.preemptions, o.preempt_recompute_tokens]
 
 
 class RequestSpool(OutcomeSink):

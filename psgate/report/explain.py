@@ -20,7 +20,7 @@ from psgate.engines.base import NullRecorder
 from psgate.errors import InputError
 from psgate.receipt.ledger import fmt_t
 from psgate.report.receipts import (config_from_receipt, load_receipt, prepare_replay,
-                                    replay_run, text_lines)
+                                    replay_run, resimulation_refusal, text_lines)
 from psgate.report.render import printable
 from psgate.report.verify import recorded_outputs_difference
 from psgate.trace.keys import OUTPUT_KEY_BIT, split_key
@@ -97,6 +97,41 @@ def describe_admission(row: dict) -> list[str]:
 @dataclass
 class _Stop(Exception):
     candidates: list[tuple[int, str, str]]
+
+
+class _Preemptions(NullRecorder):
+    """One request's preemptions in a re-simulated run: when, by whom, what it lost."""
+
+    def __init__(self, request: str) -> None:
+        self.request = request
+        self.engine = None          # set by replay_run
+        self.found: list[dict] = []
+
+    def preempted(self, now_ns, req, by, num_computed) -> None:
+        if req.id == self.request:
+            self.found.append({"t": fmt_t(now_ns), "by": by.id, "by_group": by.group,
+                               "lost_tokens": num_computed})
+
+
+def _preemptions(directory: Path, receipt: dict, trace: _Trace, request: str) -> dict:
+    """Per run, how often ``request`` was preempted and the tokens it computed again
+    (requests.csv), and when and why (a re-simulation, only where it was preempted and
+    the run can be re-simulated)."""
+    from psgate.report.html import read_requests
+    out: dict[str, dict] = {}
+    rows = read_requests(directory)
+    for run in RUNS:
+        row = next((r for r in rows.get(run, []) if r["id"] == request), None)
+        if row is None or "preemptions" not in row:
+            continue        # a receipt from before requests.csv recorded them
+        n = int(row["preemptions"] or 0)
+        out[run] = {"preemptions": n,
+                    "recompute_tokens": int(row["preempt_recompute_tokens"] or 0)}
+        if n and not resimulation_refusal(receipt, "explain"):
+            rec = _Preemptions(request)
+            replay_run(receipt, prepare_replay(receipt, trace.override, "explain"), run, rec)
+            out[run]["events"] = rec.found
+    return out
 
 
 class _StopAt(NullRecorder):
@@ -735,6 +770,8 @@ def explain_request(directory: str | Path, request: str, trace: str | None = Non
         raise InputError(f"no request '{request}' in the trace {tr.path}", path="--request")
     runs = {run: _blame_run(_walk(directory, receipt, run, tr, request, None), req, tr)
             for run in RUNS}
+    for run, p in _preemptions(directory, receipt, tr, request).items():
+        runs[run]["preempted"] = p
     return {"request": req.id, "group": req.group, "contract": req.contract,
             "arrival_t": fmt_t(req.t_ns), "prompt_tokens": req.prompt_tokens,
             "full_blocks": len(req.blocks), "trace": str(tr.path), "runs": runs}
@@ -835,6 +872,10 @@ def render_request(res: dict, first: str = "candidate", limit: int = 12) -> list
                        ("  resident, not hit", "resident_not_hit"),
                        ("its own admission evicted", "own")):
         table.append([label] + [cell(r, key) for r in order])
+    if any(runs[r].get("preempted", {}).get("preemptions") for r in order):
+        table.append(["preempted (tokens again)"] + [
+            f"{p['preemptions']} ({p['recompute_tokens']})" if (p := runs[r].get("preempted"))
+            else "-" for r in order])
     lines += _columns(table)
     for run in order:
         lines.append("")
@@ -849,6 +890,18 @@ def _render_run(res: dict, run: str, limit: int) -> list[str]:
         return [f"{name}: the request was never admitted (rejected, or cancelled while "
                 f"waiting), so it never looked anything up"]
     out = [f"{name}: {x['hits']} of {res['full_blocks']} blocks hit, {x['missed']} missed"]
+    p = x.get("preempted") or {}
+    if p.get("preemptions"):
+        events = "; ".join(
+            f"t={_short_t(e['t'])} s, when "
+            + ("it could not get blocks for its own next tokens" if e["by"] == res["request"]
+               else f"request {printable(e['by'])} ({printable(e['by_group'])}) could not get "
+                    f"blocks for its next tokens")
+            + f" and it was the last running request, losing {e['lost_tokens']} computed tokens"
+            for e in p.get("events", []))
+        out += _wrap(f"  preempted {p['preemptions']} time{'s' if p['preemptions'] > 1 else ''}"
+                     f"{': ' + events if events else ''}; it computed "
+                     f"{p['recompute_tokens']} tokens again after resuming")
     for b in x["blame"]:
         ds = b["decisions"]
         t0, t1 = _short_t(b["first_t"]), _short_t(b["last_t"])

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 
 from helpers import CONTRACTS, EventLog, random_traces, write, write_lines
@@ -114,6 +116,9 @@ def test_decode_without_a_block_preempts_the_last_running_request(tmp_path):
     # B's first token came at 1 ms; resumed at 8 ms it samples output 6 at 9, done at 11.
     assert o["B"].ttft_ms == 1 and t0(o["B"].release_ns) == 11
     assert o["B"].cached_tokens == 0       # what its first scheduling found
+    # Preempted with 8 tokens computed (its prompt and 4 outputs), it hit b1 on resuming:
+    # 4 of the 5 tokens it then computed had been computed before.
+    assert o["B"].preempt_recompute_tokens == 4 and o["A"].preempt_recompute_tokens == 0
 
 
 def test_hit_rows_are_written_when_a_request_is_looked_up(tmp_path):
@@ -246,6 +251,15 @@ def test_explain_finds_the_new_lookup_of_every_resumed_request(tmp_path):
            for run, r in explain_request(out, rid)["runs"].items()
            if r["admitted"] and not r["ledger_consistent"]]
     assert bad == []
+    # explain says when each resumed request was preempted, by whom, and what it lost; the
+    # counts are requests.csv's
+    with open(out / "requests.csv", newline="") as f:
+        rows = {r["id"]: r for r in csv.DictReader(f) if r["run"] == "baseline"}
+    for rid in sorted(resumed)[:3]:
+        p = explain_request(out, rid)["runs"]["baseline"]["preempted"]
+        assert p["preemptions"] == int(rows[rid]["preemptions"]) == len(p["events"]) > 0
+        assert p["recompute_tokens"] == int(rows[rid]["preempt_recompute_tokens"])
+        assert all(e["lost_tokens"] > 0 and e["by"] in rows for e in p["events"])
 
 
 def test_output_block_keys_stay_out_of_prefixshield_hash_slots(tmp_path):
@@ -268,3 +282,24 @@ def test_output_block_keys_stay_out_of_prefixshield_hash_slots(tmp_path):
         result = engine.run(reader.events())
     assert result.evictions > 0 and result.aborted is None
     assert len(policy.history.slot_ns) <= 4 * len(hashes.names) + 64
+
+
+@pytest.mark.parametrize("answered", [True, False])
+def test_a_follow_up_hits_the_blocks_cached_while_the_answer_decoded(tmp_path, answered):
+    # A: a1 and a tail of 2, 8 out. Its tail block and the next fill with output and are
+    # cached as they fill: blocks 2 and 3 (1 is a1; 4 holds its last, uncomputed token).
+    # With its answer they hold e1 and e2; B re-sends a1 e1 e2 and hits all three, on the
+    # blocks A's decode cached. Without it they are A's alone, and B hits a1 only.
+    a = {"t": 0, "id": "A", "blocks": ["a1"], "tail": 2, "out": 8}
+    if answered:
+        a["answer"] = ["e1", "e2"]
+    p = write(tmp_path, [a, {"t": 0.05, "id": "B", "blocks": ["a1", "e1", "e2", "b1"],
+                             "tail": 1, "out": 1}])
+    o, result, log = replay_step(p, capacity=12, log=HitLog())
+    assert t0(o["A"].release_ns) == 8
+    if answered:
+        assert o["B"].cached_tokens == 12
+        assert [r[2:] for r in log.hit_rows] == [(0, 1, "a1", "g"), (1, 2, "e1", "g"),
+                                                  (2, 3, "e2", "g")]
+    else:
+        assert o["B"].cached_tokens == 4 and [r[2:5] for r in log.hit_rows] == [(0, 1, "a1")]

@@ -3,7 +3,8 @@ and per eviction, for every policy that can run live.
 
 Both engines replay the same trace on the same modeled step clock; sim reimplements
 ``Scheduler.schedule`` over its own block pool, vllm-sched runs vLLM's. Agreement is
-exact: each request's state, cached tokens, preemptions, modeled TTFT and release time,
+exact: each request's state, cached tokens, preemptions and the tokens it computed again
+after them, modeled TTFT and release time,
 every eviction (time, requesting request, victim block, its trace hash, its owner) and every
 allocation batch's ledger row. A corpus must contain preemptions, evictions of output
 blocks, cancellations and queueing (asserted by count), or agreement on it would prove
@@ -72,8 +73,8 @@ def run(engine: str, path: Path, capacity: int, policy: str, sched: SchedulerPar
         result = eng.run(reader.events())
     assert result.aborted is None, result.aborted
     assert all(v.holds for v in result.invariants.values()), result.invariants
-    requests = {o.id: (o.state, o.cached_tokens, o.preemptions, o.ttft_ms, o.release_ns)
-                for o in result.requests}
+    requests = {o.id: (o.state, o.cached_tokens, o.preemptions, o.ttft_ms, o.release_ns,
+                       o.preempt_recompute_tokens) for o in result.requests}
     return result, requests, rows
 
 
@@ -93,6 +94,7 @@ def compare(path: Path, capacity: int, policy: str, counts: Counter,
     counts["evictions"] += sim.evictions
     counts["output_block_evictions"] += sum(1 for e in sim_rows.evictions if e[3] == "")
     counts["preemptions"] += sim.counts["preemptions"]
+    counts["preempt_recompute_tokens"] += sum(v[5] for v in sim_req.values())
     counts["cancellations"] += sim.counts["cancelled"] + sim.counts["dropped"]
     counts["queued"] += sim.counts["waits"]
 
