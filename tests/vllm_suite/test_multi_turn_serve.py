@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +24,7 @@ from psgate import api
 from psgate.engines.vllm_pool import tokens_for
 from psgate.trace.redact import load_key, pseudonym
 
-from test_vllm_serve import MODEL, free_port, wait_ready
+from test_vllm_serve import MODEL, serve
 
 BS, BLOCKS = 32, 64
 TENANTS = ["acme", "globex", "initech", "umbrella", "hooli", "wonka"]
@@ -72,32 +68,11 @@ def chat(port: int) -> dict[str, int]:
 @pytest.fixture(scope="module", params=["lru", "prefixshield"])
 def served(request, tmp_path_factory):
     policy = request.param
-    vllm = Path(sys.executable).with_name("vllm")
     d = tmp_path_factory.mktemp(f"chat-{policy}")
     (d / "key.hex").write_text("5c" * 16 + "\n")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PSGATE_")}
-    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]), PSGATE_POLICY=policy,
-               PSGATE_CAPTURE=str(d / "cap"), PSGATE_CAPTURE_KEY_FILE=str(d / "key.hex"))
-    log = d / "server.log"
-    cmd = [str(vllm), "serve", str(MODEL), "--load-format", "dummy", "--skip-tokenizer-init",
-           "--block-size", str(BS), "--num-gpu-blocks-override", str(BLOCKS),
-           "--max-model-len", "1024", "--enable-prefix-caching", "--enforce-eager",
-           "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port),
-           "--seed", "0"]
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=d,
-                                start_new_session=True)
-        try:
-            wait_ready(proc, port, log)
-            seen = chat(port)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    seen = serve(d, {"PSGATE_POLICY": policy, "PSGATE_CAPTURE": str(d / "cap"),
+                     "PSGATE_CAPTURE_KEY_FILE": str(d / "key.hex")}, chat,
+                 max_model_len=1024)[0]
     key = load_key(str(d / "key.hex"), unkeyed=False)
     files = json.loads((d / "cap" / "capture-summary.json").read_text())["files"]
     assert len(files) == 1

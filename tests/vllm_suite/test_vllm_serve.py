@@ -114,26 +114,25 @@ def drive(port: int) -> dict[str, dict]:
     return seen
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def serve(d: Path, psgate_env: dict[str, str], client, max_model_len: int = 512):
+    """`vllm serve` of the tiny model (BLOCKS blocks of BS tokens, vLLM's multiprocessing
+    on) in ``d`` with ``psgate_env`` as its only PSGATE_ settings, ``client(port)`` run
+    against it, then SIGTERM with the default shutdown flags, as an orchestrator stops a
+    server. Returns (what the client returned, seconds from SIGTERM to exit, exit code)."""
     vllm = Path(sys.executable).with_name("vllm")
     version = subprocess.run([str(vllm), "--version"], capture_output=True, text=True,
                              timeout=300)
     assert version.returncode == 0, (
         "`vllm` does not run in this environment; build it with scripts/install-vllm.sh:\n"
         + version.stderr[-1500:])
-    d = tmp_path_factory.mktemp("serve")
-    (d / "key.hex").write_text("7e" * 16 + "\n")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSGATE_")}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1",
-               PYTHONPATH=str(ROOT), PSGATE_POLICY="lru", PSGATE_LEDGER=str(d / "ledger.csv"),
-               PSGATE_CAPTURE=str(d / "cap"), PSGATE_CAPTURE_KEY_FILE=str(d / "key.hex"),
-               PSGATE_SHADOW="prefixshield")
+               PYTHONPATH=str(ROOT), **psgate_env)
     log = d / "server.log"
     cmd = [str(vllm), "serve", str(MODEL), "--load-format", "dummy", "--skip-tokenizer-init",
            "--block-size", str(BS), "--num-gpu-blocks-override", str(BLOCKS),
-           "--max-model-len", "512", "--enable-prefix-caching", "--enforce-eager",
+           "--max-model-len", str(max_model_len), "--enable-prefix-caching", "--enforce-eager",
            "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port),
            "--seed", "0"]
     with open(log, "w") as logf:
@@ -141,7 +140,7 @@ def served(tmp_path_factory):
                                 start_new_session=True)
         try:
             wait_ready(proc, port, log)
-            seen = drive(port)
+            seen = client(port)
             t = time.monotonic()
             proc.send_signal(signal.SIGTERM)    # the API server only, default shutdown flags
             proc.wait(timeout=120)
@@ -150,8 +149,19 @@ def served(tmp_path_factory):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    print(f"\nserver stopped {stop_s:.1f} s after SIGTERM (exit {proc.returncode})")
-    return {"dir": d, "seen": seen, "log": log.read_text(), "key": load_key(
+    return seen, stop_s, proc.returncode
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    (d / "key.hex").write_text("7e" * 16 + "\n")
+    seen, stop_s, code = serve(d, {
+        "PSGATE_POLICY": "lru", "PSGATE_LEDGER": str(d / "ledger.csv"),
+        "PSGATE_CAPTURE": str(d / "cap"), "PSGATE_CAPTURE_KEY_FILE": str(d / "key.hex"),
+        "PSGATE_SHADOW": "prefixshield"}, drive)
+    print(f"\nserver stopped {stop_s:.1f} s after SIGTERM (exit {code})")
+    return {"dir": d, "seen": seen, "log": (d / "server.log").read_text(), "key": load_key(
         str(d / "key.hex"), unkeyed=False)}
 
 
