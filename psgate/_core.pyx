@@ -3678,7 +3678,8 @@ def request_line(bytes head, o, object csv_field, object fmt_f, object fmt_t):
         _buf_time(&buf, o.release_ns, fmt_t, csv_field)
         _buf_put(&buf, ",", 1)
         _buf_field(&buf, o.preemptions, csv_field)
-        _buf_int_or_text(&buf, o.preempt_recompute_tokens, csv_field)
+        _buf_field(&buf, o.preempt_recompute_tokens, csv_field)
+        buf.n -= 1              # the last field: its comma becomes the line feed
         _buf_put(&buf, "\n", 1)
         return PyBytes_FromStringAndSize(buf.p, buf.n)
     finally:

@@ -735,7 +735,10 @@ _ns = st.one_of(st.none(), st.integers(-3 * 10**9, 3 * 10**9), st.integers(-2**7
                    prompt_tokens=st.one_of(st.integers(0, 2**70), st.floats(0, 9)),
                    cached_tokens=st.integers(-2**64, 2**64), new_blocks=st.booleans(),
                    recompute_tokens=st.integers(0, 9), queue_ms=_ms, prefill_ms=_ms,
-                   ttft_ms=_ms, release_ns=_ns, waited=st.booleans(), wait_ms=_ms),
+                   ttft_ms=_ms, release_ns=_ns, waited=st.booleans(), wait_ms=_ms,
+                   preemptions=st.integers(0, 2**70),
+                   preempt_recompute_tokens=st.one_of(st.integers(-2**70, 2**70),
+                                                      st.floats(0, 9))),
        label=_text)
 def test_request_rows_are_the_python_rows(o, label):
     """requests.csv's row of an outcome (request_line) is request_row's fields as

@@ -163,14 +163,16 @@ def _reference_requests_csv(runs) -> bytes:
 
     writerow(["run", "policy", "id", "group", "contract", "role", "measure", "state", "t",
               "prompt_tokens", "cached_tokens", "new_blocks", "recompute_tokens", "waited",
-              "wait_ms", "queue_ms", "prefill_ms", "ttft_ms", "done_t"])
+              "wait_ms", "queue_ms", "prefill_ms", "ttft_ms", "done_t", "preemptions",
+              "preempt_recompute_tokens"])
     for label, policy, outcomes in runs:
         for o in sorted(outcomes, key=lambda o: (o.t_ns, o.id)):
             writerow([label, policy, o.id, o.group, o.contract, o.role or "",
                       int(o.measure), o.state, fmt_t(o.t_ns), o.prompt_tokens,
                       o.cached_tokens, o.new_blocks, o.recompute_tokens, int(o.waited),
                       fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
-                      fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns)])
+                      fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns), o.preemptions,
+                      o.preempt_recompute_tokens])
     return "".join(lines).encode()
 
 
@@ -193,7 +195,9 @@ def _outcomes(draw):
             cached_tokens=draw(st.integers(0, 50)), new_blocks=draw(st.integers(0, 9)),
             ttft_ms=ttft, prefill_ms=draw(st.one_of(st.none(), st.floats(0, 1e3))),
             queue_ms=ttft, release_ns=draw(st.one_of(st.none(), st.integers(t, t + 10**10))),
-            waited=draw(st.booleans()), wait_ms=draw(st.floats(0, 1e3))))
+            waited=draw(st.booleans()), wait_ms=draw(st.floats(0, 1e3)),
+            preemptions=draw(st.integers(0, 3)),
+            preempt_recompute_tokens=draw(st.integers(0, 2**40))))
     # finish order differs from arrival order; some never finish (an aborted run)
     finished = draw(st.permutations(list(range(n))))
     finished = finished[:draw(st.integers(0, n))] if draw(st.booleans()) else finished

@@ -67,6 +67,9 @@ def test_formats_table_names_formats_and_defaults():
     ("mooncake", {"contract": "critical", "contracts_cycle": True}, "--contract: give either"),
     ("weka", {"group_by": "hash-mod:2"}, "--group-by: expected file, type or none"),
     ("bailian", {"group_by": "root-block"}, "--group-by: expected chat, type or none"),
+    ("mooncake", {"answers": "guess"}, "--option answers: expected infer, found 'guess'"),
+    ("mooncake", {"answers": "infer", "block_size": 64},
+     "--option answers: answers=infer needs the source's native block size 512 (found 64)"),
 ])
 def test_bad_options_are_input_errors(tmp_path, fmt, opts, needle):
     src = _jsonl(tmp_path / "x.jsonl", [{"timestamp": 0, "input_length": 512,
@@ -573,3 +576,69 @@ def test_imported_mooncake_sample_replays_through_the_gate(tmp_path):
         assert result.receipt["runs"][run]["rejected_ids"] == []
     assert result.receipt["trace"]["source"] == "mooncake:mooncake_conversation_head.jsonl"
     assert (tmp_path / "o" / "receipt.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------
+# answers=infer
+# ---------------------------------------------------------------------------------------
+
+def test_answers_infer_ties_a_next_turn_to_the_answer_it_re_sends(tmp_path):
+    """c1 (ids 1 2, 1100 tokens, 500 out) is followed by c2, which re-sends it and its answer
+    (1100 + 500 tokens fill blocks up to 3); ids 3 4 are new at c2, so block 2 (id 3) is
+    c1's answer. x2 re-sends x1 but is shorter than x1's prompt and output: no answer."""
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 500, "hash_ids": [1, 2, 9]},
+            {"timestamp": 1000, "input_length": 2000, "output_length": 10,
+             "hash_ids": [1, 2, 3, 4]},
+            {"timestamp": 2000, "input_length": 600, "output_length": 900, "hash_ids": [7, 8]},
+            {"timestamp": 3000, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 5]}]
+    src = _jsonl(tmp_path / "mc.jsonl", rows)
+    lines = import_trace("mooncake", src, answers="infer")
+    _, header, summary = _validated(tmp_path, lines)
+    r = _reqs(lines)
+    assert r["mc-1"]["answer"] == [r["mc-2"]["blocks"][2]]
+    assert all("answer" not in r[i] for i in ("mc-2", "mc-3", "mc-4"))
+    imp = header.raw["import"]
+    assert imp["answered_requests"] == 1 and imp["answer_blocks"] == 1
+    assert imp["options"]["answers"] == "infer" and "answer_rule" in imp
+    # without the option nothing changes, the header's options included
+    plain = import_trace("mooncake", src)
+    assert "answers" not in plain[0]["import"]["options"]
+    assert all("answer" not in x for x in plain[1:])
+
+
+@pytest.mark.parametrize("first", [
+    # z extends id 1 with id 2 before a does: id 1 is a shared prefix, a branch point
+    {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
+    # y holds id 3 after id 1 before b: b did not compute it, so it is not a's output
+    {"timestamp": 0, "input_length": 1536, "output_length": 1, "hash_ids": [1, 3, 9]},
+], ids=["branch-point", "seen-before"])
+def test_answers_infer_skips_a_shared_prefix_and_blocks_seen_before(tmp_path, first):
+    rows = [first,
+            {"timestamp": 1000, "input_length": 512, "output_length": 600, "hash_ids": [1]},
+            {"timestamp": 2000, "input_length": 1200, "output_length": 1, "hash_ids": [1, 3, 4]}]
+    lines = import_trace("mooncake", _jsonl(tmp_path / "mc.jsonl", rows), answers="infer")
+    assert all("answer" not in x for x in lines[1:])
+    assert lines[0]["import"]["answered_requests"] == 0
+    # b alone after a: the same blocks are a's answer
+    lines = import_trace("mooncake", _jsonl(tmp_path / "mc2.jsonl", rows[1:]), answers="infer")
+    assert _reqs(lines)["mc-1"]["answer"] == [_reqs(lines)["mc-2"]["blocks"][1]]
+    _validated(tmp_path, lines)
+
+
+def test_answers_infer_on_the_repository_samples_and_their_replay(tmp_path):
+    """The WEKA sessions re-send each answer: most requests get one, the trace validates,
+    and a step replay caches them (a follow-up hits more than without answers)."""
+    lines = import_trace("weka", ROOT / "examples" / "traces" / "weka", answers="infer")
+    p, header, summary = _validated(tmp_path, lines)
+    imp = header.raw["import"]
+    answered = sum(1 for x in lines[1:] if "answer" in x)
+    assert answered == imp["answered_requests"] > len(lines[1:]) // 2
+    cached = {}
+    for name, trace in (("with", p), ("without", tmp_path / "bare.jsonl")):
+        if name == "without":
+            write_trace(trace, [{k: v for k, v in x.items() if k != "answer"} for x in lines])
+        res = api.replay(api.ReplayConfig(trace=str(trace), baseline="lru", candidate="lru",
+                                          capacity=8192, out=tmp_path / name,
+                                          allow_unexercised=True))
+        cached[name] = res.receipt["runs"]["baseline"]["metrics"]["totals"]["saved_prefill_tokens"]
+    assert cached["with"] > cached["without"]

@@ -36,6 +36,7 @@ import orjson
 from psgate.contracts import CONTRACT_NAMES
 from psgate.errors import InputError
 from psgate.inputs import open_input
+from psgate.trace.importers.answers import infer_answers
 from psgate.trace.model import seconds_to_ns
 from psgate.trace.reader import MAX_BLOCK_SIZE, MAX_JSON_INT, MAX_TIME_S, is_number, type_name
 from psgate.trace.writer import header_line
@@ -103,6 +104,9 @@ def common_options(group_by: str, group_help: str) -> dict[str, Option]:
         "max_output_bytes": Option(MAX_OUTPUT_BYTES, int, "stop (exit 2) once the block "
                                    "hashes made so far would take more than this many bytes "
                                    "of trace (re-blocking multiplies them)"),
+        "answers": Option(None, str, "'infer': give a request the answer a later turn "
+                                     "re-sends (psgate/trace/importers/answers.py; the "
+                                     "native block size only)"),
     }
 
 
@@ -381,6 +385,9 @@ def resolve_options(fmt: ImportFormat, options: dict) -> dict:
     if opts["contracts_cycle"] and opts["contract"] is not None:
         raise InputError("give either a fixed contract or contracts_cycle, not both",
                          path="--contract")
+    if opts["answers"] not in (None, "infer"):
+        raise InputError(f"expected infer, found {opts['answers']!r:.40}",
+                         path="--option answers")
     if opts["contract"] is not None and not opts["contract"]:
         raise InputError("expected a non-empty contract name", path="--contract")
     if "stagger_s" in opts and (not math.isfinite(opts["stagger_s"]) or opts["stagger_s"] < 0):
@@ -434,7 +441,9 @@ def finish(fmt: str, reqs: list[Req], opts: dict, *, bs: int, native: int, sourc
         return fixed
 
     groups = {g: {"contracts": [contract_of(g)]} for g in group_index}
-    resolved = {k: v for k, v in opts.items() if k != "max_output_bytes"}   # no content
+    # no content; answers only when asked for, so earlier imports stay byte-identical
+    resolved = {k: v for k, v in opts.items()
+                if k != "max_output_bytes" and not (k == "answers" and v is None)}
     resolved["block_size"] = bs
     if resolved["contract"] is None and not resolved["contracts_cycle"]:
         resolved["contract"] = "standard"
@@ -453,6 +462,13 @@ def finish(fmt: str, reqs: list[Req], opts: dict, *, bs: int, native: int, sourc
         lines.append({"t": r.t, "op": "request", "id": r.rid, "group": r.group,
                       "contract": contract_of(r.group), "scope": r.scope,
                       "blocks": r.blocks.hashes(), "tail": r.tail, "out": r.out})
+    if opts["answers"] == "infer":
+        if bs != native:
+            # a finer block splits the predecessor's last, partly filled source block into
+            # blocks its follower does not share: the follower no longer starts with them
+            raise InputError(f"answers=infer needs the source's native block size {native} "
+                             f"(found {bs})", path="--option answers")
+        header["import"].update(infer_answers(lines, bs))
     return lines
 
 
