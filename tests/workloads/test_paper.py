@@ -107,8 +107,9 @@ def test_output_validates_and_records_params(tmp_path, kind):
     assert summary.num_requests == len(requests(lines)) > 0
     h = lines[0]
     assert h["generator"]["name"] == kind
-    # rates at its default ("service") stays out, as before the parameter existed
-    assert h["generator"]["params"] == {k: v for k, v in NEW[kind].items() if k != "rates"}
+    # rates at its default ("service") and answers off stay out, as before they existed
+    assert h["generator"]["params"] == {k: v for k, v in NEW[kind].items()
+                                        if k not in ("rates", "answers")}
     assert h["generator"]["derived"]
     reqs = requests(lines)
     assert set(h["groups"]) == {r["group"] for r in reqs}
@@ -357,6 +358,31 @@ def test_sharegpt_turns_share_the_previous_prompt_as_prefix(kind):
     d = lines[0]["generator"]["derived"]
     assert d["request_rate_per_s"] * d["mean_blocks_x_hold_s"] == pytest.approx(0.6 * 511,
                                                                                  rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sharegpt", "sharegpt-bursty"])
+def test_sharegpt_with_answers_re_sends_each_answer(kind, tmp_path):
+    """answers=true: the same conversations and times, each turn carrying its answer (the
+    full blocks of its prompt and output past its prompt's), and the next turn's blocks
+    starting with the previous turn's blocks and answer."""
+    lines, plain = gen(kind, answers=True), gen(kind)
+    assert lines[0]["generator"]["params"]["answers"] is True
+    assert [(r["id"], r["t"], r["out"], r["tail"]) for r in requests(lines)] == \
+        [(r["id"], r["t"], r["out"], r["tail"]) for r in requests(plain)]
+    answered = 0
+    for c in _conversations(lines).values():
+        for prev, cur in zip(c, c[1:]):
+            said = prev["blocks"] + prev.get("answer", [])
+            full = (16 * len(prev["blocks"]) + prev["tail"] + prev["out"]) // 16
+            assert len(said) == full
+            assert cur["blocks"][:len(said)] == said
+            answered += "answer" in prev
+    assert answered > 100
+    path = tmp_path / "t.jsonl"
+    write_trace(path, lines)
+    validate_trace(str(path))
+    with pytest.raises(InputError, match="'answers' expects bool, found 1"):
+        generate(kind, {"answers": 1})
 
 
 def test_sharegpt_bursty_is_the_same_conversations_in_bursts():
