@@ -265,6 +265,8 @@ def render_trace_stats(console: Console, trace: str, st: dict) -> None:
     t = _table(None, ["measure", "value"])
     for k in ("block_references", "unique_blocks", "span_s", "infinite_cache_hit_ratio"):
         t.add_row(Text(k.replace("_", " ")), fmt(st[k]))
+    if st.get("answer_blocks"):         # blocks a request's answer names, cached as it decodes
+        t.add_row(Text("answer blocks"), fmt(st["answer_blocks"]))
     for r in st["reuse_distance_profile"]:
         t.add_row(Text(f"reuse distance [{r['distance_ge']}, {r['distance_lt']})"),
                   str(r["references"]))

@@ -41,6 +41,21 @@ def test_small_trace_exact(tmp_path):
     assert s["per_group"]["g"]["created_blocks"] == 3
 
 
+def test_answers_are_content_a_later_prompt_hits(tmp_path):
+    # A's answer (e1, on its done line) is cached as it decodes: B re-sends a1 e1 and an
+    # infinite cache serves both; the answer is A's group's creation, no prompt reference
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1"], "tail": 1, "out": 8},
+        {"t": 1, "op": "done", "id": "A", "answer": ["e1"]},
+        {"t": 2, "id": "B", "blocks": ["a1", "e1", "b1"], "tail": 1},
+    ])
+    s = trace_stats(str(p))
+    assert (s["block_references"], s["unique_blocks"], s["answer_blocks"]) == (4, 3, 1)
+    assert s["infinite_cache_cached_tokens"] == 8 and s["per_group"]["g"]["created_blocks"] == 3
+    proc = psgate("trace", "stats", p)
+    assert proc.returncode == 0 and "answer blocks" in proc.stdout + proc.stderr, proc.stderr
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seq=st.lists(st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1,
                              max_size=4, unique=True), min_size=1, max_size=15))
