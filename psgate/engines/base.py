@@ -61,9 +61,7 @@ class RequestState:
         self.awaits_done = awaits_done
         self.outcome = outcome
         self.wait_start_ns = -1
-        # the trace hashes of its full blocks in order: the prompt's, then its answer's
-        # (the output blocks past them are keyed to the request alone)
-        self.chain = ev.blocks if ev.answer is None else ev.blocks + ev.answer
+        self.chain = ev.chain       # read per allocation: built once
 
 
 class PolicyFault(Exception):

@@ -120,6 +120,7 @@ def _preemptions(directory: Path, receipt: dict, trace: _Trace, request: str) ->
     from psgate.report.html import read_requests
     out: dict[str, dict] = {}
     rows = read_requests(directory)
+    prepared = None
     for run in RUNS:
         row = next((r for r in rows.get(run, []) if r["id"] == request), None)
         if row is None or "preemptions" not in row:
@@ -129,7 +130,9 @@ def _preemptions(directory: Path, receipt: dict, trace: _Trace, request: str) ->
                     "recompute_tokens": int(row["preempt_recompute_tokens"] or 0)}
         if n and not resimulation_refusal(receipt, "explain"):
             rec = _Preemptions(request)
-            replay_run(receipt, prepare_replay(receipt, trace.override, "explain"), run, rec)
+            if prepared is None:        # the trace validated once for both runs
+                prepared = prepare_replay(receipt, trace.override, "explain")
+            replay_run(receipt, prepared, run, rec)
             out[run]["events"] = rec.found
     return out
 
@@ -354,7 +357,7 @@ class _Trace:
                 if type(ev) is RequestEvent:
                     self.requests[ev.id] = _Request(
                         ev.id, ev.group, ev.contract, ev.scope, ev.t_ns, ev.blocks,
-                        ev.prompt_tokens, ev.blocks + ev.answer if ev.answer else ev.blocks)
+                        ev.prompt_tokens, ev.chain)
                     scopes.setdefault(ev.group, set()).add(ev.scope)
                     seen.update(ev.blocks)
                     for h in ev.answer or ():

@@ -66,6 +66,12 @@ class RequestEvent:
     # from them: the blocks a server caches while decoding the answer (see trace/reader.py)
     answer: list[int] | None = None
 
+    @property
+    def chain(self) -> list[int]:
+        """The hashes of its full blocks in order: the prompt's, then its answer's (the
+        contents a replay caches for it; output blocks past them have none)."""
+        return self.blocks if self.answer is None else self.blocks + self.answer
+
 
 @dataclass(slots=True)
 class CancelEvent:

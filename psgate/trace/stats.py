@@ -19,7 +19,7 @@ from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.trace.keys import KEY_SHIFT
 from psgate.trace.model import RequestEvent
 from psgate.trace.reader import (HashTable, TraceReader, TraceSource, corpus_traces,
-                                 trace_directory, validate_trace)
+                                 trace_directory)
 
 
 class _Fenwick:
@@ -43,13 +43,15 @@ class _Fenwick:
         return s
 
 
-def _count_references(src: TraceSource) -> int:
+def _checked_references(src: TraceSource, hashes: HashTable):
+    """The validating pass: the trace's summary (done lines' answers included) and how
+    many prompt block references it makes."""
     n = 0
-    with TraceReader(src, HashTable()) as reader:
+    with TraceReader(src, hashes) as reader:
         for ev in reader.events():
             if type(ev) is RequestEvent:
                 n += len(ev.blocks)
-    return n
+        return reader.summary(), n
 
 
 def trace_stats(given: str) -> dict:
@@ -70,14 +72,14 @@ def _one_trace_stats(given: str) -> dict:
     scopes: set[str] = set()
     seen: set[int] = set()
     last_pos: dict[int, int] = {}
-    bit = _Fenwick(_count_references(src))
+    summary, num_refs = _checked_references(src, hashes)
+    bit = _Fenwick(num_refs)
     hist: dict[int, int] = {}
     refs = 0
     first_refs = 0
     cached_tokens = prompt_tokens = 0
     requests = 0
     t_first = t_last = None
-    summary = validate_trace(given, hashes)[1]
     answer_blocks = 0
     with TraceReader(src, hashes, validated=summary) as reader:
         header = reader.header

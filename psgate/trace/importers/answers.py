@@ -52,12 +52,11 @@ def infer_answers(lines: list[dict], block_size: int) -> dict:
         if best is not None:
             r1, n = best
             last = b2[n - 1]
-            p1 = n * block_size + r1["tail"]
-            cand = b2[n:min((p1 + r1["out"]) // block_size, len(b2))]
-            if (last not in branched and child.get(last, b2[n] if n < len(b2) else None)
-                    == (b2[n] if n < len(b2) else None)
-                    and len(b2) * block_size + r2["tail"] >= p1 + r1["out"]
-                    and cand and not any(h in seen for h in cand) and "answer" not in r1):
+            said = n * block_size + r1["tail"] + r1["out"]      # R1's prompt and output
+            cand = b2[n:min(said // block_size, len(b2))]
+            branch = last in branched or (cand and child.get(last, cand[0]) != cand[0])
+            if (cand and not branch and len(b2) * block_size + r2["tail"] >= said
+                    and not any(h in seen for h in cand) and "answer" not in r1):
                 r1["answer"] = list(cand)
                 num_answered += 1
                 num_blocks += len(cand)
