@@ -275,8 +275,13 @@ class ReplayEngine(BlockPool):
         outcome = RequestOutcome(id=ev.id, group=ev.group, contract=ev.contract, role=ev.role,
                                  measure=ev.measure, state=UNFINISHED, t_ns=ev.t_ns,
                                  prompt_tokens=ev.prompt_tokens)
-        num_total = -(-(ev.prompt_tokens + num_out) // self.bs)
-        return cls(ev, preq, g, num_total, outcome, awaits_done)
+        return cls(ev, preq, g, self.blocks_to_hold(ev.prompt_tokens + num_out), outcome,
+                   awaits_done)
+
+    def blocks_to_hold(self, num_tokens: int) -> int:
+        """Blocks ``num_tokens`` tokens take in an empty cache: a request that needs more
+        than the pool has is rejected on arrival."""
+        return -(-num_tokens // self.bs)
 
     def accepted(self, r: RequestState, too_long: bool = False) -> bool:
         """Rejects r (False) when it cannot fit even into an empty cache (or the policy's
@@ -568,7 +573,6 @@ class ReplayEngine(BlockPool):
     def free_blocks(self, r: RequestState) -> None:
         """r's blocks go back in vLLM's ``free`` order (block_pool.py:774-803): walked last
         first, uncached ones to the front of the free queue, cached ones to the policy."""
-        ref, key, owner = self.ref, self.key, self.owner
         if self.kernels is not None and self.on_released_fn is None:
             uncached, freed, num_by_owner = self.kernels.pool_free(self, r.blocks)
             self.free.extend(reversed(uncached))
@@ -576,9 +580,16 @@ class ReplayEngine(BlockPool):
                 self.occ_add(og, -num)
             self.policy.on_free(freed, self.now)
             return
+        self.free_in_order(reversed(r.blocks))
+
+    def free_in_order(self, blocks) -> None:
+        """Blocks a request lets go of, in vLLM's ``free_blocks`` order (the first is
+        evicted first): unpinned uncached ones to the front of the free queue, unpinned
+        cached ones to the policy."""
+        ref, key, owner = self.ref, self.key, self.owner
         uncached: list[int] = []
         freed: list[int] = []
-        for b in reversed(r.blocks):
+        for b in blocks:
             ref[b] -= 1
             if ref[b] == 0:
                 (uncached if key[b] == NO_KEY else freed).append(b)

@@ -78,6 +78,18 @@ class StepSimEngine(ReplayEngine):
 
     name = "sim"
     scheduler = "step"
+    request_cls = StepRequest
+    # A running request whose next token has its slot skips allocate_slots (a no-op for
+    # it with one full-attention group; not with sliding-window groups, which free blocks
+    # on every call).
+    decode_fast_path = True
+
+    def __new__(cls, *args, sched: SchedulerParams | None = None, **kw):
+        """A model with several KV-cache groups replays on the hybrid scheduler."""
+        if cls is StepSimEngine and sched is not None and sched.hybrid:
+            from psgate.engines.hybrid import HybridStepEngine
+            cls = HybridStepEngine
+        return super().__new__(cls)
 
     def __init__(self, *, step_cost: StepCostModel | None = None,
                  sched: SchedulerParams | None = None, **kw) -> None:
@@ -145,7 +157,7 @@ class StepSimEngine(ReplayEngine):
     def arrive(self, ev: RequestEvent) -> None:
         if len(self.slot_ns) < len(self.hashes.names):
             self.grow_slots()
-        r = self.request_state(ev, max(1, ev.out), StepRequest)
+        r = self.request_state(ev, max(1, ev.out), self.request_cls)
         # Without chunked prefill vLLM refuses a sequence longer than the token budget
         # (its max_model_len may not exceed max_num_batched_tokens: config/scheduler.py).
         sched = self.sched
@@ -270,12 +282,13 @@ class StepSimEngine(ReplayEngine):
         running, bs = self.running, self.bs
         num_p, num_c, num_d, num_k = work
         preempted = False
+        fast = self.decode_fast_path
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
             before = r.num_computed
             n = r.num_tokens - before
-            if n == 1 and (before // bs < len(r.blocks)         # _allocate's fast path
+            if n == 1 and fast and (before // bs < len(r.blocks)   # _allocate's fast path
                            and (before + 1) // bs <= r.num_cached_blocks):
                 scheduled.append(r)          # a decode, the common case
                 num_new.append(1)

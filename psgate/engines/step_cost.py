@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from psgate.engines.kv_groups import KVGroup, format_kv_groups, parse_kv_groups
+
 STEP_COEFFICIENTS = ("fixed_ms", "per_prefill_token_ms", "per_context_token_ms",
                      "per_decode_ms", "per_decode_context_token_ms")
 DEFAULT_STEP_SOURCE = "psgate step defaults (Qwen2.5-1.5B on NVIDIA L4, rough)"
@@ -89,6 +91,21 @@ class SchedulerParams:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     watermark: float = 0.0
+    # The model's KV-cache groups (psgate.engines.kv_groups); () is one full-attention
+    # group. A receipt's text form (``full,sliding:4096``) is read back here too.
+    kv_groups: tuple[KVGroup, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kv_groups, str):
+            object.__setattr__(self, "kv_groups", parse_kv_groups(self.kv_groups))
+
+    @property
+    def hybrid(self) -> bool:
+        """More than the one full-attention group every replay had before."""
+        return bool(self.kv_groups)
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kv_groups"}
+        if self.kv_groups:          # recorded only when set: older receipts read the same
+            doc["kv_groups"] = format_kv_groups(self.kv_groups)
+        return doc

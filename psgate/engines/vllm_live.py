@@ -187,9 +187,11 @@ class LivePolicy:
         def touched(blocks):
             self._begin()
             preq = self._cur
-            self._num_hits += len(blocks)
             for pos, blk in enumerate(blocks):
                 touch([blk])
+                if blk.is_null:       # a sliding-window group's skipped position
+                    continue
+                self._num_hits += 1
                 if blk.block_id in self.output_blocks:
                     self.output_hits[preq.id] = self.output_hits.get(preq.id, 0) + 1
                 policy.on_hit(blk.block_id, preq, pos)
@@ -212,7 +214,8 @@ class LivePolicy:
             self._begin()
             preq = self._cur
             num_prompt = request.num_prompt_tokens // self.block_size
-            preq.num_new_full_blocks = max(0, num_full_blocks - num_cached_blocks)
+            # summed over a hybrid model's KV-cache groups (one call each)
+            preq.num_new_full_blocks += max(0, num_full_blocks - num_cached_blocks)
             rid = preq.id
             for pos in range(num_cached_blocks, num_full_blocks):
                 blk = blocks[pos]

@@ -28,6 +28,7 @@ import logging
 
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.engines.base import PolicyFault, ReplayEngine, RequestState, policy_fault
+from psgate.engines.kv_groups import FULL, KVGroup, admission_caps, blocks_to_hold
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (RefView, block_tokens, namespace_salt,
@@ -35,7 +36,7 @@ from psgate.engines.vllm_pool import (RefView, block_tokens, namespace_salt,
 from psgate.errors import InputError
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.policy import Decision, PolicyRequest, PoolInfo
-from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, content_key, output_key
+from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, chain_key
 from psgate.trace.model import CancelEvent, RequestEvent
 
 NS_PER_MS = 1_000_000
@@ -58,13 +59,20 @@ def sampled_token(ev: RequestEvent, index: int, block_size: int, names: list[str
 def build_scheduler(num_blocks: int, block_size: int, sched: SchedulerParams,
                     max_model_len: int):
     """vLLM's Scheduler with no model: the bundled tiny Qwen2 config for ModelConfig (only
-    its shape is read), prefix caching on, FCFS, synchronous scheduling, one full-attention
-    KV cache group of ``num_blocks`` blocks."""
+    its shape is read), prefix caching on, FCFS, synchronous scheduling, and a pool of
+    ``num_blocks`` blocks for one full-attention KV cache group, or for the groups of
+    ``sched.kv_groups`` (vLLM's hybrid coordinator then runs)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                            KVCacheGroupSpec)
+                                            KVCacheGroupSpec, SlidingWindowSpec)
+
+    def spec(group):
+        shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        if group.kind == "full":
+            return FullAttentionSpec(**shape)
+        return SlidingWindowSpec(**shape, sliding_window=group.window)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from psgate.engines.vllm_real import default_model_config
@@ -86,9 +94,9 @@ def build_scheduler(num_blocks: int, block_size: int, sched: SchedulerParams,
         cache.num_gpu_blocks = num_blocks
         config = VllmConfig(model_config=model, scheduler_config=scheduler,
                             cache_config=cache)
+        groups = sched.kv_groups or (KVGroup(FULL),)
         kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(["layer0"], FullAttentionSpec(
-                block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+            KVCacheGroupSpec([f"layer{i}"], spec(g)) for i, g in enumerate(groups)])
         return Scheduler(config, kv, StructuredOutputManager(config), block_size=block_size)
     finally:
         quiet.setLevel(level)
@@ -143,6 +151,8 @@ class VllmSchedEngine(ReplayEngine):
         # (config/scheduler.py:315-326); longer requests are rejected on arrival then.
         self.max_model_len = (self.num_blocks * self.bs if p.enable_chunked_prefill
                               else p.max_num_batched_tokens)
+        self.caps = (admission_caps(p.kv_groups, self.bs, p.max_num_batched_tokens,
+                                    self.max_model_len) if p.kv_groups else None)
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(self.bs, hash_fn)
@@ -200,12 +210,22 @@ class VllmSchedEngine(ReplayEngine):
 
         self.sched._preempt_request = preempt_request
 
+    def blocks_to_hold(self, num_tokens: int) -> int:
+        if self.caps is None:
+            return super().blocks_to_hold(num_tokens)
+        return blocks_to_hold(self.caps, self.bs, num_tokens)
+
     # -- content keys and names (the protocol's) ------------------------------------
     def _key_of(self, rid: str, pos: int, block=None) -> int:
+        """The content a cached block holds: set by the pool's ``cache_full_blocks``
+        (below the policy's wrapper, which asks after it), which knows the block's group."""
+        return self.key[block.block_id]
+
+    def _chain_key(self, rid: str, pos: int, group: int = 0) -> int:
+        """What position ``pos`` of request ``rid`` holds in KV-cache group ``group``, from
+        the trace alone (what the checker holds a hit to)."""
         r = self.reqs[rid]
-        if pos < len(r.chain):
-            return content_key(r.ns, r.chain[pos])
-        return output_key(r.preq.index, pos)
+        return chain_key(r.chain, r.ns, r.preq.index, pos, group)
 
     def _name_of(self, rid: str, pos: int, block=None) -> str:
         chain = self.reqs[rid].chain
@@ -223,11 +243,17 @@ class VllmSchedEngine(ReplayEngine):
         """Observe the pool below LivePolicy's wrappers: what each allocation batch hit,
         took and cached, for the invariant checker and the occupancy."""
         touch, get_new, cache_full = pool.touch, pool.get_new_blocks, pool.cache_full_blocks
+        free_blocks = pool.free_blocks
+        from vllm.v1.core.kv_cache_utils import get_group_id
 
         def touched(blocks) -> None:
             touch(blocks)
             self._began = True
-            self._hits.extend(b.block_id for b in blocks)
+            bs = self.bs
+            # (group, position, block) of each hit: the group from the block's cache key,
+            # the position from the tokens it covers (a sliding group skips the first ones)
+            self._hits.extend((get_group_id(b.block_hash), b.block_hash_num_tokens // bs - 1,
+                               b.block_id) for b in blocks if not b.is_null)
 
         def got_new(n: int):
             self._began = True
@@ -244,25 +270,36 @@ class VllmSchedEngine(ReplayEngine):
             cache_full(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
             self._began = True
             rid = request.request_id
+            group = kwargs.get("kv_cache_group_id", args[1] if len(args) > 1 else 0)
             for pos in range(num_cached_blocks, num_full_blocks):
                 blk = blocks[pos]
                 if blk.is_null or blk.block_hash is None:
                     continue
-                k = self._key_of(rid, pos)
+                k = self._chain_key(rid, pos, group)
                 self.key[blk.block_id] = k
-                self._cached.append((blk.block_id, k))
+                self._cached.append((group, blk.block_id, k))
                 self.key_copies[k] = self.key_copies.get(k, 0) + 1
                 if k in self.lost:
                     self.lost.discard(k)
-                    self._recompute += self.bs
+                    if group == 0:      # trace content computed again counts once
+                        self._recompute += self.bs
+
+        def freed(ordered_blocks) -> None:
+            """Every block a request lets go of (at its end, a preemption, or a sliding
+            window moving on), for the checker's reference counts."""
+            blocks = list(ordered_blocks)
+            free_blocks(blocks)
+            r = self._cur
+            where = self.where_fn(r) if r is not None else self.trace_path
+            self.checker.released(where, [b.block_id for b in blocks if not b.is_null])
 
         pool.touch, pool.get_new_blocks, pool.cache_full_blocks = touched, got_new, cached
+        pool.free_blocks = freed
 
     def _wrap_manager(self, mgr) -> None:
         """Around LivePolicy's wrappers: one checker event per allocation batch and per
         release, after vLLM and the policy are done with it."""
         allocate, free = mgr.allocate_slots, mgr.free
-        blocks_of = mgr.coordinator.single_type_managers[0].req_to_blocks
 
         def allocate_slots(request, *args, **kwargs):
             r = self.reqs[request.request_id]
@@ -279,11 +316,9 @@ class VllmSchedEngine(ReplayEngine):
 
         def free_request(request):
             rid = request.request_id
-            held = [b.block_id for b in blocks_of.get(rid, ())]
-            free(request)
+            free(request)       # the checker is told by the pool's free_blocks
             r = self.reqs.get(rid)
             where = self.where_fn(r) if r is not None else rid
-            self.checker.released(where, held)
             self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
                                           self, self.policy)
 
@@ -292,10 +327,24 @@ class VllmSchedEngine(ReplayEngine):
     def _batch_done(self, r: RequestState, request) -> None:
         if r.seq < 0:        # its first scheduling: trace content it must compute again
             r.outcome.recompute_tokens += self._recompute
-        hits = self._hits
-        self.check_batch(r, [self._key_of(r.ev.id, pos) for pos in range(len(hits))], hits,
-                          (request.num_tokens - 1) // self.bs, self._new, self._cached,
-                          r.preq.num_new_full_blocks)
+        max_hits = (request.num_tokens - 1) // self.bs
+        if len(self.sched.kv_cache_manager.coordinator.single_type_managers) == 1:
+            self.check_batch(r, [self._chain_key(r.ev.id, i) for i in range(len(self._hits))],
+                             [b for _, _, b in self._hits], max_hits, self._new,
+                             [(b, k) for _, b, k in self._cached], r.preq.num_new_full_blocks)
+            return
+        # a hybrid model: group by group, each group's hits held to its own content
+        where = self.where_fn(r)
+        for g in range(len(self.params.kv_groups)):
+            hits = [(pos, b) for hg, pos, b in self._hits if hg == g]
+            self.checker.admitted(where, [self._chain_key(r.ev.id, pos, g) for pos, _ in hits],
+                                  [b for _, b in hits], max_hits, self._new if g == 0 else [],
+                                  [(b, k) for cg, b, k in self._cached if cg == g])
+        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
+                                      self, self.policy)
+        if self.auditors:
+            self.audit_batch(r, [(b, k) for _, b, k in self._cached],
+                             r.preq.num_new_full_blocks)
 
     def check_victim(self, v: int) -> None:
         """The policy chose v: a cached block no request holds, or the run stops here

@@ -18,6 +18,11 @@ HASH_MASK = (1 << KEY_SHIFT) - 1
 # unique to their request, never equal to a trace block's key, so only that request (resumed
 # after a preemption) can hit them.
 OUTPUT_KEY_BIT = 1 << 62
+# A hybrid model's KV-cache group g > 0 (psgate.engines.kv_groups) holds its blocks under
+# keys with g in bits 56-60, its own content; group 0's keys are the keys above. Namespaces
+# then keep below 2**24, request indexes below 2**32.
+KV_GROUP_SHIFT = 56
+MAX_HYBRID_NAMESPACES = 1 << (KV_GROUP_SHIFT - KEY_SHIFT)
 
 
 def content_key(namespace_id: int, hash_id: int) -> int:
@@ -30,6 +35,22 @@ def split_key(key: int) -> tuple[int, int]:
     return key >> KEY_SHIFT, key & HASH_MASK
 
 
-def output_key(request_index: int, pos: int) -> int:
+def output_key(request_index: int, pos: int, kv_group: int = 0) -> int:
     """The key of block ``pos`` of request ``request_index`` beyond its trace blocks."""
-    return OUTPUT_KEY_BIT | (request_index << 24) | pos
+    return OUTPUT_KEY_BIT | (kv_group << KV_GROUP_SHIFT) | (request_index << 24) | pos
+
+
+def kv_group_namespace(namespace_id: int, kv_group: int) -> int:
+    """The namespace id under which KV-cache group ``kv_group`` caches a namespace's
+    content (the namespace itself for group 0)."""
+    return namespace_id | (kv_group << (KV_GROUP_SHIFT - KEY_SHIFT))
+
+
+def chain_key(chain, namespace_id: int, request_index: int, pos: int,
+              kv_group: int = 0) -> int:
+    """The key of position ``pos`` of a request whose trace blocks and answer are
+    ``chain`` (hash ids), in KV-cache group ``kv_group``: past the chain, its own output
+    block."""
+    if pos < len(chain):
+        return (kv_group_namespace(namespace_id, kv_group) << KEY_SHIFT) | chain[pos]
+    return output_key(request_index, pos, kv_group)

@@ -97,6 +97,7 @@ def compare(path: Path, capacity: int, policy: str, counts: Counter,
     counts["preempt_recompute_tokens"] += sum(v[5] for v in sim_req.values())
     counts["cancellations"] += sim.counts["cancelled"] + sim.counts["dropped"]
     counts["queued"] += sim.counts["waits"]
+    counts["hit_tokens"] += sum(v[1] for v in sim_req.values())
 
 
 def traces():
@@ -203,3 +204,33 @@ def test_sim_and_vllm_sched_agree_on_real_trace_windows(tmp_path_factory, policy
     print(f"\n{policy}: {dict(counts)}")
     for what in ("evictions", "preemptions", "cancellations", "queued"):
         assert counts[what] > 0, f"the real-trace windows have no {what}: {dict(counts)}"
+
+
+# Hybrid-attention models: a sliding window shorter than most prompts (4-token blocks: a
+# hit needs a run of 2 or 3 cached blocks, and blocks leave the window while a prompt is
+# still being computed), in both group orders.
+HYBRID = {
+    "full+sliding:6": "full,sliding:6",
+    "sliding:9+full": "sliding:9,full",
+    "full+sliding:6+sliding:10": "full,sliding:6,sliding:10",
+}
+
+
+@pytest.mark.parametrize("groups", sorted(HYBRID))
+@pytest.mark.parametrize("policy", LIVE)
+def test_sim_and_vllm_sched_agree_on_hybrid_models(tmp_path, policy, groups):
+    counts: Counter = Counter()
+    sched = SchedulerParams(max_num_batched_tokens=24, max_num_seqs=4,
+                            kv_groups=HYBRID[groups])
+
+    @settings(max_examples=max(10, NUM_TRACES // 3), deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                    HealthCheck.function_scoped_fixture])
+    @given(lines=traces(), capacity=st.integers(12, 40))
+    def check(lines, capacity):
+        compare(write_lines(tmp_path, lines), capacity, policy, counts, sched=sched)
+
+    check()
+    print(f"\n{policy} {groups}: {dict(counts)}")
+    for what in ("evictions", "preemptions", "queued", "hit_tokens"):
+        assert counts[what] > 0, f"the hybrid corpus has no {what}: {dict(counts)}"

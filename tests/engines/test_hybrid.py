@@ -1,0 +1,138 @@
+"""Hybrid-attention models on the step scheduler (``--kv-groups``): exact block ids.
+
+Block size 4 and every step 1 ms, as in test_sched.py. ``full,sliding:6`` is a full-attention
+group then a sliding-window group whose window is 6 tokens: a sliding-window hit needs a run
+of ceil(5/4) = 2 cached blocks, and a request that has computed n tokens no longer needs its
+blocks wholly before token n - 5. The expected values are worked out by hand from vLLM 0.32's
+hybrid coordinator (psgate/engines/kv_groups.py); tests/vllm_suite/test_step_conformance.py
+runs generated traces on vLLM's own scheduler with the same groups.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import write
+from psgate.engines.kv_groups import FULL, SLIDING, KVGroup, longest_hit, parse_kv_groups
+from psgate.engines.step_cost import SchedulerParams
+from psgate.errors import InputError
+
+from test_sched import replay_step
+
+HYBRID = SchedulerParams(max_num_batched_tokens=8, max_num_seqs=4, kv_groups="full,sliding:6")
+
+
+def test_kv_groups_parse_and_print():
+    assert parse_kv_groups("full") == () and parse_kv_groups("") == ()
+    groups = parse_kv_groups("full, sliding:4096,sliding:128")
+    assert groups == (KVGroup(FULL), KVGroup(SLIDING, 4096), KVGroup(SLIDING, 128))
+    assert SchedulerParams(kv_groups=groups).to_json()["kv_groups"] == \
+        "full,sliding:4096,sliding:128"
+    assert "kv_groups" not in SchedulerParams().to_json()      # receipts as before
+    assert SchedulerParams(**SchedulerParams(kv_groups=groups).to_json()).kv_groups == groups
+
+
+@pytest.mark.parametrize("text, message", [
+    ("full,sliding", "group 1 ('sliding'): expected a sliding window of at least 2 tokens"),
+    ("sliding:1", "group 0 ('sliding:1'): expected a sliding window of at least 2 tokens"),
+    ("full,local:8", "group 1 ('local:8'): expected 'full' or 'sliding:WINDOW'"),
+    (",".join(["full"] * 33), "expected at most 32 KV-cache groups, found 33"),
+])
+def test_kv_groups_refuse_bad_text(text, message):
+    with pytest.raises(InputError, match="^" + re.escape("--kv-groups: " + message)):
+        parse_kv_groups(text)
+
+
+def _table(rows: dict[int, set[int]]):
+    """cached(g, pos) over {group: positions cached}; block id = 100 * group + pos + 1."""
+    return lambda g, pos: 100 * g + pos + 1 if pos in rows.get(g, ()) else -1
+
+
+def test_lookup_full_then_sliding_window():
+    groups = parse_kv_groups("full,sliding:6")          # a window hit needs 2 blocks
+    # all of 0-5 cached in both groups: the full group's 6, the sliding run ends there
+    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: set(range(6))}))
+    assert n == 6 and hits == [[1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 105, 106]]
+    # the sliding group lost 4: its last run of 2 is 2-3, so the hit is 4 blocks
+    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {0, 1, 2, 3, 5}}))
+    assert n == 4 and hits == [[1, 2, 3, 4], [0, 0, 103, 104]]
+    # no run of 2 anywhere, but block 0 is cached: a hit shorter than a window
+    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {0, 2, 4}}))
+    assert n == 1 and hits == [[1], [101]]
+    # only the window survived a flood: the full group's prefix decides
+    n, hits = longest_hit(groups, 4, 6, _table({0: {0, 1, 2}, 1: {1, 2, 3, 4, 5}}))
+    assert n == 3 and hits == [[1, 2, 3], [0, 102, 103]]
+    # a sliding group whose early blocks were evicted, the full group intact: no hit at all
+    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {5}}))
+    assert n == 0 and hits == [[], []]
+
+
+def test_lookup_iterates_until_every_group_agrees():
+    # two windows: 6 tokens (run of 2) and 10 (run of 3). The first pass ends the short
+    # window at 6, the long one then finds 3-5 missing... until both accept 3 blocks.
+    groups = parse_kv_groups("full,sliding:6,sliding:10")
+    rows = {0: set(range(6)), 1: {1, 2, 4, 5}, 2: {0, 1, 2, 5}}
+    n, hits = longest_hit(groups, 4, 6, _table(rows))
+    assert n == 3
+    assert hits == [[1, 2, 3], [0, 102, 103], [201, 202, 203]]
+
+
+def test_window_frees_blocks_as_the_request_advances_and_a_follow_up_hits_the_window(
+        tmp_path):
+    # A: 16 prompt tokens, 5 out, 8-token chunks. Steps 1-2 give each group two blocks a
+    # step (full 1 2 5 6, sliding 3 4 7 8), cached as they fill. At step 3 A has computed
+    # 16 tokens: its sliding blocks 0-1 (3 and 4) are before the window and are freed, last
+    # first, to the LRU queue, and block 4 of each group comes from the free list (9, 10);
+    # at step 4 (17 computed) sliding block 2 (7) goes. A finishes at step 6 (20 tokens:
+    # its output block is cached in both groups): full 9 6 5 2 1, then sliding 10 8.
+    # LRU queue: 4 3 7 9 6 5 2 1 10 8. Capacity 12: block 11 is left truly free.
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4"], "out": 5},
+        {"t": 0.010, "id": "B", "blocks": ["a1", "a2", "a3", "a4", "b5"], "out": 1},
+    ])
+    o, result, log = replay_step(p, capacity=12, sched=HYBRID)
+    assert o["A"].ttft_ms == 2 and o["A"].release_ns == 6_000_000
+    assert log.admissions[:4] == [("A", 0, 4, 4), ("A", 0, 4, 4), ("A", 0, 2, 0),
+                                  ("A", 0, 0, 2)]
+    # B's lookup: the full group has a1-a4 (1 2 5 6); the sliding group's last run of two
+    # is a3 a4 (7 8): 16 cached tokens, six blocks taken (a1 a2 skipped in the window).
+    # Its fifth full block is the free 11; its fifth sliding one evicts the LRU head, 4
+    # (sliding a2; B took 7 and 8 from the queue).
+    assert o["B"].cached_tokens == 16
+    assert log.admissions[4] == ("B", 6, 2, 2)
+    assert log.victims == [4] and log.evictions == ["g:a2"]
+    assert result.counts["hit_blocks"] == 4
+
+
+def test_a_flood_of_the_window_collapses_the_hit_of_an_intact_full_prefix(tmp_path):
+    # A caches a1-a4 in both groups and finishes; its sliding blocks go to the LRU queue
+    # first (freed as the window moved, or first at the end). F (8 tokens) then needs 4
+    # blocks: the free 11, then it evicts 4 3 7 (sliding a2 a1 a3). C (a1 a2 a3 c4) finds
+    # a1-a3 in the full group but the sliding
+    # group's a3 is gone, and with it every run of two: C hits nothing. Without the
+    # sliding group, C would hit 12 tokens.
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4"], "out": 5},
+        {"t": 0.010, "id": "F", "blocks": ["f1", "f2"], "out": 1},
+        {"t": 0.020, "id": "C", "blocks": ["a1", "a2", "a3", "c4"], "out": 1},
+    ])
+    o, _, log = replay_step(p, capacity=12, sched=HYBRID)
+    assert log.victims[:3] == [4, 3, 7]
+    assert log.evictions[:3] == ["g:a2", "g:a1", "g:a3"]
+    assert o["C"].cached_tokens == 0
+    one = SchedulerParams(max_num_batched_tokens=8, max_num_seqs=4)
+    o1, _, _ = replay_step(p, capacity=12, sched=one)
+    assert o1["C"].cached_tokens == 12
+
+
+def test_a_request_that_cannot_fit_both_groups_is_rejected(tmp_path):
+    # 24 tokens (prompt and output): 6 full blocks + 5 sliding (the sliding group's
+    # admission cap is ceil(min(5 + 8, 44) / 4) + 1 = 5): 11 blocks of a 10-block pool.
+    p = write(tmp_path, [{"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4", "a5"],
+                          "tail": 3, "out": 1}])
+    o, result, _ = replay_step(p, capacity=11, sched=HYBRID)
+    assert o["A"].state == "rejected" and result.counts["rejected"] == 1
+    o, _, _ = replay_step(p, capacity=12, sched=HYBRID)
+    assert o["A"].state == "completed"
