@@ -142,10 +142,11 @@ def check_scheduler(cfg: ReplayConfig) -> None:
                     ("--max-num-seqs", cfg.sched.max_num_seqs)):
         if not 1 <= v <= 2**31:
             raise InputError(f"expected an integer in 1..2^31, found {v}", path=name)
-    if cfg.sched.hybrid and not cfg.uses_steps:
+    if cfg.sched.hybrid and not (cfg.uses_steps or cfg.engine == "vllm"):
         raise InputError(f"KV-cache groups are modeled by the step scheduler only (sim "
-                         f"--scheduler step, or vllm-sched); found engine {cfg.engine} with "
-                         f"scheduler {cfg.scheduler}", path="--kv-groups")
+                         f"--scheduler step, or vllm-sched; the vllm engine takes its "
+                         f"model's); found engine {cfg.engine} with scheduler "
+                         f"{cfg.scheduler}", path="--kv-groups")
 
 
 def contract_table(default: tuple[str, ...], policies) -> list[str]:

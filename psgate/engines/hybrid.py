@@ -17,6 +17,8 @@ is sim's (psgate.engines.sched); only ``allocate_slots`` and its lookup differ:
         then, as vLLM orders the calls the policy sees: each group takes its hits past
             its skipped blocks (null before them), each group gets its new blocks (the
             policy evicts), each group caches its newly full blocks
+        a sliding group caches only the blocks a later hit can end on (vLLM's
+            prefix_cache_retention_interval; kv_groups.cached_mask)
     free: group by group, each group's blocks last first (nulls skipped)
 
 A group's content is its own (psgate.trace.keys.kv_group_namespace): the same token block
@@ -27,7 +29,8 @@ The compiled core models one group only; a hybrid replay runs this Python schedu
 
 from __future__ import annotations
 
-from psgate.engines.kv_groups import FULL, admission_caps, blocks_to_hold, longest_hit
+from psgate.engines.kv_groups import (FULL, admission_caps, blocks_to_hold, cached_mask,
+                                      check_retention, longest_hit)
 from psgate.engines.sched import RUNNING, PREEMPTED, StepRequest, StepSimEngine
 from psgate.errors import InputError
 from psgate.trace.keys import MAX_HYBRID_NAMESPACES, chain_key
@@ -49,11 +52,14 @@ class KVLane:
 
 
 class HybridRequest(StepRequest):
-    __slots__ = ("lanes",)
+    __slots__ = ("lanes", "junction")
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.lanes: list = []
+        # vLLM's shared_prefix_boundary: tokens one group alone hit past the request's
+        # hit at its last lookup (0: none); its sliding groups cache the run ending there
+        self.junction = 0
 
 
 class HitList(list):
@@ -81,6 +87,7 @@ class HybridStepEngine(StepSimEngine):
         self.caps = admission_caps(groups, self.bs, sched.max_num_batched_tokens,
                                    max_model_len)
         self.sliding = [g for g, spec in enumerate(groups) if spec.kind != FULL]
+        self.retention = check_retention(sched.prefix_cache_retention_interval, self.bs)
         self.first_full = next((g for g, spec in enumerate(groups) if spec.kind == FULL),
                                None)
 
@@ -102,8 +109,10 @@ class HybridStepEngine(StepSimEngine):
 
     def _lookup(self, r: HybridRequest) -> HitList:
         first = self.first_copy
-        length, by_group = longest_hit(self.kv_groups, self.bs, (r.num_tokens - 1) // self.bs,
-                                       lambda g, pos: first(self.key_at(r, pos, g)))
+        bs = self.bs
+        length, by_group, longest = longest_hit(self.kv_groups, bs, (r.num_tokens - 1) // bs,
+                                                lambda g, pos: first(self.key_at(r, pos, g)))
+        r.junction = longest * bs if longest > length else 0
         hits = HitList(by_group[0])
         hits.by_group = by_group
         assert len(hits) == length
@@ -216,16 +225,19 @@ class HybridStepEngine(StepSimEngine):
         key, index_add, on_cached = self.key, self.index_add, self.on_cached_fn
         cached_by_group: list[list[tuple[int, int]]] = []
         recompute = 0
+        boundaries = (r.ev.prompt_tokens - 1,) + ((r.junction,) if r.junction else ())
         for g, lane in enumerate(lanes):
             cached_now: list[tuple[int, int]] = []
             start = lane.num_cached_blocks
             if num_full > start:
-                preq.num_new_full_blocks += num_full - start
                 blocks = lane.blocks
-                for pos in range(start, num_full):
+                mask = cached_mask(groups[g], bs, self.retention, start, num_full,
+                                   boundaries)
+                to_cache = [pos for pos in range(start, num_full)
+                            if blocks[pos] and (mask is None or mask[pos - start])]
+                preq.num_new_full_blocks += len(to_cache)
+                for pos in to_cache:
                     b = blocks[pos]
-                    if not b:
-                        continue
                     k = self.key_at(r, pos, g)
                     if index_add(k, b) and g == 0:
                         recompute += bs

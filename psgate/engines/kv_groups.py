@@ -22,6 +22,15 @@ the pool's block size:
     as a request advances (remove_skipped_blocks, every allocate_slots): a sliding group's
         blocks wholly before the window of its computed tokens are freed, last first,
         and replaced by the null block
+    caching (reachable_block_mask, prefix_cache_retention_interval R): full groups cache
+        every full block; a sliding group caches only blocks a later hit can end on:
+            R = 0 (vLLM's default): the run of ceil((w-1)/bs) blocks ending at the
+                prompt's last whole block before its final token, and the run ending at
+                the request's shared-prefix junction (the longer prefix some group hit
+                when it was looked up, if longer than the hit)
+            R > 0: those, and the last ceil((w-1)/bs) blocks of every R tokens
+            dense (None): every full block
+        a block left out stays uncached: freed, it is truly free, not a candidate
 
 Groups are given in vLLM's order (``full,sliding:4096``): it is the order blocks are
 allocated, cached and freed in, and so the order the policy sees them.
@@ -117,9 +126,11 @@ def format_kv_groups(groups: tuple[KVGroup, ...]) -> str:
 
 
 def longest_hit(groups: tuple[KVGroup, ...], block_size: int, max_blocks: int,
-                cached) -> tuple[int, list[list[int]]]:
+                cached) -> tuple[int, list[list[int]], int]:
     """The hybrid coordinator's lookup: (hit length in blocks, each group's hit blocks,
-    null (0) where a sliding group skips). ``cached(g, pos)`` is the block holding
+    null (0) where a sliding group skips, the longest prefix one group alone found: past
+    the hit, a shared prefix the sliding groups have not cached where a later request
+    could resume). ``cached(g, pos)`` is the block holding
     position ``pos`` of the request's chain in group ``g``, or -1. Groups of one spec are
     looked up together (a position hits only if every one of them has it); full
     attention first."""
@@ -145,6 +156,7 @@ def longest_hit(groups: tuple[KVGroup, ...], block_size: int, max_blocks: int,
     hits: list[list[int] | None] = [None] * len(groups)
     simple = len(specs) == 2 and specs[0][0].kind == FULL
     length = max_blocks
+    longest = 0
     full_len: dict[int, int] = {}
     while True:
         cur = length
@@ -184,6 +196,7 @@ def longest_hit(groups: tuple[KVGroup, ...], block_size: int, max_blocks: int,
                 for j, g in enumerate(members):
                     hits[g] = found[j][:n]
             cur = n
+            longest = max(longest, cur)
         if cur >= length:
             break
         length = cur
@@ -194,4 +207,49 @@ def longest_hit(groups: tuple[KVGroup, ...], block_size: int, max_blocks: int,
         if spec.kind == FULL:
             for g in members:
                 del hits[g][length:]
-    return length, [h if h is not None else [] for h in hits]
+    return length, [h if h is not None else [] for h in hits], longest
+
+
+def parse_retention(text: str, where: str = "--prefix-cache-retention-interval") -> int | None:
+    """vLLM's ``prefix_cache_retention_interval``: an integer >= 0 (a multiple of the block
+    size, checked when the trace's is known), or ``dense`` (None)."""
+    if text == "dense":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InputError(f"expected an integer >= 0 or 'dense', found '{text}'", path=where)
+    return value
+
+
+def check_retention(retention: int | None, block_size: int) -> int | None:
+    """A retention interval vLLM accepts for this block size (its coordinator's check)."""
+    if retention is not None and (retention < 0 or retention % block_size):
+        raise InputError(f"expected 0, 'dense' or a multiple of the trace's block size "
+                         f"{block_size}, found {retention}",
+                         path="--prefix-cache-retention-interval")
+    return retention
+
+
+def cached_mask(group: KVGroup, block_size: int, retention: int | None, start: int,
+                stop: int, boundaries: tuple[int, ...]) -> list[bool] | None:
+    """Which of blocks ``start``..``stop - 1`` a group caches (None: all of them), given
+    the token positions a later request can resume at (``boundaries``)."""
+    if group.kind == FULL or retention is None:
+        return None
+    need = group.run_for_hit(block_size)
+    mask = [False] * (stop - start)
+    if retention > 0:
+        per_segment = retention // block_size
+        if need >= per_segment:
+            return None
+        for i in range(start, stop):
+            if i % per_segment >= per_segment - need:
+                mask[i - start] = True
+    for b in boundaries:
+        end = b // block_size
+        for j in range(max(start, end - need), min(stop, end)):
+            mask[j - start] = True
+    return mask

@@ -94,6 +94,9 @@ class SchedulerParams:
     # The model's KV-cache groups (psgate.engines.kv_groups); () is one full-attention
     # group. A receipt's text form (``full,sliding:4096``) is read back here too.
     kv_groups: tuple[KVGroup, ...] = ()
+    # vLLM's prefix_cache_retention_interval: which sliding-window blocks are cached (0,
+    # vLLM's default: only those a later request can resume at; None: every full block).
+    prefix_cache_retention_interval: int | None = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_groups, str):
@@ -105,7 +108,9 @@ class SchedulerParams:
         return bool(self.kv_groups)
 
     def to_json(self) -> dict:
-        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kv_groups"}
+        hybrid = ("kv_groups", "prefix_cache_retention_interval")
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hybrid}
         if self.kv_groups:          # recorded only when set: older receipts read the same
             doc["kv_groups"] = format_kv_groups(self.kv_groups)
+            doc["prefix_cache_retention_interval"] = self.prefix_cache_retention_interval
         return doc

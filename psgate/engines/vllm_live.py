@@ -214,13 +214,15 @@ class LivePolicy:
             self._begin()
             preq = self._cur
             num_prompt = request.num_prompt_tokens // self.block_size
-            # summed over a hybrid model's KV-cache groups (one call each)
-            preq.num_new_full_blocks += max(0, num_full_blocks - num_cached_blocks)
             rid = preq.id
-            for pos in range(num_cached_blocks, num_full_blocks):
+            # the blocks this call cached: a hybrid model's sliding-window group skips the
+            # null ones and those no later hit can end on (left uncached); summed over the
+            # groups (one call each)
+            now_cached = [pos for pos in range(num_cached_blocks, num_full_blocks)
+                          if not blocks[pos].is_null and blocks[pos].block_hash is not None]
+            preq.num_new_full_blocks += len(now_cached)
+            for pos in now_cached:
                 blk = blocks[pos]
-                if blk.is_null or blk.block_hash is None:
-                    continue
                 b = blk.block_id
                 if pos >= num_prompt:
                     self.output_blocks.add(b)

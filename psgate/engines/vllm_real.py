@@ -71,13 +71,14 @@ from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, RunResult)
 from psgate.engines.base import NullRecorder
+from psgate.engines.kv_groups import FULL, SLIDING, KVGroup, format_kv_groups
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
 from psgate.errors import InputError
 from psgate.policy import PoolInfo
-from psgate.trace.keys import content_key, output_key
+from psgate.trace.keys import chain_key
 from psgate.trace.model import CancelEvent, RequestEvent
 
 PACINGS = ("wall", "lockstep")
@@ -235,7 +236,8 @@ class VllmRealEngine:
                   enable_chunked_prefill=s.enable_chunked_prefill,
                   long_prefill_token_threshold=s.long_prefill_token_threshold,
                   watermark=s.watermark, async_scheduling=False, enforce_eager=True,
-                  disable_log_stats=False, seed=0)
+                  disable_log_stats=False, seed=0,
+                  prefix_cache_retention_interval=s.prefix_cache_retention_interval)
         return llm
 
     def run(self, events) -> RunResult:
@@ -267,6 +269,8 @@ class VllmRealEngine:
         core = eng.engine_core.engine_core
         scheduler = core.scheduler
         mgr = scheduler.kv_cache_manager
+        self._check_kv_groups(scheduler.kv_cache_config)
+        from vllm.v1.core.kv_cache_utils import get_group_id
         vocab = llm.llm_engine.model_config.get_vocab_size()
         lockstep = self.pacing == "lockstep"
         clock = _Clock(lockstep, events[0].t_ns if events else 0, self.compression)
@@ -279,11 +283,11 @@ class VllmRealEngine:
         names = self.hashes.names
 
         def key_of(rid, pos, block):
+            # the model generates its own tokens: past the prompt, never shared; a hybrid
+            # model's groups each hold their own content (the group is in vLLM's key)
             ev = by_id[rid]
-            ns = ns_ids[(ev.group, ev.scope)]
-            if pos < len(ev.blocks):
-                return content_key(ns, ev.blocks[pos])
-            return output_key(index[rid], pos)      # generated tokens: never shared
+            group = get_group_id(block.block_hash) if block is not None else 0
+            return chain_key(ev.blocks, ns_ids[(ev.group, ev.scope)], index[rid], pos, group)
 
         def name_of(rid, pos, block):
             ev = by_id[rid]
@@ -574,14 +578,49 @@ class VllmRealEngine:
         del llm
         return result
 
+    def _check_kv_groups(self, kv_cache_config) -> None:
+        """The model's KV-cache groups must be the ones the replay was given (the receipt
+        records them, and the step replays of the same receipt model them)."""
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+        found = []
+        for g in kv_cache_config.kv_cache_groups:
+            spec = g.kv_cache_spec
+            if isinstance(spec, SlidingWindowSpec):
+                found.append(KVGroup(SLIDING, spec.sliding_window))
+            elif isinstance(spec, FullAttentionSpec):
+                found.append(KVGroup(FULL))
+            else:
+                raise InputError(f"the model's KV-cache group {len(found)} is "
+                                 f"{type(spec).__name__}; psgate models full-attention and "
+                                 f"sliding-window groups only", path="--model-config")
+        model = format_kv_groups(tuple(found) if len(found) > 1 or found[0].kind != FULL
+                                 else ())
+        given = format_kv_groups(self.sched.kv_groups)
+        if model != given:
+            raise InputError(f"the model's KV-cache groups are {model}, the replay's "
+                             f"{given}; pass --kv-groups {model}", path="--kv-groups")
+
     # -- observed vs predicted ------------------------------------------------------
     def _compare(self, events, result: RunResult, run: "_RunTrace") -> dict:
-        """Predict the same run with vllm-pool and classify every difference (the rules
-        are the module docstring's)."""
+        """Predict the same run with vllm-pool (vllm-sched for a hybrid model, which
+        vllm-pool does not model) and classify every difference (the rules are the module
+        docstring's)."""
         policy = type(self.policy)(**dict(self.policy.params))     # a fresh instance
-        pool = VllmPoolEngine(header=self.header, hashes=self.hashes, capacity=self.capacity,
-                              policy=policy, contracts=self.contracts, done_ids=frozenset(),
-                              cost=self.cost, label=self.label, trace_path=self.trace_path)
+        if self.sched.hybrid:
+            from psgate.engines.vllm_sched import VllmSchedEngine
+            by = "vllm-sched"
+            pool = VllmSchedEngine(header=self.header, hashes=self.hashes,
+                                   capacity=self.capacity, policy=policy,
+                                   contracts=self.contracts, done_ids=frozenset(),
+                                   cost=self.cost, label=self.label,
+                                   trace_path=self.trace_path, sched=self.sched,
+                                   step_cost=self.step_cost)
+        else:
+            by = "vllm-pool"
+            pool = VllmPoolEngine(header=self.header, hashes=self.hashes,
+                                  capacity=self.capacity, policy=policy,
+                                  contracts=self.contracts, done_ids=frozenset(),
+                                  cost=self.cost, label=self.label, trace_path=self.trace_path)
         predicted = {o.id: o for o in pool.run(iter(events)).requests}
         differences = []
         num_equal = num_comparable = num_comparable_equal = 0
@@ -604,7 +643,7 @@ class VllmRealEngine:
                                 "class": run.classify(o, p, predicted)})
         by_class = {c: sum(1 for d in differences if d["class"] == c)
                     for c in DIFFERENCE_CLASSES}
-        return {"predicted_by": "vllm-pool", "num_requests": len(result.requests),
+        return {"predicted_by": by, "num_requests": len(result.requests),
                 "num_equal": num_equal, "num_comparable": num_comparable,
                 "num_comparable_equal": num_comparable_equal,
                 "comparable_equal_fraction": (round(num_comparable_equal / num_comparable, 6)

@@ -28,7 +28,8 @@ import logging
 
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.engines.base import PolicyFault, ReplayEngine, RequestState, policy_fault
-from psgate.engines.kv_groups import FULL, KVGroup, admission_caps, blocks_to_hold
+from psgate.engines.kv_groups import (FULL, KVGroup, admission_caps, blocks_to_hold,
+                                      check_retention)
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (RefView, block_tokens, namespace_salt,
@@ -96,7 +97,8 @@ def build_scheduler(num_blocks: int, block_size: int, sched: SchedulerParams,
                             cache_config=cache)
         groups = sched.kv_groups or (KVGroup(FULL),)
         kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec([f"layer{i}"], spec(g)) for i, g in enumerate(groups)])
+            KVCacheGroupSpec([f"layer{i}"], spec(g)) for i, g in enumerate(groups)],
+            prefix_cache_retention_interval=sched.prefix_cache_retention_interval)
         return Scheduler(config, kv, StructuredOutputManager(config), block_size=block_size)
     finally:
         quiet.setLevel(level)
@@ -153,6 +155,8 @@ class VllmSchedEngine(ReplayEngine):
                               else p.max_num_batched_tokens)
         self.caps = (admission_caps(p.kv_groups, self.bs, p.max_num_batched_tokens,
                                     self.max_model_len) if p.kv_groups else None)
+        if p.kv_groups:
+            check_retention(p.prefix_cache_retention_interval, self.bs)
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(self.bs, hash_fn)

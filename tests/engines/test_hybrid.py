@@ -22,6 +22,9 @@ from psgate.errors import InputError
 from test_sched import replay_step
 
 HYBRID = SchedulerParams(max_num_batched_tokens=8, max_num_seqs=4, kv_groups="full,sliding:6")
+# Every full block cached in every group (vLLM's prefix_cache_retention_interval=None).
+DENSE = SchedulerParams(max_num_batched_tokens=8, max_num_seqs=4, kv_groups="full,sliding:6",
+                        prefix_cache_retention_interval=None)
 
 
 def test_kv_groups_parse_and_print():
@@ -53,20 +56,21 @@ def _table(rows: dict[int, set[int]]):
 def test_lookup_full_then_sliding_window():
     groups = parse_kv_groups("full,sliding:6")          # a window hit needs 2 blocks
     # all of 0-5 cached in both groups: the full group's 6, the sliding run ends there
-    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: set(range(6))}))
+    n, hits, _ = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: set(range(6))}))
     assert n == 6 and hits == [[1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 105, 106]]
     # the sliding group lost 4: its last run of 2 is 2-3, so the hit is 4 blocks
-    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {0, 1, 2, 3, 5}}))
+    n, hits, _ = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {0, 1, 2, 3, 5}}))
     assert n == 4 and hits == [[1, 2, 3, 4], [0, 0, 103, 104]]
     # no run of 2 anywhere, but block 0 is cached: a hit shorter than a window
-    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {0, 2, 4}}))
+    n, hits, _ = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {0, 2, 4}}))
     assert n == 1 and hits == [[1], [101]]
     # only the window survived a flood: the full group's prefix decides
-    n, hits = longest_hit(groups, 4, 6, _table({0: {0, 1, 2}, 1: {1, 2, 3, 4, 5}}))
-    assert n == 3 and hits == [[1, 2, 3], [0, 102, 103]]
+    n, hits, longest = longest_hit(groups, 4, 6, _table({0: {0, 1, 2}, 1: {1, 2, 3, 4, 5}}))
+    assert n == 3 and hits == [[1, 2, 3], [0, 102, 103]] and longest == 3
     # a sliding group whose early blocks were evicted, the full group intact: no hit at all
-    n, hits = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {5}}))
+    n, hits, longest = longest_hit(groups, 4, 6, _table({0: set(range(6)), 1: {5}}))
     assert n == 0 and hits == [[], []]
+    assert longest == 6        # the full group's prefix: the junction a sliding group pins
 
 
 def test_lookup_iterates_until_every_group_agrees():
@@ -74,14 +78,14 @@ def test_lookup_iterates_until_every_group_agrees():
     # window at 6, the long one then finds 3-5 missing... until both accept 3 blocks.
     groups = parse_kv_groups("full,sliding:6,sliding:10")
     rows = {0: set(range(6)), 1: {1, 2, 4, 5}, 2: {0, 1, 2, 5}}
-    n, hits = longest_hit(groups, 4, 6, _table(rows))
+    n, hits, _ = longest_hit(groups, 4, 6, _table(rows))
     assert n == 3
     assert hits == [[1, 2, 3], [0, 102, 103], [201, 202, 203]]
 
 
 def test_window_frees_blocks_as_the_request_advances_and_a_follow_up_hits_the_window(
         tmp_path):
-    # A: 16 prompt tokens, 5 out, 8-token chunks. Steps 1-2 give each group two blocks a
+    # Dense caching. A: 16 prompt tokens, 5 out, 8-token chunks. Steps 1-2 give each group two blocks a
     # step (full 1 2 5 6, sliding 3 4 7 8), cached as they fill. At step 3 A has computed
     # 16 tokens: its sliding blocks 0-1 (3 and 4) are before the window and are freed, last
     # first, to the LRU queue, and block 4 of each group comes from the free list (9, 10);
@@ -92,7 +96,7 @@ def test_window_frees_blocks_as_the_request_advances_and_a_follow_up_hits_the_wi
         {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4"], "out": 5},
         {"t": 0.010, "id": "B", "blocks": ["a1", "a2", "a3", "a4", "b5"], "out": 1},
     ])
-    o, result, log = replay_step(p, capacity=12, sched=HYBRID)
+    o, result, log = replay_step(p, capacity=12, sched=DENSE)
     assert o["A"].ttft_ms == 2 and o["A"].release_ns == 6_000_000
     assert log.admissions[:4] == [("A", 0, 4, 4), ("A", 0, 4, 4), ("A", 0, 2, 0),
                                   ("A", 0, 0, 2)]
@@ -107,7 +111,7 @@ def test_window_frees_blocks_as_the_request_advances_and_a_follow_up_hits_the_wi
 
 
 def test_a_flood_of_the_window_collapses_the_hit_of_an_intact_full_prefix(tmp_path):
-    # A caches a1-a4 in both groups and finishes; its sliding blocks go to the LRU queue
+    # Dense caching. A caches a1-a4 in both groups and finishes; its sliding blocks go to the LRU queue
     # first (freed as the window moved, or first at the end). F (8 tokens) then needs 4
     # blocks: the free 11, then it evicts 4 3 7 (sliding a2 a1 a3). C (a1 a2 a3 c4) finds
     # a1-a3 in the full group but the sliding
@@ -118,7 +122,7 @@ def test_a_flood_of_the_window_collapses_the_hit_of_an_intact_full_prefix(tmp_pa
         {"t": 0.010, "id": "F", "blocks": ["f1", "f2"], "out": 1},
         {"t": 0.020, "id": "C", "blocks": ["a1", "a2", "a3", "c4"], "out": 1},
     ])
-    o, _, log = replay_step(p, capacity=12, sched=HYBRID)
+    o, _, log = replay_step(p, capacity=12, sched=DENSE)
     assert log.victims[:3] == [4, 3, 7]
     assert log.evictions[:3] == ["g:a2", "g:a1", "g:a3"]
     assert o["C"].cached_tokens == 0
@@ -136,3 +140,40 @@ def test_a_request_that_cannot_fit_both_groups_is_rejected(tmp_path):
     assert o["A"].state == "rejected" and result.counts["rejected"] == 1
     o, _, _ = replay_step(p, capacity=12, sched=HYBRID)
     assert o["A"].state == "completed"
+
+
+def test_sliding_group_caches_only_where_a_later_request_can_resume(tmp_path):
+    # vLLM's default retention (0). A (a1-a4, 16 tokens) can be resumed at its last whole
+    # block before its final token, block 3: its sliding group caches the run of two
+    # ending there, a2 a3, and leaves a1, a4 and its output block uncached (truly free
+    # when released). B (a1-a4 b5-b7) finds a1-a4 in the full group, but in the sliding
+    # group only a2 a3: its hit is 3 blocks, 12 tokens, and 16 is the junction it pins.
+    # B's sliding group caches the runs ending at its own resume block (b5 b6) and at the
+    # junction (a3 a4): C (a1-a4 c5) then hits all of a1-a4.
+    p = write(tmp_path, [
+        {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4"], "out": 5},
+        {"t": 0.010, "id": "B", "blocks": ["a1", "a2", "a3", "a4", "b5", "b6", "b7"],
+         "out": 1},
+        {"t": 0.030, "id": "C", "blocks": ["a1", "a2", "a3", "a4", "c5"], "out": 1},
+    ])
+    o, result, log = replay_step(p, capacity=32, sched=HYBRID)
+    assert o["B"].cached_tokens == 12 and o["C"].cached_tokens == 16
+    # The rows count the blocks each batch cached: A's sliding group one in each chunk
+    # (a2, then a3) and none at its output block; B's a4 and b5, then b6; C's none
+    assert log.admissions[:4] == [("A", 0, 4, 3), ("A", 0, 4, 3), ("A", 0, 2, 0),
+                                  ("A", 0, 0, 1)]
+    assert log.admissions[4:6] == [("B", 5, 4, 4), ("B", 0, 4, 3)]
+    assert log.admissions[6] == ("C", 6, 2, 1)
+    assert result.evictions == 0
+    # every full block cached: B would have hit A's a4 too
+    o, _, _ = replay_step(p, capacity=32, sched=DENSE)
+    assert o["B"].cached_tokens == 16 and o["C"].cached_tokens == 16
+
+
+def test_retention_interval_must_be_a_multiple_of_the_block_size(tmp_path):
+    p = write(tmp_path, [{"t": 0, "id": "A", "blocks": ["a1"], "out": 1}])
+    bad = SchedulerParams(kv_groups="full,sliding:6", prefix_cache_retention_interval=6)
+    with pytest.raises(InputError, match=r"--prefix-cache-retention-interval: expected 0, "
+                                         r"'dense' or a multiple of the trace's block size 4, "
+                                         r"found 6"):
+        replay_step(p, capacity=8, sched=bad)

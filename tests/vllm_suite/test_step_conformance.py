@@ -208,11 +208,15 @@ def test_sim_and_vllm_sched_agree_on_real_trace_windows(tmp_path_factory, policy
 
 # Hybrid-attention models: a sliding window shorter than most prompts (4-token blocks: a
 # hit needs a run of 2 or 3 cached blocks, and blocks leave the window while a prompt is
-# still being computed), in both group orders.
+# still being computed), in both group orders, with vLLM's default sparse caching of
+# sliding-window blocks (retention 0), periodic retention and dense caching.
 HYBRID = {
-    "full+sliding:6": "full,sliding:6",
-    "sliding:9+full": "sliding:9,full",
-    "full+sliding:6+sliding:10": "full,sliding:6,sliding:10",
+    "full+sliding:6": ("full,sliding:6", 0),
+    "sliding:9+full": ("sliding:9,full", 0),
+    "full+sliding:6+sliding:10": ("full,sliding:6,sliding:10", 0),
+    "full+sliding:6 retention 12": ("full,sliding:6", 12),
+    "full+sliding:6 dense": ("full,sliding:6", None),
+    "sliding:9+full dense": ("sliding:9,full", None),
 }
 
 
@@ -220,8 +224,9 @@ HYBRID = {
 @pytest.mark.parametrize("policy", LIVE)
 def test_sim_and_vllm_sched_agree_on_hybrid_models(tmp_path, policy, groups):
     counts: Counter = Counter()
-    sched = SchedulerParams(max_num_batched_tokens=24, max_num_seqs=4,
-                            kv_groups=HYBRID[groups])
+    kv_groups, retention = HYBRID[groups]
+    sched = SchedulerParams(max_num_batched_tokens=24, max_num_seqs=4, kv_groups=kv_groups,
+                            prefix_cache_retention_interval=retention)
 
     @settings(max_examples=max(10, NUM_TRACES // 3), deadline=None, derandomize=True,
               database=None, suppress_health_check=[HealthCheck.too_slow,
