@@ -746,7 +746,7 @@ cdef int _pool_arrays(pool, PoolArrays *a) except -1:
 def pool_lookup(pool, list evb, int ns, Py_ssize_t num):
     """The longest run of cached prompt blocks among the first ``num`` of ``evb`` (trace
     hash ids) in namespace ns, each the earliest copy: (hit blocks, how many of them are
-    unpinned). The lookup loops of SimEngine.try_admit and StepEngine._lookup."""
+    unpinned). The lookup loops of SimEngine.try_admit and StepSimEngine.lookup."""
     cdef int *slot_ns = _ints(pool.slot_ns)
     cdef int *slot_blk = _ints(pool.slot_blk)
     cdef int *ref = _ints(pool.ref)
@@ -782,7 +782,7 @@ def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, i
     each key set and indexed, (block, key) appended to ``cached_now`` and given to the
     policy's ``on_cached`` hook if it has one; returns the tokens recomputed (content
     that had been lost). The caching loops of SimEngine.try_admit and
-    StepEngine._allocate."""
+    StepSimEngine.allocate_slots."""
     cdef PoolArrays a
     cdef object index_add = pool.index_add
     cdef long long base = (<long long>ns) << 32
@@ -1179,7 +1179,7 @@ def step_running(eng, list running, long long budget, long long bs, long long th
 
 
 def step_allocate(eng, r, long long num_new_tokens, list hits):
-    """StepSimEngine._allocate: ``allocate_slots`` for ``num_new_tokens`` more tokens
+    """StepSimEngine.allocate_slots: ``allocate_slots`` for ``num_new_tokens`` more tokens
     (``hits`` for a request being scheduled from the waiting queue), the blocks they fill
     cached, the batch's invariant checks and ledger row; the policy's hooks are called
     as the Python form calls them. False, with nothing changed, when the blocks are not

@@ -192,7 +192,7 @@ def replay(
     no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="step scheduler: do not split long prompts under the token budget (chunked prefill is on by default, as in vLLM)", rich_help_panel="Engine and scheduler")] = False,
     step_param: Annotated[Optional[list[str]], typer.Option(help="step cost model parameter KEY=VALUE (ms)", rich_help_panel="Engine and scheduler")] = None,
     kv_groups: Annotated[str, typer.Option(help="step scheduler: the model's KV-cache groups in vLLM's order, as full,sliding:4096 (a hybrid-attention model: one pool, a sliding-window group frees blocks outside its window)", rich_help_panel="Engine and scheduler")] = "full",
-    prefix_cache_retention_interval: Annotated[str, typer.Option(help="--kv-groups: vLLM's setting of the same name: 0 (its default) caches a sliding-window group's blocks only where a later request can resume, N (a multiple of the block size) also every N tokens, dense every full block", rich_help_panel="Engine and scheduler")] = "0",
+    retention_interval: Annotated[str, typer.Option(help="--kv-groups: vLLM's prefix_cache_retention_interval: 0 (its default) caches a sliding-window group's blocks only where a later request can resume, N (a multiple of the block size) also every N tokens, dense every full block", rich_help_panel="Engine and scheduler")] = "0",
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory for receipt.json and ledgers", rich_help_panel="Trace, policies, output")] = Path("psgate-out"),
     force: Annotated[bool, typer.Option(help="replace existing outputs (a non-empty output directory, the --junit file)", rich_help_panel="Trace, policies, output")] = False,
     gate: Annotated[Optional[str], typer.Option(help="gate file (TOML) with extra checks", rich_help_panel="Trace, policies, output")] = None,
@@ -239,7 +239,7 @@ def replay(
                               max_num_seqs=max_num_seqs, enable_chunked_prefill=not no_chunked_prefill,
                               kv_groups=kv_groups,
                               prefix_cache_retention_interval=parse_retention(
-                                  prefix_cache_retention_interval)),
+                                  retention_interval)),
         out=out, force=force, gate_file=gate, allow_unexercised=allow_unexercised,
         paranoid=paranoid, ledger_hits=ledger_hits, ledger_rows=ledger_rows,
         ledger_compression=ledger_compression, ledger_level=ledger_level,

@@ -107,7 +107,7 @@ class HybridStepEngine(StepSimEngine):
     def key_at(self, r: StepRequest, pos: int, g: int) -> int:
         return chain_key(r.chain, r.ns, r.preq.index, pos, g)
 
-    def _lookup(self, r: HybridRequest) -> HitList:
+    def lookup(self, r: HybridRequest) -> HitList:
         first = self.first_copy
         bs = self.bs
         length, by_group, longest = longest_hit(self.kv_groups, bs, (r.num_tokens - 1) // bs,
@@ -118,7 +118,7 @@ class HybridStepEngine(StepSimEngine):
         assert len(hits) == length
         return hits
 
-    def _admission_allowed(self, r: HybridRequest, hits: HitList) -> bool:
+    def admission_allowed(self, r: HybridRequest, hits: HitList) -> bool:
         if self.policy.work_conserving:
             return True
         ref = self.ref
@@ -178,7 +178,7 @@ class HybridStepEngine(StepSimEngine):
             if on_hit is not None:
                 on_hit(b, preq, pos)
 
-    def _allocate(self, r: HybridRequest, num_new_tokens: int, hits: HitList | None) -> bool:
+    def allocate_slots(self, r: HybridRequest, num_new_tokens: int, hits: HitList | None) -> bool:
         bs = self.bs
         groups = self.kv_groups
         lanes = r.lanes
@@ -282,7 +282,7 @@ class HybridStepEngine(StepSimEngine):
                              r.preq.num_new_full_blocks)
         return num_taken
 
-    def _return_blocks(self, r: HybridRequest) -> None:
+    def return_blocks(self, r: HybridRequest) -> None:
         """vLLM's ``free``: group by group, each group's blocks last first."""
         held = False
         where = self.where_fn(r)

@@ -210,7 +210,7 @@ def longest_hit(groups: tuple[KVGroup, ...], block_size: int, max_blocks: int,
     return length, [h if h is not None else [] for h in hits], longest
 
 
-def parse_retention(text: str, where: str = "--prefix-cache-retention-interval") -> int | None:
+def parse_retention(text: str, where: str = "--retention-interval") -> int | None:
     """vLLM's ``prefix_cache_retention_interval``: an integer >= 0 (a multiple of the block
     size, checked when the trace's is known), or ``dense`` (None)."""
     if text == "dense":
@@ -229,7 +229,7 @@ def check_retention(retention: int | None, block_size: int) -> int | None:
     if retention is not None and (retention < 0 or retention % block_size):
         raise InputError(f"expected 0, 'dense' or a multiple of the trace's block size "
                          f"{block_size}, found {retention}",
-                         path="--prefix-cache-retention-interval")
+                         path="--retention-interval")
     return retention
 
 

@@ -30,8 +30,10 @@ engine tells it (psgate/engines/vllm_live.py), call for call: each allocation ba
 cached blocks, prompt or output.
 
 Left out of the model (vLLM features a replay does not use): speculative decoding, async
-scheduling, priority scheduling, KV connectors, encoder inputs, LoRA limits, sliding-window
-and hybrid models, ``max_model_len`` (requests that could never fit are rejected instead).
+scheduling, priority scheduling, KV connectors, encoder inputs, LoRA limits, Mamba and
+chunked-local attention, ``max_model_len`` (requests that could never fit are rejected
+instead). A model with several KV-cache groups (full attention and sliding windows) replays on
+:class:`psgate.engines.hybrid.HybridStepEngine`, which this class hands it to.
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ class StepSimEngine(ReplayEngine):
             return
         if r.status == RUNNING:
             self.running.remove(r)
-            self._return_blocks(r)
+            self.return_blocks(r)
         else:
             self.waiting.remove(r)
         o = r.outcome
@@ -219,7 +221,7 @@ class StepSimEngine(ReplayEngine):
                 if len(running) >= sched.max_num_seqs:
                     break
                 r = waiting[0]
-                hits = self._lookup(r)
+                hits = self.lookup(r)
                 num_computed = len(hits) * self.bs
                 n = r.num_tokens - num_computed
                 if 0 < thr < n:
@@ -227,10 +229,10 @@ class StepSimEngine(ReplayEngine):
                 if not sched.enable_chunked_prefill and n > budget:
                     break
                 n = min(n, budget)
-                if not self._admission_allowed(r, hits):
+                if not self.admission_allowed(r, hits):
                     skipped.append(waiting.popleft())     # vLLM's skip_request
                     continue
-                if not (self._allocate(r, n, hits) if kernels is None
+                if not (self.allocate_slots(r, n, hits) if kernels is None
                         else kernels.step_allocate(self, r, n, hits)):
                     break
                 waiting.popleft()
@@ -275,7 +277,7 @@ class StepSimEngine(ReplayEngine):
                           num_new: list[int], work: list[int]) -> tuple[int, bool]:
         """The step's pass over the running requests, in order: a decode whose slot is
         already there is scheduled at once; any other request gets its (chunked) tokens
-        through _allocate, preempting from the back of the queue until they fit. ``work``
+        through allocate_slots, preempting from the back of the queue until they fit. ``work``
         holds [num_p, num_c, num_d, num_k], the cost model's inputs of every request
         scheduled here, updated in place. Returns (budget left, whether any was
         preempted). Compiled: psgate._core.step_running."""
@@ -288,7 +290,7 @@ class StepSimEngine(ReplayEngine):
             r = running[i]
             before = r.num_computed
             n = r.num_tokens - before
-            if n == 1 and fast and (before // bs < len(r.blocks)   # _allocate's fast path
+            if n == 1 and fast and (before // bs < len(r.blocks)   # allocate_slots's fast path
                            and (before + 1) // bs <= r.num_cached_blocks):
                 scheduled.append(r)          # a decode, the common case
                 num_new.append(1)
@@ -308,7 +310,7 @@ class StepSimEngine(ReplayEngine):
                 i += 1
                 continue
             while True:
-                ok = self._allocate(r, n, None)
+                ok = self.allocate_slots(r, n, None)
                 if ok:
                     break
                 victim = running.pop()
@@ -347,7 +349,7 @@ class StepSimEngine(ReplayEngine):
             o.prefill_ms = (now - r.first_sched_ns) / NS_PER_MS
         if r.num_output >= r.max_out:
             self.running.remove(r)
-            self._return_blocks(r)
+            self.return_blocks(r)
             o = r.outcome
             o.state = COMPLETED
             o.release_ns = now
@@ -375,7 +377,7 @@ class StepSimEngine(ReplayEngine):
         self.counts["hit_blocks"] += num_hits
         self.counts["new_blocks"] += num_full - num_hits
 
-    def _admission_allowed(self, r: StepRequest, hits: list[int]) -> bool:
+    def admission_allowed(self, r: StepRequest, hits: list[int]) -> bool:
         """A policy's own admission control (a quota); vLLM has none, so only policies that
         cannot run live ever refuse here."""
         if self.policy.work_conserving:
@@ -386,7 +388,7 @@ class StepSimEngine(ReplayEngine):
         return self.policy.admission_allowed(r.preq, num_new,
                                              sum(1 for b in hits if ref[b] == 0))
 
-    def _lookup(self, r: StepRequest) -> list[int]:
+    def lookup(self, r: StepRequest) -> list[int]:
         """``get_computed_blocks``: the longest run of cached blocks, capped at
         ``num_tokens - 1`` tokens (kv_cache_manager.py:295)."""
         hits: list[int] = []
@@ -423,7 +425,7 @@ class StepSimEngine(ReplayEngine):
         the waiting queue, because ``by`` could not get the blocks for its next tokens."""
         if self.on_preempt is not None:
             self.on_preempt(self.now, r.preq, by.preq, r.num_computed)
-        self._return_blocks(r)
+        self.return_blocks(r)
         r.status = PREEMPTED
         r.num_lost = r.num_computed
         r.num_computed = 0
@@ -432,7 +434,7 @@ class StepSimEngine(ReplayEngine):
         self.counts["preemptions"] += 1
         self.waiting.appendleft(r)
 
-    def _return_blocks(self, r: StepRequest) -> None:
+    def return_blocks(self, r: StepRequest) -> None:
         if r.blocks:
             self.free_blocks(r)
             where = self.where_fn(r)
@@ -443,7 +445,7 @@ class StepSimEngine(ReplayEngine):
         r.num_cached_blocks = 0
 
     # -- allocate_slots ---------------------------------------------------------------
-    def _allocate(self, r: StepRequest, num_new_tokens: int, hits: list[int] | None) -> bool:
+    def allocate_slots(self, r: StepRequest, num_new_tokens: int, hits: list[int] | None) -> bool:
         """``allocate_slots`` for ``num_new_tokens`` more tokens (``hits`` for a request
         being scheduled from the waiting queue); False, with nothing changed, when the
         blocks are not there."""

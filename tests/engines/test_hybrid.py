@@ -85,13 +85,13 @@ def test_lookup_iterates_until_every_group_agrees():
 
 def test_window_frees_blocks_as_the_request_advances_and_a_follow_up_hits_the_window(
         tmp_path):
-    # Dense caching. A: 16 prompt tokens, 5 out, 8-token chunks. Steps 1-2 give each group two blocks a
-    # step (full 1 2 5 6, sliding 3 4 7 8), cached as they fill. At step 3 A has computed
-    # 16 tokens: its sliding blocks 0-1 (3 and 4) are before the window and are freed, last
-    # first, to the LRU queue, and block 4 of each group comes from the free list (9, 10);
-    # at step 4 (17 computed) sliding block 2 (7) goes. A finishes at step 6 (20 tokens:
-    # its output block is cached in both groups): full 9 6 5 2 1, then sliding 10 8.
-    # LRU queue: 4 3 7 9 6 5 2 1 10 8. Capacity 12: block 11 is left truly free.
+    # Dense caching. A: 16 prompt tokens, 5 out, 8-token chunks. Steps 1-2 give each group two
+    # blocks a step (full 1 2 5 6, sliding 3 4 7 8), cached as they fill. At step 3 A has
+    # computed 16 tokens: its sliding blocks 0-1 (3 and 4) are before the window and are freed,
+    # last first, to the LRU queue, and block 4 of each group comes from the free list (9, 10);
+    # at step 4 (17 computed) sliding block 2 (7) goes. A finishes at step 6 (20 tokens: its
+    # output block is cached in both groups): full 9 6 5 2 1, then sliding 10 8. LRU queue: 4 3
+    # 7 9 6 5 2 1 10 8. Capacity 12: block 11 is left truly free.
     p = write(tmp_path, [
         {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4"], "out": 5},
         {"t": 0.010, "id": "B", "blocks": ["a1", "a2", "a3", "a4", "b5"], "out": 1},
@@ -111,12 +111,11 @@ def test_window_frees_blocks_as_the_request_advances_and_a_follow_up_hits_the_wi
 
 
 def test_a_flood_of_the_window_collapses_the_hit_of_an_intact_full_prefix(tmp_path):
-    # Dense caching. A caches a1-a4 in both groups and finishes; its sliding blocks go to the LRU queue
-    # first (freed as the window moved, or first at the end). F (8 tokens) then needs 4
-    # blocks: the free 11, then it evicts 4 3 7 (sliding a2 a1 a3). C (a1 a2 a3 c4) finds
-    # a1-a3 in the full group but the sliding
-    # group's a3 is gone, and with it every run of two: C hits nothing. Without the
-    # sliding group, C would hit 12 tokens.
+    # Dense caching. A caches a1-a4 in both groups and finishes; its sliding blocks go to the
+    # LRU queue first (freed as the window moved, or first at the end). F (8 tokens) then needs
+    # 4 blocks: the free 11, then it evicts 4 3 7 (sliding a2 a1 a3). C (a1 a2 a3 c4) finds
+    # a1-a3 in the full group but the sliding group's a3 is gone, and with it every run of two:
+    # C hits nothing. Without the sliding group, C would hit 12 tokens.
     p = write(tmp_path, [
         {"t": 0, "id": "A", "blocks": ["a1", "a2", "a3", "a4"], "out": 5},
         {"t": 0.010, "id": "F", "blocks": ["f1", "f2"], "out": 1},
@@ -173,7 +172,79 @@ def test_sliding_group_caches_only_where_a_later_request_can_resume(tmp_path):
 def test_retention_interval_must_be_a_multiple_of_the_block_size(tmp_path):
     p = write(tmp_path, [{"t": 0, "id": "A", "blocks": ["a1"], "out": 1}])
     bad = SchedulerParams(kv_groups="full,sliding:6", prefix_cache_retention_interval=6)
-    with pytest.raises(InputError, match=r"--prefix-cache-retention-interval: expected 0, "
+    with pytest.raises(InputError, match=r"--retention-interval: expected 0, "
                                          r"'dense' or a multiple of the trace's block size 4, "
                                          r"found 6"):
         replay_step(p, capacity=8, sched=bad)
+
+
+# -- the command line: --kv-groups end to end ------------------------------------------
+
+def _chat(tmp_path):
+    from psgate.workloads import generate
+    from psgate.trace.writer import write_trace
+    path = tmp_path / "chat.jsonl"
+    write_trace(path, generate("sharegpt", {"conversations": 16}))
+    return path
+
+
+def _replay(tmp_path, trace, out, *extra, env=None):
+    from test_cli import psgate
+    return psgate("replay", "--trace", trace, "--baseline", "lru", "--candidate",
+                  "prefixshield", "--capacity", 160, "--out", tmp_path / out, "--force",
+                  "--quiet", *extra, env=env)
+
+
+def test_a_hybrid_replay_is_recorded_verified_and_explained(tmp_path):
+    import json
+    from test_cli import psgate
+    trace = _chat(tmp_path)
+    proc = _replay(tmp_path, trace, "h", "--kv-groups", "full,sliding:64")
+    assert proc.returncode in (0, 1), proc.stderr
+    receipt = json.loads((tmp_path / "h" / "receipt.json").read_text())
+    sched = receipt["config"]["scheduler"]
+    assert sched["kv_groups"] == "full,sliding:64"
+    assert sched["prefix_cache_retention_interval"] == 0
+    assert all(v["holds"] for run in receipt["runs"].values()
+               for v in run["invariants"].values())
+    one = _replay(tmp_path, trace, "one")
+    one_receipt = json.loads((tmp_path / "one" / "receipt.json").read_text())
+    assert "kv_groups" not in one_receipt["config"]["scheduler"]
+    hit = receipt["runs"]["baseline"]["metrics"]["totals"]["hit_fraction"]
+    assert hit < one_receipt["runs"]["baseline"]["metrics"]["totals"]["hit_fraction"]
+    # verify re-runs both policies with the recorded groups: the same bytes
+    proc = psgate("verify", tmp_path / "h", "--trace", trace)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    # explain re-simulates a request with them too
+    import csv
+    with open(tmp_path / "h" / "requests.csv", newline="") as f:
+        rid = next(r["id"] for r in csv.DictReader(f) if int(r["cached_tokens"]) > 0)
+    proc = psgate("explain", tmp_path / "h", "--request", rid, "--trace", trace)
+    assert proc.returncode == 0, proc.stderr
+    # and the same trace and settings give the same bytes without the compiled core
+    proc = _replay(tmp_path, trace, "h0", "--kv-groups", "full,sliding:64",
+                   env={"PSGATE_CORE": "0"})
+    assert proc.returncode in (0, 1), proc.stderr
+    for name in ("requests.csv", "ledger.compact.csv.gz"):
+        assert (tmp_path / "h" / name).read_bytes() == (tmp_path / "h0" / name).read_bytes()
+    from psgate.receipt.receipt import deterministic_part, dumps
+    other = json.loads((tmp_path / "h0" / "receipt.json").read_text())
+    assert dumps(deterministic_part(receipt)) == dumps(deterministic_part(other))
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--kv-groups", "full,window:8"], ["--kv-groups: group 1 ('window:8')"]),
+    (["--kv-groups", "full,sliding:8", "--scheduler", "service"],
+     ["--kv-groups", "modeled by the step scheduler only", "scheduler service"]),
+    (["--kv-groups", "full,sliding:8", "--retention-interval", "soon"],
+     ["--retention-interval: expected an integer >= 0 or 'dense', "
+      "found 'soon'"]),
+    (["--kv-groups", "full,sliding:8", "--retention-interval", "24"],
+     ["--retention-interval: expected 0, 'dense' or a multiple of the "
+      "trace's block size 16, found 24"]),
+])
+def test_bad_kv_group_settings_are_one_line_errors(tmp_path, extra, needles):
+    from test_cli import assert_one_line_error
+    proc = _replay(tmp_path, _chat(tmp_path), "bad", *extra)
+    assert_one_line_error(proc, 2, *needles)
+    assert not (tmp_path / "bad" / "receipt.json").exists()

@@ -1,9 +1,9 @@
-"""A hybrid-attention model on the real CPU engine: the bundled tiny Gemma2 (dummy weights;
-layer 0 sliding-window attention with an 80-token window, layer 1 full attention), so vLLM
+"""A hybrid-attention model on the real CPU engine: the bundled tiny Gemma2 (dummy
+weights; layer 0 sliding-window attention with an 80-token window, layer 1 full), so vLLM
 runs its hybrid coordinator with a sliding-window group and a full-attention group on one
-pool, 64 blocks. In lockstep pacing the real engine's cached tokens must equal sim's step replay with
-``--kv-groups sliding:80,full`` on every request, under LRU and PrefixShield; with one
-full-attention group modeled instead, sim must disagree (the groups matter here).
+pool of 64 blocks. In lockstep pacing the real engine's cached tokens must equal sim's step
+replay with ``--kv-groups sliding:80,full`` on every request, under LRU and PrefixShield;
+with one full-attention group modeled instead, sim must disagree (the groups matter here).
 """
 
 from __future__ import annotations
