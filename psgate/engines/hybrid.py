@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from psgate.engines.kv_groups import (FULL, admission_caps, blocks_to_hold, cached_mask,
                                       check_retention, longest_hit)
-from psgate.engines.sched import RUNNING, PREEMPTED, StepRequest, StepSimEngine
+from psgate.engines.sched import RUNNING, StepRequest, StepSimEngine
 from psgate.errors import InputError
 from psgate.trace.keys import MAX_HYBRID_NAMESPACES, chain_key
 
@@ -200,11 +200,8 @@ class HybridStepEngine(StepSimEngine):
         if not (num_hits or any(num_required > len(lane.blocks)
                                 or num_full > lane.num_cached_blocks for lane in lanes)):
             return True         # nothing to take, allocate or cache: no batch at all
-        now = self.now
         preq = r.preq
-        preq.num_new_full_blocks = 0
-        if self.on_admit_fn is not None:
-            self.on_admit_fn(preq, now)
+        self.open_batch(preq)
         taken_by_group: list[tuple[int, list[int]]] = []
         if num_hits:
             for g, lane in enumerate(lanes):
@@ -247,15 +244,11 @@ class HybridStepEngine(StepSimEngine):
                         on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
                 lane.num_cached_blocks = num_full
             cached_by_group.append(cached_now)
-        note = self.end_admit_fn(preq, now) if self.end_admit_fn is not None else None
-        if r.status == PREEMPTED:
-            note = {**(note or {}), "resumed": True}
-        if recompute and not r.started:
-            r.outcome.recompute_tokens += recompute
+        note = self.close_batch(r, recompute)
         num_taken = self._checked_lanes(r, taken_by_group, new, cached_by_group)
         if self.records:
-            self.recorder.admission(now, preq, num_taken, len(new), preq.num_new_full_blocks,
-                                    note)
+            self.recorder.admission(self.now, preq, num_taken, len(new),
+                                    preq.num_new_full_blocks, note)
         if num_hits and self.records_hits and self.first_full is not None:
             self.record_hits(r, hits.by_group[self.first_full])
         return True

@@ -481,9 +481,7 @@ class StepSimEngine(ReplayEngine):
             return True         # nothing to take, allocate or cache: no batch at all
         now = self.now
         preq = r.preq
-        preq.num_new_full_blocks = 0
-        if self.on_admit_fn is not None:
-            self.on_admit_fn(preq, now)
+        self.open_batch(preq)
         if hits:
             self.touch(r, hits)
             blocks.extend(hits)
@@ -531,13 +529,7 @@ class StepSimEngine(ReplayEngine):
                 if on_cached is not None:
                     on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
             r.num_cached_blocks = num_full
-        note = self.end_admit_fn(preq, now) if self.end_admit_fn is not None else None
-        if r.status == PREEMPTED:
-            # A resumed request's lookup: the ledger marks it, as a request's first row
-            # needs no mark, so that explain knows its hits are a new lookup.
-            note = {**(note or {}), "resumed": True}
-        if recompute and not r.started:
-            r.outcome.recompute_tokens += recompute
+        note = self.close_batch(r, recompute)
         self._checked(r, hits, new, cached_now)
         if self.records:
             self.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
@@ -545,6 +537,25 @@ class StepSimEngine(ReplayEngine):
         if hits and self.records_hits:
             self.record_hits(r, hits)
         return True
+
+    def open_batch(self, preq) -> None:
+        """An allocation batch begins: nothing cached by it yet; the policy's on_admit."""
+        preq.num_new_full_blocks = 0
+        if self.on_admit_fn is not None:
+            self.on_admit_fn(preq, self.now)
+
+    def close_batch(self, r: StepRequest, recompute: int) -> dict | None:
+        """An allocation batch ends: the policy's end_admit note for the ledger row, and
+        trace content the request computes again at its first scheduling."""
+        preq = r.preq
+        note = self.end_admit_fn(preq, self.now) if self.end_admit_fn is not None else None
+        if r.status == PREEMPTED:
+            # A resumed request's lookup: the ledger marks it, as a request's first row
+            # needs no mark, so that explain knows its hits are a new lookup.
+            note = {**(note or {}), "resumed": True}
+        if recompute and not r.started:
+            r.outcome.recompute_tokens += recompute
+        return note
 
     def _checked(self, r: StepRequest, hits: list[int], new: list[int],
                  cached_now: list[tuple[int, int]]) -> None:
