@@ -26,6 +26,7 @@ from psgate.engines.vllm_queue import PolicyFreeQueue
 from psgate.invariants.checker import Verdict
 from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo, RetentionRange
 from psgate.trace.reader import hints_from_xargs, retention_ranges, retention_seconds
+from psgate.trace.keys import KV_GROUP_SHIFT
 
 DEFAULT_GROUP = "default"
 DEFAULT_CONTRACT = "standard"
@@ -306,8 +307,14 @@ def _request_id(request) -> str:
 
 
 def _hash_key(request_id: str, pos: int, block) -> int:
-    """A content key from vLLM's block hash (bytes): the same content, the same key."""
+    """A content key from vLLM's block hash (bytes): the same content, the same key. vLLM
+    appends the block's KV-cache group (4 bytes, big-endian) to the hash: a hybrid model's
+    group g > 0 holds its own content, with g in bits 56-60 as a replay keys it
+    (psgate.trace.keys.KV_GROUP_SHIFT); group 0's keys are the hash's alone."""
     h = block.block_hash
-    raw = h if isinstance(h, bytes) else repr(h).encode()
-    return int.from_bytes(raw[:8], "little") & ((1 << 62) - 1)
+    if not isinstance(h, bytes):
+        return int.from_bytes(repr(h).encode()[:8], "little") & ((1 << 62) - 1)
+    key = int.from_bytes(h[:8], "little") & ((1 << 62) - 1)
+    group = int.from_bytes(h[-4:], "big") if len(h) > 12 else 0
+    return key ^ (group << KV_GROUP_SHIFT)
 

@@ -34,9 +34,9 @@ ANSWER_TOKENS = (88, 75, 96, 60)    # a last turn holds 19 blocks: 6 sessions ov
 PAUSE_S = 1.5
 
 
-def chat(port: int) -> dict[str, int]:
-    """Every turn of every session, round robin; returns client request id -> the cached
-    tokens the server reported for it."""
+def chat(port: int, model: Path = MODEL) -> dict[str, int]:
+    """Every turn of every session, round robin, against the server of ``model``; returns
+    client request id -> the cached tokens the server reported for it."""
     from openai import OpenAI
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                     timeout=300)
@@ -48,7 +48,7 @@ def chat(port: int) -> dict[str, int]:
                                                1000)
             xid = f"{tenant}-turn{turn}"
             r = client.completions.create(
-                model=str(MODEL), prompt=prompt, max_tokens=ANSWER_TOKENS[turn],
+                model=str(model), prompt=prompt, max_tokens=ANSWER_TOKENS[turn],
                 temperature=0.0, extra_headers={"X-Request-Id": xid},
                 extra_body={"cache_salt": tenant, "ignore_eos": True, "return_token_ids": True,
                             "vllm_xargs": {"psgate_group": tenant,

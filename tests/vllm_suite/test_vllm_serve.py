@@ -114,11 +114,13 @@ def drive(port: int) -> dict[str, dict]:
     return seen
 
 
-def serve(d: Path, psgate_env: dict[str, str], client, max_model_len: int = 512):
-    """`vllm serve` of the tiny model (BLOCKS blocks of BS tokens, vLLM's multiprocessing
-    on) in ``d`` with ``psgate_env`` as its only PSGATE_ settings, ``client(port)`` run
-    against it, then SIGTERM with the default shutdown flags, as an orchestrator stops a
-    server. Returns (what the client returned, seconds from SIGTERM to exit, exit code)."""
+def serve(d: Path, psgate_env: dict[str, str], client, max_model_len: int = 512,
+          model: Path = MODEL):
+    """`vllm serve` of a tiny model (``model``'s config, dummy weights; BLOCKS blocks of BS
+    tokens, vLLM's multiprocessing on) in ``d`` with ``psgate_env`` as its only PSGATE_
+    settings, ``client(port)`` run against it, then SIGTERM with the default shutdown flags,
+    as an orchestrator stops a server. Returns (what the client returned, seconds from
+    SIGTERM to exit, exit code)."""
     vllm = Path(sys.executable).with_name("vllm")
     version = subprocess.run([str(vllm), "--version"], capture_output=True, text=True,
                              timeout=300)
@@ -130,7 +132,7 @@ def serve(d: Path, psgate_env: dict[str, str], client, max_model_len: int = 512)
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1",
                PYTHONPATH=str(ROOT), **psgate_env)
     log = d / "server.log"
-    cmd = [str(vllm), "serve", str(MODEL), "--load-format", "dummy", "--skip-tokenizer-init",
+    cmd = [str(vllm), "serve", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
            "--block-size", str(BS), "--num-gpu-blocks-override", str(BLOCKS),
            "--max-model-len", str(max_model_len), "--enable-prefix-caching", "--enforce-eager",
            "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port),
