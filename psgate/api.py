@@ -21,6 +21,7 @@ from pathlib import Path
 from psgate.atomic import StagedOutput, atomic_file, check_destination, prepare_out_dir
 from psgate.contracts import CONTRACT_NAMES, ContractsFile, contracts_params, load_contracts
 from psgate.engines import ENGINES, engine_class
+from psgate.engines.kv_groups import format_kv_groups, parse_kv_groups
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import MAX_BLOCKS
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
@@ -149,6 +150,22 @@ def check_scheduler(cfg: ReplayConfig) -> None:
                          f"{cfg.scheduler}", path="--kv-groups")
 
 
+def check_trace_kv_groups(cfg: ReplayConfig, header, path: str) -> None:
+    """A trace that records its model's KV-cache groups (a capture from a hybrid-attention
+    model) replays only under those groups: any other model gives other hit fractions."""
+    if header.kv_groups is None:
+        return
+    try:
+        recorded = format_kv_groups(parse_kv_groups(header.kv_groups, where=None))
+    except InputError as exc:
+        raise InputError(str(exc), path=path, line=1, field="kv_groups") from None
+    given = format_kv_groups(cfg.sched.kv_groups)
+    if recorded != given:
+        raise InputError(f"the trace was captured from a model whose KV-cache groups are "
+                         f"{recorded}; the replay's are {given}: pass --kv-groups {recorded}",
+                         path="--kv-groups")
+
+
 def contract_table(default: tuple[str, ...], policies) -> list[str]:
     """Contracts a replay accepts: those every contract-aware policy knows (the
     defaults when no policy cares). A trace naming another is bad input."""
@@ -225,6 +242,7 @@ def replay(cfg: ReplayConfig, progress: ProgressFactory | None = None) -> Replay
         src = TraceSource(cfg.trace_label, src.path)
     hashes = HashTable()
     header, summary = validate_trace(cfg.trace, hashes, cfg.limits)
+    check_trace_kv_groups(cfg, header, summary.path)
 
     created = prepare_out_dir(cfg.out, cfg.force, inputs=(src.path, cfg.gate_file))
     try:

@@ -72,7 +72,7 @@ class CaptureWriter:
                  max_seconds: float = 3600.0, queue_size: int = 65536,
                  clock=time.monotonic, start: bool = True, t0: float | None = None,
                  t0_unix: float | None = None, flush_s: float = 1.0,
-                 flush_events: int = 1024) -> None:
+                 flush_events: int = 1024, kv_groups: str | None = None) -> None:
         if not key or len(key) < 16:
             raise ValueError("capture needs a hash key of at least 16 bytes "
                              "($PSGATE_CAPTURE_KEY_FILE or $PSGATE_HASH_KEY, hex)")
@@ -81,6 +81,8 @@ class CaptureWriter:
         self.key = key[:64]
         self.bs = block_size
         self.source = source
+        # a hybrid model's KV-cache groups, in every file's header (None: one full group)
+        self.kv_groups = kv_groups
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
         self.clock = clock
@@ -257,7 +259,9 @@ class CaptureWriter:
         index = len(self.files) + 1
         self._part = self.dir / f"capture-{index:06d}.jsonl.part"
         dropped = self.num_dropped
-        header = header_line(self.bs, hashing=HASHING_NAME, source=self.source, partial=True,
+        extra = {"kv_groups": self.kv_groups} if self.kv_groups else {}
+        header = header_line(self.bs, hashing=HASHING_NAME, source=self.source, **extra,
+                             partial=True,
                              redaction={"key_fingerprint": key_fingerprint(self.key),
                                         "scope_binds": list(SCOPE_FIELDS),
                                         "pseudonymized": ["id", "group", "scope"]},

@@ -408,6 +408,14 @@ def _capture_key() -> bytes:
     return load_key(os.environ.get(ENV_KEY_FILE), unkeyed=False)
 
 
+def _hybrid_groups(mgr) -> str | None:
+    """The served model's KV-cache groups when it has more than one full-attention group
+    (a capture's header records them, and its replay must model them)."""
+    from psgate.engines.vllm_live import model_kv_groups
+    groups = model_kv_groups(mgr.kv_cache_config)
+    return None if groups == "full" else groups
+
+
 class _CaptureHooks:
     """Per KV cache manager: the writer, and what the scheduler saw per request."""
 
@@ -424,7 +432,7 @@ class _CaptureHooks:
             max_bytes=int(env.get(ENV_MAX_BYTES, 64 << 20)),
             max_seconds=float(env.get(ENV_MAX_SECONDS, 3600)),
             queue_size=int(env.get(ENV_QUEUE, 65536)), t0=t0, t0_unix=t0_unix,
-            flush_s=flush_s)
+            flush_s=flush_s, kv_groups=_hybrid_groups(mgr))
         self.arrival: dict[str, float] = {}
         self.cached: dict[str, int] = {}
         self.first_token: dict[str, float] = {}

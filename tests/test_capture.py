@@ -61,6 +61,24 @@ def test_rotation_gives_valid_partial_traces_that_concatenate(tmp_path):
     assert on_disk == summary
 
 
+def test_a_hybrid_models_groups_are_in_every_files_header(tmp_path):
+    # a served hybrid-attention model's KV-cache groups (the plugin reads them from vLLM's
+    # KV cache config): each rotated file says them, and only then
+    clock = Clock()
+    w = CaptureWriter(tmp_path / "h", KEY, 16, max_bytes=2000, clock=clock,
+                      kv_groups="sliding:4096,full")
+    feed(w, clock, 30)
+    files = w.close()["files"]
+    assert len(files) >= 3
+    for name in files:
+        header = json.loads((tmp_path / "h" / name).read_text().splitlines()[0])
+        assert header["kv_groups"] == "sliding:4096,full"
+    w = CaptureWriter(tmp_path / "one", KEY, 16, clock=clock)
+    feed(w, clock, 2)
+    name = w.close()["files"][0]
+    assert "kv_groups" not in json.loads((tmp_path / "one" / name).read_text().splitlines()[0])
+
+
 def test_rotation_by_age(tmp_path):
     clock = Clock()
     w = CaptureWriter(tmp_path, KEY, 16, max_seconds=5.0, clock=clock)

@@ -77,7 +77,7 @@ class KVGroup:
         return -(-num // block_size) + 1
 
 
-def parse_kv_groups(text: str, where: str = "--kv-groups") -> tuple[KVGroup, ...]:
+def parse_kv_groups(text: str, where: str | None = "--kv-groups") -> tuple[KVGroup, ...]:
     """``full,sliding:W,...`` in vLLM's group order; ``full`` alone (or empty) is the
     one-group model every replay used before, returned as ()."""
     text = text.strip()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from psgate.engines.kv_groups import FULL, SLIDING, KVGroup
 from psgate.engines.vllm_queue import PolicyFreeQueue
 from psgate.invariants.checker import Verdict
 from psgate.policy import Decision, EvictionPolicy, PolicyRequest, PoolInfo, RetentionRange
@@ -300,6 +301,24 @@ class LivePolicy:
     def released(self, block_ids: list[int]) -> None:
         for b in block_ids:
             self.group_of_block[b] = -1
+
+
+def model_kv_groups(kv_cache_config) -> str:
+    """A vLLM KVCacheConfig's groups as ``--kv-groups`` writes them (``full`` for one
+    full-attention group); a kind of group psgate does not model is said by name."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    found = []
+    for g in kv_cache_config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        if isinstance(spec, SlidingWindowSpec):
+            found.append(KVGroup(SLIDING, spec.sliding_window))
+        elif isinstance(spec, FullAttentionSpec):
+            found.append(KVGroup(FULL))
+        else:
+            found.append(type(spec).__name__)
+    if found == [KVGroup(FULL)]:
+        return FULL
+    return ",".join(str(g) for g in found)
 
 
 def _request_id(request) -> str:

@@ -71,9 +71,9 @@ from psgate.engines.cost import CostModel
 from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNFINISHED,
                                     RequestOutcome, RunResult)
 from psgate.engines.base import NullRecorder
-from psgate.engines.kv_groups import FULL, SLIDING, KVGroup, format_kv_groups
+from psgate.engines.kv_groups import format_kv_groups, parse_kv_groups
 from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
-from psgate.engines.vllm_live import LivePolicy
+from psgate.engines.vllm_live import LivePolicy, model_kv_groups
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
 from psgate.errors import InputError
@@ -581,20 +581,13 @@ class VllmRealEngine:
     def _check_kv_groups(self, kv_cache_config) -> None:
         """The model's KV-cache groups must be the ones the replay was given (the receipt
         records them, and the step replays of the same receipt model them)."""
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-        found = []
-        for g in kv_cache_config.kv_cache_groups:
-            spec = g.kv_cache_spec
-            if isinstance(spec, SlidingWindowSpec):
-                found.append(KVGroup(SLIDING, spec.sliding_window))
-            elif isinstance(spec, FullAttentionSpec):
-                found.append(KVGroup(FULL))
-            else:
-                raise InputError(f"the model's KV-cache group {len(found)} is "
-                                 f"{type(spec).__name__}; psgate models full-attention and "
-                                 f"sliding-window groups only", path="--model-config")
-        model = format_kv_groups(tuple(found) if len(found) > 1 or found[0].kind != FULL
-                                 else ())
+        model = model_kv_groups(kv_cache_config)
+        try:
+            parse_kv_groups(model, where=None)
+        except InputError:
+            raise InputError(f"the model's KV-cache groups are {model}; psgate models "
+                             f"full-attention and sliding-window groups only",
+                             path="--model-config") from None
         given = format_kv_groups(self.sched.kv_groups)
         if model != given:
             raise InputError(f"the model's KV-cache groups are {model}, the replay's "

@@ -39,6 +39,9 @@ class TraceHeader:
     groups: dict | None
     partial: bool
     raw: dict
+    # the serving model's KV-cache groups (``full,sliding:4096``): a capture from a hybrid
+    # model records them, and a replay must model the same ones
+    kv_groups: str | None = None
 
 
 @dataclass(slots=True)

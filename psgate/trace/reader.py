@@ -446,7 +446,7 @@ class TraceReader:
             found = "nothing" if "block_size" not in obj else repr(bs)
             raise self._err(f"expected an integer in 1..{MAX_BLOCK_SIZE}, found {found}",
                             "block_size")
-        for key in ("hashing", "source"):
+        for key in ("hashing", "source", "kv_groups"):
             if key in obj and type(obj[key]) is not str:
                 raise self._err(f"expected a string, found {type_name(obj[key])}", key)
         groups = obj.get("groups")
@@ -466,7 +466,8 @@ class TraceReader:
         if type(partial) is not bool:
             raise self._err(f"expected a boolean, found {type_name(partial)}", "partial")
         return TraceHeader(block_size=bs, hashing=obj.get("hashing"), source=obj.get("source"),
-                           groups=groups, partial=partial, raw=obj)
+                           groups=groups, partial=partial, raw=obj,
+                           kv_groups=obj.get("kv_groups"))
 
     # -- the event stream ------------------------------------------------------
     def events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:

@@ -248,3 +248,26 @@ def test_bad_kv_group_settings_are_one_line_errors(tmp_path, extra, needles):
     proc = _replay(tmp_path, _chat(tmp_path), "bad", *extra)
     assert_one_line_error(proc, 2, *needles)
     assert not (tmp_path / "bad" / "receipt.json").exists()
+
+
+@pytest.mark.parametrize("header, needles", [
+    ({"kv_groups": 4096}, ["t.jsonl:1: field 'kv_groups': expected a string, found"]),
+    ({"kv_groups": "full,local:8"},
+     ["t.jsonl:1: field 'kv_groups': group 1 ('local:8'): expected 'full' or "
+      "'sliding:WINDOW'"]),
+    ({"kv_groups": "sliding:64,full"},
+     ["--kv-groups: the trace was captured from a model whose KV-cache groups are "
+      "sliding:64,full; the replay's are full: pass --kv-groups sliding:64,full"]),
+])
+def test_a_trace_that_records_its_models_groups_replays_only_under_them(tmp_path, header,
+                                                                        needles):
+    from test_cli import assert_one_line_error, psgate
+    p = write(tmp_path, [{"t": 0, "id": "A", "blocks": ["a1", "a2"], "out": 1}], **header)
+    proc = psgate("replay", "--trace", p, "--baseline", "lru", "--candidate", "lru",
+                  "--out", tmp_path / "o", "--allow-unexercised")
+    assert_one_line_error(proc, 2, *needles)
+    if header["kv_groups"] == "sliding:64,full":
+        proc = psgate("replay", "--trace", p, "--baseline", "lru", "--candidate", "lru",
+                      "--out", tmp_path / "o", "--allow-unexercised", "--kv-groups",
+                      "sliding:64,full")
+        assert proc.returncode == 0, proc.stderr

@@ -5,8 +5,8 @@ The bundled tiny Gemma2 (dummy weights: a sliding-window layer with an 80-token 
 a full-attention layer) runs vLLM's hybrid coordinator on 64 blocks of 32 tokens, under LRU
 and PrefixShield, with capture on; the client is test_multi_turn_serve's (six tenants, four
 turns each, every turn's prompt the conversation so far). The capture replayed with
-``--kv-groups sliding:80,full`` must equal the server on every request, follow-ups included;
-modeled as one full-attention group, it must not.
+``--kv-groups sliding:80,full`` (the groups its header records) must equal the server on every
+request, follow-ups included; modeled as one full-attention group, it must not.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 
 from psgate import api
 from psgate.engines.step_cost import SchedulerParams
+from psgate.errors import InputError
 from psgate.trace.redact import load_key, pseudonym
 
 from test_multi_turn_serve import BLOCKS, chat
@@ -45,9 +46,9 @@ def served(request, tmp_path_factory):
             "live": {pseudonym("r", xid, key): cached for xid, cached in seen.items()}}
 
 
-def replayed(served, groups: str, out: Path) -> dict[str, int]:
+def replayed(served, groups: str, out: Path, trace: Path | None = None) -> dict[str, int]:
     policy = served["policy"]
-    api.replay(api.ReplayConfig(trace=str(served["trace"]), baseline=policy,
+    api.replay(api.ReplayConfig(trace=str(trace or served["trace"]), baseline=policy,
                                 candidate=policy, capacity=BLOCKS, out=out,
                                 sched=SchedulerParams(kv_groups=groups),
                                 allow_unexercised=True))
@@ -61,9 +62,21 @@ def replayed(served, groups: str, out: Path) -> dict[str, int]:
 def test_the_capture_replayed_with_the_models_groups_equals_the_server(served, tmp_path):
     live = served["live"]
     assert len(live) == 24 and sum(live.values()) > 0
+    lines = served["trace"].read_text().splitlines()
+    assert json.loads(lines[0])["kv_groups"] == GROUPS      # the capture says its model's
     got = replayed(served, GROUPS, tmp_path / "hybrid")
     assert {i: got[i] for i in live} == live
-    one = replayed(served, "full", tmp_path / "one")
+    # the capture refuses another model's groups; without its header field, one
+    # full-attention group is a wrong prediction
+    with pytest.raises(InputError, match=r"--kv-groups: the trace was captured from a model "
+                                         r"whose KV-cache groups are sliding:80,full; the "
+                                         r"replay's are full: pass --kv-groups "
+                                         r"sliding:80,full"):
+        replayed(served, "full", tmp_path / "refused")
+    bare = tmp_path / "bare.jsonl"
+    header = {k: v for k, v in json.loads(lines[0]).items() if k != "kv_groups"}
+    bare.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    one = replayed(served, "full", tmp_path / "one", trace=bare)
     wrong = [i for i in live if one[i] != live[i]]
     print(f"\n{served['policy']}: {sum(live.values())} cached tokens live; one full-attention "
           f"group: {sum(one[i] for i in live)}, {len(wrong)} of {len(live)} requests differ")
