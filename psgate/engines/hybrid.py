@@ -95,10 +95,10 @@ class HybridStepEngine(StepSimEngine):
         return blocks_to_hold(self.caps, self.bs, num_tokens)
 
     def arrive(self, ev) -> None:
-        if len(self.ns_ids) >= MAX_HYBRID_NAMESPACES:
-            raise InputError(f"a hybrid replay holds at most {MAX_HYBRID_NAMESPACES} "
-                             f"(group, scope) namespaces", path=self.trace_path)
         super().arrive(ev)
+        if len(self.ns_ids) > MAX_HYBRID_NAMESPACES:     # the group bits sit above them
+            raise InputError(f"a hybrid replay holds at most {MAX_HYBRID_NAMESPACES} "
+                             f"(group, scope) namespaces", path=self.trace_path, line=ev.line)
         r = self.reqs.get(ev.id)
         if r is not None and not r.lanes:
             r.lanes = [r] + [KVLane(r) for _ in range(len(self.kv_groups) - 1)]
