@@ -68,15 +68,15 @@ def build_scheduler(num_blocks: int, block_size: int, sched: SchedulerParams,
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec, SlidingWindowSpec)
-
-    def spec(group):
-        shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        if group.kind == "full":
-            return FullAttentionSpec(**shape)
-        return SlidingWindowSpec(**shape, sliding_window=group.window)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from psgate.engines.vllm_real import default_model_config
+
+    def spec(group: KVGroup):
+        shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        if group.kind == FULL:
+            return FullAttentionSpec(**shape)
+        return SlidingWindowSpec(**shape, sliding_window=group.window)
 
     quiet = logging.getLogger("vllm")
     level = quiet.level
