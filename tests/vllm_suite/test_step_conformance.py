@@ -209,7 +209,8 @@ def test_sim_and_vllm_sched_agree_on_real_trace_windows(tmp_path_factory, policy
 # Hybrid-attention models: a sliding window shorter than most prompts (4-token blocks: a
 # hit needs a run of 2 or 3 cached blocks, and blocks leave the window while a prompt is
 # still being computed), in both group orders, with vLLM's default sparse caching of
-# sliding-window blocks (retention 0), periodic retention and dense caching.
+# sliding-window blocks (retention 0), periodic retention and dense caching; on the random
+# traces and on multi-turn chat with answers (each turn re-sends the conversation).
 HYBRID = {
     "full+sliding:6": ("full,sliding:6", 0),
     "sliding:9+full": ("sliding:9,full", 0),
@@ -231,7 +232,8 @@ def test_sim_and_vllm_sched_agree_on_hybrid_models(tmp_path, policy, groups):
     @settings(max_examples=max(10, NUM_TRACES // 3), deadline=None, derandomize=True,
               database=None, suppress_health_check=[HealthCheck.too_slow,
                                                     HealthCheck.function_scoped_fixture])
-    @given(lines=traces(), capacity=st.integers(12, 40))
+    @given(lines=st.one_of(traces(), chat_traces(cancel_one_in=9)),
+           capacity=st.integers(12, 40))
     def check(lines, capacity):
         compare(write_lines(tmp_path, lines), capacity, policy, counts, sched=sched)
 
