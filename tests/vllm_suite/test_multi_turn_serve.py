@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -65,14 +66,13 @@ def chat(port: int, model: Path = MODEL) -> dict[str, int]:
     return seen
 
 
-@pytest.fixture(scope="module", params=["lru", "prefixshield"])
-def served(request, tmp_path_factory):
-    policy = request.param
-    d = tmp_path_factory.mktemp(f"chat-{policy}")
+def serve_chat(d: Path, policy: str, model: Path = MODEL, max_model_len: int = 1024) -> dict:
+    """The chat sessions served by ``model`` under ``policy`` with capture on: the capture
+    (one file), and each request's cached tokens, session and turn by its capture id."""
     (d / "key.hex").write_text("5c" * 16 + "\n")
     seen = serve(d, {"PSGATE_POLICY": policy, "PSGATE_CAPTURE": str(d / "cap"),
-                     "PSGATE_CAPTURE_KEY_FILE": str(d / "key.hex")}, chat,
-                 max_model_len=1024)[0]
+                     "PSGATE_CAPTURE_KEY_FILE": str(d / "key.hex")},
+                 partial(chat, model=model), max_model_len=max_model_len, model=model)[0]
     key = load_key(str(d / "key.hex"), unkeyed=False)
     files = json.loads((d / "cap" / "capture-summary.json").read_text())["files"]
     assert len(files) == 1
@@ -83,9 +83,16 @@ def served(request, tmp_path_factory):
             "session": {pseudonym("r", xid, key): xid.split("-turn")[0] for xid in seen}}
 
 
-def replayed(trace: Path, policy: str, out: Path) -> dict[str, int]:
+@pytest.fixture(scope="module", params=["lru", "prefixshield"])
+def served(request, tmp_path_factory):
+    return serve_chat(tmp_path_factory.mktemp(f"chat-{request.param}"), request.param)
+
+
+def replayed(trace: Path, policy: str, out: Path, **kw) -> dict[str, int]:
+    """The trace replayed under ``policy`` alone (``kw``: more ReplayConfig settings): each
+    request's cached tokens."""
     api.replay(api.ReplayConfig(trace=str(trace), baseline=policy, candidate=policy,
-                                capacity=BLOCKS, out=out, allow_unexercised=True))
+                                capacity=BLOCKS, out=out, allow_unexercised=True, **kw))
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["runs"]["baseline"]["metrics"]["totals"]["evictions"] > 0
     with open(out / "requests.csv") as f:
