@@ -1,4 +1,6 @@
-"""Builds psgate's compiled core (psgate/_core.pyx) beside the pure-Python package.
+"""Builds psgate's compiled modules beside the pure-Python package: the core
+(psgate/_core.pyx) and the modules written in Cython's pure-Python mode (COMPILED_PY), each
+of which is its own source: compiled here, and run as Python where it is not.
 
 Everything else is declared in pyproject.toml. The core is optional: where Cython or a
 C compiler is missing, or the build fails, the package installs without it and every
@@ -27,13 +29,19 @@ class OptionalBuildExt(build_ext):
                       "the Python engine will replay")
 
 
+# Modules in Cython's pure-Python mode (a .pxd beside each gives its C types). The core
+# cimports them: where one of them did not build, the core does not load either, and the
+# whole replay runs as Python.
+COMPILED_PY = ["psgate/engines/step_work.py"]
+
+
 def extensions():
     try:
         from Cython.Build import cythonize
     except ImportError:
         print("psgate: Cython is not available; building without the compiled core")
         return []
-    return cythonize(["psgate/_core.pyx"], language_level=3, quiet=True,
+    return cythonize(COMPILED_PY + ["psgate/_core.pyx"], language_level=3, quiet=True,
                      compiler_directives={"boundscheck": False, "wraparound": False,
                                           "initializedcheck": False})
 

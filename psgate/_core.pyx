@@ -20,6 +20,8 @@ from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_
                               PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR,
                               PyUnicode_Substring)
 
+from psgate.engines.step_work cimport StepTally
+
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int *ptype)
@@ -1120,11 +1122,11 @@ cdef int S_RUNNING = 2, S_PREEMPTED = 3
 
 
 def step_running(eng, list running, long long budget, long long bs, long long thr,
-                 list scheduled, list num_new, list work):
+                 list scheduled, list num_new, StepTally work):
     """StepSimEngine._schedule_running: the step's pass over the running requests, with
     step_allocate for its allocations."""
     cdef Py_ssize_t i = 0
-    cdef long long before, n, num_p = work[0], num_c = work[1], num_d = work[2], num_k = work[3]
+    cdef long long before, n
     cdef bint preempted = False, ok = False
     cdef object r, victim
     while i < len(running) and budget > 0:
@@ -1136,12 +1138,7 @@ def step_running(eng, list running, long long budget, long long bs, long long th
             num_new.append(1)
             budget -= 1
             i += 1
-            if r.num_output:
-                num_d += 1
-                num_k += before
-            else:
-                num_p += 1
-                num_c += before
+            work.add(1, before, r.num_tokens, r.num_output)
             continue
         if 0 < thr < n:
             n = thr
@@ -1165,16 +1162,7 @@ def step_running(eng, list running, long long budget, long long bs, long long th
         num_new.append(n)
         budget -= n
         i += 1
-        if n == 1 and r.num_output and before == r.num_tokens - 1:
-            num_d += 1
-            num_k += before
-        else:
-            num_p += n
-            num_c += before
-    work[0] = num_p
-    work[1] = num_c
-    work[2] = num_d
-    work[3] = num_k
+        work.add(n, before, r.num_tokens, r.num_output)
     return budget, preempted
 
 

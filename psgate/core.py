@@ -12,6 +12,10 @@ receipts and ledgers. A compiled loop takes the common case only and hands anyth
 unusual (a violation, a key outside the flat tables) back to the Python form at the
 point where it stopped, so the two can only differ in speed.
 
+Modules written in Cython's pure-Python mode (``psgate/engines/step_work.py``) are their
+own single source: compiled at install where a compiler is, interpreted elsewhere, whatever
+``PSGATE_CORE`` says (docs/compiled-code.md).
+
 ``PSGATE_CORE=0`` switches the core off; a missing core is said once, in one line on
 stderr, the first time a replay asks for it.
 """

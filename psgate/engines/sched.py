@@ -44,7 +44,8 @@ from collections.abc import Iterable
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
                                  policy_fault)
-from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+from psgate.engines.step_work import StepTally, recomputed_tokens
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
@@ -203,7 +204,7 @@ class StepSimEngine(ReplayEngine):
         # the cost model's inputs (a decode computes exactly the token sampled last step).
         scheduled: list[StepRequest] = []
         num_new: list[int] = []
-        work = [0, 0, 0, 0]             # num_p, num_c, num_d, num_k
+        work = StepTally()
         slow: list[tuple[StepRequest, int, int]] = []    # admitted from the waiting queue
         thr = sched.long_prefill_token_threshold
         if len(running) + len(waiting) <= 1:
@@ -214,7 +215,6 @@ class StepSimEngine(ReplayEngine):
                                                      scheduled, num_new, work)
         else:
             budget, preempted = self._schedule_running(budget, thr, scheduled, num_new, work)
-        num_p, num_c, num_d, num_k = work
         if not preempted:
             skipped: list[StepRequest] = []
             while budget > 0 and waiting:
@@ -239,7 +239,8 @@ class StepSimEngine(ReplayEngine):
                 running.append(r)
                 self._started(r, hits)
                 if r.status == PREEMPTED:
-                    r.outcome.preempt_recompute_tokens += max(0, r.num_lost - num_computed)
+                    r.outcome.preempt_recompute_tokens += recomputed_tokens(r.num_lost,
+                                                                            num_computed)
                 r.status = RUNNING
                 r.num_computed = num_computed
                 scheduled.append(r)
@@ -252,15 +253,10 @@ class StepSimEngine(ReplayEngine):
             return preempted
 
         for r, n, before in slow:       # the cost model's inputs of the admitted ones
-            if n == 1 and r.num_output and before == r.num_tokens - 1:
-                num_d += 1
-                num_k += before
-            else:
-                num_p += n
-                num_c += before
+            work.add(n, before, r.num_tokens, r.num_output)
         # the model step, then update_from_output: sample where the computed tokens caught up
         self.counts["steps"] += 1
-        self.now += self.step_cost.step_ns(StepWork(num_p, num_c, num_d, num_k))
+        self.now += self.step_cost.step_ns(work.work())
         now = self.now
         start = 0
         while kernels is not None and start < len(scheduled):
@@ -274,15 +270,13 @@ class StepSimEngine(ReplayEngine):
         return True
 
     def _schedule_running(self, budget: int, thr: int, scheduled: list[StepRequest],
-                          num_new: list[int], work: list[int]) -> tuple[int, bool]:
+                          num_new: list[int], work: StepTally) -> tuple[int, bool]:
         """The step's pass over the running requests, in order: a decode whose slot is
         already there is scheduled at once; any other request gets its (chunked) tokens
-        through allocate_slots, preempting from the back of the queue until they fit. ``work``
-        holds [num_p, num_c, num_d, num_k], the cost model's inputs of every request
-        scheduled here, updated in place. Returns (budget left, whether any was
-        preempted). Compiled: psgate._core.step_running."""
+        through allocate_slots, preempting from the back of the queue until they fit. Every
+        request scheduled here is counted in ``work``. Returns (budget left, whether any
+        was preempted). Compiled: psgate._core.step_running."""
         running, bs = self.running, self.bs
-        num_p, num_c, num_d, num_k = work
         preempted = False
         fast = self.decode_fast_path
         i = 0
@@ -296,12 +290,7 @@ class StepSimEngine(ReplayEngine):
                 num_new.append(1)
                 budget -= 1
                 i += 1
-                if r.num_output:
-                    num_d += 1
-                    num_k += before
-                else:
-                    num_p += 1
-                    num_c += before
+                work.add(1, before, r.num_tokens, r.num_output)
                 continue
             if 0 < thr < n:
                 n = thr
@@ -324,13 +313,7 @@ class StepSimEngine(ReplayEngine):
             num_new.append(n)
             budget -= n
             i += 1
-            if n == 1 and r.num_output and before == r.num_tokens - 1:
-                num_d += 1
-                num_k += before
-            else:
-                num_p += n
-                num_c += before
-        work[:] = [num_p, num_c, num_d, num_k]
+            work.add(n, before, r.num_tokens, r.num_output)
         return budget, preempted
 
     def _computed(self, r: StepRequest, n: int, now: int) -> None:

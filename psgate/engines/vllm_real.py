@@ -65,6 +65,7 @@ import os
 import statistics
 import time
 from collections import deque
+from dataclasses import astuple
 from pathlib import Path
 
 from psgate.engines.cost import CostModel
@@ -72,7 +73,8 @@ from psgate.engines.results import (CANCELLED, COMPLETED, DROPPED, REJECTED, UNF
                                     RequestOutcome, RunResult)
 from psgate.engines.base import NullRecorder
 from psgate.engines.kv_groups import format_kv_groups, parse_kv_groups
-from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+from psgate.engines.step_work import StepTally, recomputed_tokens
 from psgate.engines.vllm_live import LivePolicy, model_kv_groups
 from psgate.engines.vllm_pool import (VllmPoolEngine, namespace_salt, prompt_token_ids,
                                       vllm_version)
@@ -364,7 +366,7 @@ class VllmRealEngine:
                     hits = kwargs.get("num_new_computed_tokens", args[1] if len(args) > 1
                                       else 0)
                     recomputed[tid] = (recomputed.get(tid, 0)
-                                       + max(0, lost_tokens.pop(tid) - hits))
+                                       + recomputed_tokens(lost_tokens.pop(tid), hits))
                 return out
             if not (request.num_output_tokens and request.num_computed_tokens):
                 return allocate(request, *args, **kwargs)
@@ -395,19 +397,12 @@ class VllmRealEngine:
         def schedule_step(*args, **kwargs):
             start = clock()
             out = schedule(*args, **kwargs)
-            p = c = d = k = 0
+            tally = StepTally()
             for rid, n in out.num_scheduled_tokens.items():
                 request = scheduler.requests[rid]
                 before = request.num_computed_tokens - n     # schedule() advanced it
-                # Step replay protocol, step 4: a decode has sampled a token and computes
-                # exactly its last one; anything else (a resumed recompute too) is prefill.
-                if request.num_output_tokens >= 1 and n == 1 \
-                        and before == request.num_tokens - 1:
-                    d += 1
-                    k += before
-                else:
-                    p += n
-                    c += before
+                # Step replay protocol, step 4: a decode or a prefill chunk, as replays count
+                tally.add(n, before, request.num_tokens, request.num_output_tokens)
                 tid = trace_id(rid)
                 if tid not in first_step:
                     first_step[tid] = step_no[0]
@@ -422,10 +417,11 @@ class VllmRealEngine:
                         partial_before.add(tid)
             step_no[0] += 1
             idle[0] = idle[0] + 1 if not out.total_num_scheduled_tokens else 0
+            work = tally.work()
             if out.total_num_scheduled_tokens:
-                step_work.append((p, c, d, k))
+                step_work.append(astuple(work))
             if lockstep:
-                clock.now += self.step_cost.step_ns(StepWork(p, c, d, k))
+                clock.now += self.step_cost.step_ns(work)
             return out
 
         scheduler.schedule = schedule_step

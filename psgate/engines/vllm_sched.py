@@ -30,7 +30,8 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.base import PolicyFault, ReplayEngine, RequestState, policy_fault
 from psgate.engines.kv_groups import (FULL, KVGroup, admission_caps, blocks_to_hold,
                                       check_retention)
-from psgate.engines.step_cost import SchedulerParams, StepCostModel, StepWork
+from psgate.engines.step_cost import SchedulerParams, StepCostModel
+from psgate.engines.step_work import StepTally, recomputed_tokens
 from psgate.engines.vllm_live import LivePolicy
 from psgate.engines.vllm_pool import (RefView, block_tokens, namespace_salt,
                                       prompt_token_ids, tokens_for, vllm_version)
@@ -454,21 +455,16 @@ class VllmSchedEngine(ReplayEngine):
         if not scheduled:                  # no forward pass: the clock stays
             return bool(so.preempted_req_ids)
         requests = self.sched.requests
-        num_prefill = num_context = num_decodes = num_decode_context = 0
+        tally = StepTally()
         bs = self.bs
         for rid, n in scheduled.items():
             vreq = requests[rid]
             before = vreq.num_computed_tokens - n     # schedule() already advanced it
-            if n == 1 and vreq.num_output_tokens >= 1 and before == vreq.num_tokens - 1:
-                num_decodes += 1
-                num_decode_context += before
-            else:
-                num_prefill += n
-                num_context += before
+            tally.add(n, before, vreq.num_tokens, vreq.num_output_tokens)
             r = self.reqs[rid]
             lost = self.lost_tokens.pop(rid, None)
             if lost is not None:        # resumed: what it computes again
-                r.outcome.preempt_recompute_tokens += max(0, lost - before)
+                r.outcome.preempt_recompute_tokens += recomputed_tokens(lost, before)
             if r.seq < 0:                # first scheduled: its lookup happened just now
                 r.seq = self.seq
                 self.seq += 1
@@ -487,7 +483,7 @@ class VllmSchedEngine(ReplayEngine):
                 self.counts["hit_blocks"] += num_hits
                 self.counts["new_blocks"] += len(r.ev.blocks) - num_hits
         self.counts["steps"] += 1
-        work = StepWork(num_prefill, num_context, num_decodes, num_decode_context)
+        work = tally.work()
         self.now = start + self.step_cost.step_ns(work)
         if self.step_log is not None:
             self.step_log.append((start, self.now, work, tuple(scheduled.items()),

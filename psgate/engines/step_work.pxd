@@ -1,0 +1,13 @@
+# C declarations for step_work.py (Cython's pure-Python mode): the tally's fields and its
+# add, which the compiled core calls as a C method.
+
+cdef class StepTally:
+    cdef public long long num_prefill_tokens
+    cdef public long long num_context_tokens
+    cdef public long long num_decodes
+    cdef public long long num_decode_context_tokens
+
+    cpdef bint add(self, long long num_new, long long num_before, long long num_tokens,
+                   long long num_output)
+
+cpdef long long recomputed_tokens(long long num_lost, long long num_hit)

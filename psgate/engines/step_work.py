@@ -1,0 +1,57 @@
+"""What one scheduler step computes: each scheduled request classified once, for every
+engine that models or observes steps.
+
+    for each request scheduled in a step, in order (n new tokens, `before` computed):
+        decode   if n == 1, it has sampled at least one token and n is its last token
+                 -> num_decodes += 1, num_decode_context_tokens += before
+        prefill  otherwise (a prompt chunk, or a resumed request's recompute)
+                 -> num_prefill_tokens += n, num_context_tokens += before
+    a resumed request recomputes what it had computed when preempted, less what it hits
+
+The step scheduler (``sched.py`` and its compiled pass over the running requests),
+vllm-sched (from vLLM's own ``SchedulerOutput``) and the real-engine observer (around
+vLLM's ``schedule()``) all tally through :class:`StepTally`, so the cost model's inputs
+cannot drift between them. This module is written in Cython's pure-Python mode: ``pip
+install`` compiles it (``step_work.pxd`` declares the C fields), the compiled core calls
+``add`` as a C method, and without a compiler it runs as plain Python.
+"""
+
+try:
+    import cython
+except ImportError:
+    from psgate import cython_shadow as cython
+
+from psgate.engines.step_cost import StepWork
+
+
+@cython.cclass
+class StepTally:
+    """The cost model's inputs of one step, tallied request by request."""
+
+    def __init__(self):
+        self.num_prefill_tokens = 0
+        self.num_context_tokens = 0
+        self.num_decodes = 0
+        self.num_decode_context_tokens = 0
+
+    def add(self, num_new: cython.longlong, num_before: cython.longlong,
+            num_tokens: cython.longlong, num_output: cython.longlong) -> cython.bint:
+        """Counts one scheduled request: ``num_new`` tokens after ``num_before`` computed,
+        of ``num_tokens``, having sampled ``num_output``. True where it is a decode."""
+        if num_new == 1 and num_output >= 1 and num_before == num_tokens - 1:
+            self.num_decodes += 1
+            self.num_decode_context_tokens += num_before
+            return True
+        self.num_prefill_tokens += num_new
+        self.num_context_tokens += num_before
+        return False
+
+    def work(self) -> StepWork:
+        return StepWork(self.num_prefill_tokens, self.num_context_tokens, self.num_decodes,
+                        self.num_decode_context_tokens)
+
+
+def recomputed_tokens(num_lost: cython.longlong, num_hit: cython.longlong) -> cython.longlong:
+    """What a resumed request computes again: the tokens it had computed when preempted
+    (``num_lost``), less those its new lookup hits (never below zero)."""
+    return num_lost - num_hit if num_lost > num_hit else 0

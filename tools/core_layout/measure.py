@@ -1,0 +1,143 @@
+"""Measures the compiled core's layout choice: one source in Cython's pure-Python mode
+against the hand-written kernels of psgate/_core.pyx, side by side in one run.
+
+    python tools/core_layout/measure.py [--rounds 7]
+
+Compiles walks.py into a temporary directory (needs Cython and a C compiler), then times,
+on the same inputs: the loop interpreted (the fallback), compiled from walks.py (pure-Python
+mode), and psgate._core's kernel. Prints min-of-rounds times and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compiled(tmp: Path):
+    shutil.copy(HERE / "walks.py", tmp / "walks.py")
+    subprocess.run([sys.executable, "-m", "cython", "-3", "walks.py",
+                    "-X", "boundscheck=False", "-X", "wraparound=False",
+                    "-X", "initializedcheck=False"], cwd=tmp, check=True)
+    (tmp / "setup.py").write_text(
+        "from setuptools import setup, Extension\n"
+        "setup(name='w', ext_modules=[Extension('walks', ['walks.c'])])\n")
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tmp,
+                   check=True, capture_output=True)
+    so = next(tmp.glob("walks*.so"))
+    return load(so, "walks")
+
+
+def best(fn, rounds):
+    times = []
+    for _ in range(rounds):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return min(times)
+
+
+class PyReq:
+    __slots__ = ("num_computed", "num_tokens", "num_output", "max_out", "first_token_ns")
+
+    def __init__(self, num_tokens, max_out):
+        self.num_computed = 0
+        self.num_tokens = num_tokens
+        self.num_output = 1
+        self.max_out = max_out
+        self.first_token_ns = 0
+
+
+class Queues:
+    """The fields of psgate.policy.BlockQueues that the kernel reads."""
+
+    def __init__(self, n):
+        self.num_blocks = n
+        self.next = array("i", [n]) * (n + 1)
+        self.prev = array("i", [n]) * (n + 1)
+        self.where = array("i", [-1]) * (n + 1)
+        self.sizes = [0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--blocks", type=int, default=200_000)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=2_000)
+    args = ap.parse_args()
+    from psgate import core
+    _core = core.get()
+    if _core is None:
+        sys.exit("psgate's compiled core is not built here: pip install -e . first")
+    with tempfile.TemporaryDirectory() as d:
+        comp = compiled(Path(d))
+        interp = load(HERE / "walks.py", "walks_interpreted")
+        n = args.blocks
+        blocks = list(range(n))
+        rows = []
+
+        def lru(mod):
+            q = Queues(n)
+            freed = array("q", [0]) * n
+            def run():
+                mod.lru_append(q.next, q.prev, q.where, freed, n, blocks, 7)
+                q.sizes[0] = n
+                mod.lru_take(q.next, q.prev, q.where, n, n)
+            return run
+
+        def lru_core():
+            q = Queues(n)
+            freed = array("q", [0]) * n
+            def run():
+                _core.lru_freed(q, freed, blocks, 7)
+                _core.lru_take(q, freed, n, None, None)
+            return run
+
+        rows.append(("lru free+take, %d blocks" % n,
+                     best(lru(interp), args.rounds), best(lru(comp), args.rounds),
+                     best(lru_core(), args.rounds)))
+
+        def steps(mod, cls):
+            reqs = [cls(1_000_000, 10**9) for _ in range(args.requests)]
+            num_new = [1] * len(reqs)
+            def run():
+                for _ in range(args.steps):
+                    mod.step_computed(reqs, num_new, 0)
+            return run
+
+        core_reqs = [PyReq(1_000_000, 10**9) for _ in range(args.requests)]
+        num_new = [1] * len(core_reqs)
+
+        def core_steps():
+            for _ in range(args.steps):
+                _core.step_computed(core_reqs, num_new, 0)
+
+        rows.append(("step_computed, %d requests x %d steps" % (args.requests, args.steps),
+                     best(steps(interp, PyReq), args.rounds),
+                     best(steps(comp, comp.Req), args.rounds),
+                     best(core_steps, args.rounds)))
+    print(f"{'loop':42} {'interpreted':>12} {'pure-mode':>12} {'_core.pyx':>12} "
+          f"{'interp/pure':>12} {'pyx/pure':>9}")
+    for name, a, b, c in rows:
+        print(f"{name:42} {a:12.4f} {b:12.4f} {c:12.4f} {a / b:12.1f} {c / b:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
