@@ -82,10 +82,8 @@ class HybridStepEngine(StepSimEngine):
         self.touch_hits_fn = None
         sched = self.sched
         # vllm-sched's max_model_len (its Scheduler reads it for the admission cap)
-        max_model_len = (self.num_blocks * self.bs if sched.enable_chunked_prefill
-                         else sched.max_num_batched_tokens)
         self.caps = admission_caps(groups, self.bs, sched.max_num_batched_tokens,
-                                   max_model_len)
+                                   sched.max_model_len(self.num_blocks, self.bs))
         self.sliding = [g for g, spec in enumerate(groups) if spec.kind != FULL]
         self.retention = check_retention(sched.prefix_cache_retention_interval, self.bs)
         self.first_full = next((g for g, spec in enumerate(groups) if spec.kind == FULL),
@@ -160,8 +158,9 @@ class HybridStepEngine(StepSimEngine):
                 blocks[i] = 0
             if freed:
                 self.free_in_order(freed)
-                self.checker.released(self.where_fn(r), freed)
-                self.checker.check_accounting(self.where_fn(r), len(self.free),
+                where = self.where_fn(r)
+                self.checker.released(where, freed)
+                self.checker.check_accounting(where, len(self.free),
                                               self.policy.num_candidates, self, self.policy)
 
     def _touch_lane(self, lane, taken: list[int]) -> None:

@@ -107,6 +107,15 @@ class SchedulerParams:
         """More than the one full-attention group every replay had before."""
         return bool(self.kv_groups)
 
+    def max_model_len(self, num_blocks: int, block_size: int) -> int:
+        """The longest sequence (prompt and output) the replayed engine is set up for: the
+        whole cache with chunked prefill, else the token budget, since without chunking
+        vLLM requires max_model_len <= max_num_batched_tokens (config/scheduler.py:315-326)
+        and rejects longer requests on arrival. No request that is not rejected reaches
+        the cache's size: ceil((prompt + out) / bs) <= capacity - 1."""
+        return (num_blocks * block_size if self.enable_chunked_prefill
+                else self.max_num_batched_tokens)
+
     def to_json(self) -> dict:
         hybrid = ("kv_groups", "prefix_cache_retention_interval")
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hybrid}

@@ -149,11 +149,7 @@ class VllmSchedEngine(ReplayEngine):
         self.step_cost = step_cost or StepCostModel()
         self.params = sched or SchedulerParams()
         p = self.params
-        # No non-rejected request reaches it: ceil((prompt + out) / bs) <= capacity - 1.
-        # Without chunked prefill vLLM requires max_model_len <= max_num_batched_tokens
-        # (config/scheduler.py:315-326); longer requests are rejected on arrival then.
-        self.max_model_len = (self.num_blocks * self.bs if p.enable_chunked_prefill
-                              else p.max_num_batched_tokens)
+        self.max_model_len = p.max_model_len(self.num_blocks, self.bs)
         self.caps = (admission_caps(p.kv_groups, self.bs, p.max_num_batched_tokens,
                                     self.max_model_len) if p.kv_groups else None)
         if p.kv_groups:
@@ -171,6 +167,8 @@ class VllmSchedEngine(ReplayEngine):
                              path="--engine vllm-sched") from None
         self.mgr = mgr = self.sched.kv_cache_manager
         self.pool = pool = mgr.block_pool
+        # one KV cache group: the batch's checks take the single-table path
+        self.one_group = len(mgr.coordinator.single_type_managers) == 1
         self.ref = RefView(pool.blocks)
         self.vreqs: dict[str, object] = {}
         self._cur: RequestState | None = None
@@ -333,7 +331,7 @@ class VllmSchedEngine(ReplayEngine):
         if r.seq < 0:        # its first scheduling: trace content it must compute again
             r.outcome.recompute_tokens += self._recompute
         max_hits = (request.num_tokens - 1) // self.bs
-        if len(self.sched.kv_cache_manager.coordinator.single_type_managers) == 1:
+        if self.one_group:
             self.check_batch(r, [self._chain_key(r.ev.id, i) for i in range(len(self._hits))],
                              [b for _, _, b in self._hits], max_hits, self._new,
                              [(b, k) for _, b, k in self._cached], r.preq.num_new_full_blocks)
