@@ -141,11 +141,11 @@ def block_ids(dict ids, list names, list hashes, Py_ssize_t cursor):
 # -- the invariant checker (psgate/invariants/checker.py) ------------------------------
 
 ctypedef struct CheckerArrays:
-    # the checker's flat arrays and key layout; a call back into its Python (_drop_copy)
+    # the checker's flat arrays and key layout; a call back into its Python (drop_copy)
     # may resize the arrays, so they are taken again after one
     long long *key
     int *ref
-    long long *table            # the parent table (_parent)
+    long long *table            # the parent table (parent_table)
     int *rns                    # a slot's namespace (res_ns) and counts (res_cnt)
     long long *cnt
     int shift
@@ -155,13 +155,13 @@ ctypedef struct CheckerArrays:
 
 
 cdef int _checker_arrays(checker, CheckerArrays *a) except -1:
-    cdef object opaque = checker._opaque
+    cdef object opaque = checker.opaque_keys_from
     a.key = _llongs(checker.key)
     a.ref = _ints(checker.ref)
-    a.table = _llongs(checker._parent)
+    a.table = _llongs(checker.parent_table)
     a.rns = _ints(checker.res_ns)
     a.cnt = _llongs(checker.res_cnt)
-    a.shift = checker._shift
+    a.shift = checker.key_shift
     a.mask = (<long long>1 << a.shift) - 1
     a.all_tabled = opaque > 0x7FFFFFFFFFFFFFFF
     a.opaque = 0 if a.all_tabled else opaque
@@ -222,7 +222,7 @@ def checker_cached(checker, list cached):
 
 def checker_evicted(checker, blocks, Py_ssize_t start):
     """InvariantChecker.evicted_many's loop for victims that were candidates, from
-    ``start`` (a key the parent table does not cover through the checker's _drop_copy).
+    ``start`` (a key the parent table does not cover through the checker.s drop_copy).
     Returns (how many it took, the index it stopped at): the first block that is not such
     a victim, or len(blocks)."""
     cdef CheckerArrays a
@@ -246,7 +246,7 @@ def checker_evicted(checker, blocks, Py_ssize_t start):
             # general form, the counters handed over around the call
             checker.num_orphans = orphans
             checker.orphans_created = created
-            checker._drop_copy(k)
+            checker.drop_copy(k)
             orphans = checker.num_orphans
             created = checker.orphans_created
             _checker_arrays(checker, &a)
@@ -995,7 +995,7 @@ def bucket_admitted(audit, where, str group, str contract, double t,
     cdef tuple key = (group, contract)
     cdef object promoted = info.get("promoted", 0), charged
     if v2 is not None and promoted:
-        for c in (<dict>audit._contracts).get(group, ()):
+        for c in (<dict>audit.group_contracts).get(group, ()):
             x = -_audit_bhat(buckets.get((group, c)), beta_of[c], rho_of[c], t)
             debt += x if x > 0.0 else 0.0
         if not debt <= <double>audit.eps:
@@ -1025,10 +1025,10 @@ def bucket_admitted(audit, where, str group, str contract, double t,
         else:
             b = x - ((num_materialized - num_output) + w * num_output)
         if prev is None:
-            (<dict>audit._contracts).setdefault(group, []).append(contract)
+            (<dict>audit.group_contracts).setdefault(group, []).append(contract)
         buckets[key] = (b, t)
     elif prev is None:
-        (<dict>audit._contracts).setdefault(group, []).append(contract)
+        (<dict>audit.group_contracts).setdefault(group, []).append(contract)
         buckets[key] = (beta, t)
     return True
 
@@ -1152,7 +1152,7 @@ def step_running(eng, list running, long long budget, long long bs, long long th
             if ok:
                 break
             victim = running.pop()
-            eng._preempt(victim, r)
+            eng.preempt(victim, r)
             preempted = True
             if victim is r:
                 break
@@ -1274,7 +1274,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     else:
         hits = keys
     if not batch_checked(eng, keys, hits, (num_tokens - 1) // bs, new, cached_now):
-        eng._checked(r, hits, new, cached_now)          # the hard checks and the auditors
+        eng.check_allocation(r, hits, new, cached_now)          # the hard checks and the auditors
     elif eng.auditors:
         eng.audit_batch(r, cached_now, preq.num_new_full_blocks)
     if eng.records:
@@ -1292,7 +1292,7 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     fail: the Python form then runs and records it. The policy's auditors (I1, I2) are the
     caller's, after this."""
     checker = eng.checker
-    if checker.paranoid or checker._parent is None:
+    if checker.paranoid or checker.parent_table is None:
         return False
     cdef int *ref = _ints(checker.ref)
     cdef long long *key = _llongs(checker.key)
@@ -1336,8 +1336,8 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     verdicts["hits_contiguous_in_namespace"].checks += 1
     verdicts["capacity_and_accounting"].checks += num_new + 1
     if cached_now:
-        if len(checker._parent) > len(checker.res_ns):
-            checker._grow()
+        if len(checker.parent_table) > len(checker.res_ns):
+            checker.grow_slots()
         checker_cached(checker, cached_now)
     if checker.num_orphans > checker.max_orphans:
         checker.max_orphans = checker.num_orphans
@@ -1874,7 +1874,7 @@ cdef class PrefixShieldView:
         self.bbeta = pol.bucket_beta
         self.bw = pol.bucket_w
         self.group_buckets = pol.group_buckets
-        self.debt_cache = pol._debt_cache
+        self.debt_cache = pol.debt_cache
         self.qnames = pol.qnames
         self.gnames = pol.gnames
         self.contract_names = pol.contract_names
@@ -1891,7 +1891,7 @@ cdef class PrefixShieldView:
         self.freed_seq = pol.freed_seq
         self.cand = pol.cand
         self.n = len(pol.cand)
-        self.segments = pol._segments
+        self.segments = pol.params["segments"]
         self.eps = pol.eps
         self.tree = pol.tree
         self.has_tree = self.tree is not None
@@ -2361,12 +2361,12 @@ cdef class PrefixShieldView:
         self.rc_set = True
 
     cdef int _evicted(self, int b, int g, object p_after) except -1:
-        """PrefixShield._evicted."""
+        """PrefixShield.evicted."""
         pol = self.pol
         self._flush()
         if not 0 <= b < self.n:
             pol.num_cand = self.num_cand
-            pol._evicted(b, g, p_after)     # the reference's behaviour, whatever it is
+            pol.evicted(b, g, p_after)     # the reference's behaviour, whatever it is
             self.num_cand = pol.num_cand
             return 0
         if g >= 0:
@@ -2386,7 +2386,7 @@ cdef class PrefixShieldView:
     # The Python reference's methods that read or write the group ranking call these
     # while the view holds it (one victim at a time: select_victim, on_evict, a relist).
     def responsible(self, int g, p_after):
-        """PrefixShield._evicted's half for the responsible group g."""
+        """PrefixShield.evicted's half for the responsible group g."""
         self._responsible(g, p_after)
 
     def ranked(self):
@@ -2394,7 +2394,7 @@ cdef class PrefixShieldView:
         return self._ranked()
 
     def rank_cache(self):
-        """PrefixShield._choose's ranking: the rank cache, made by _ranked where there is
+        """PrefixShield.choose's ranking: the rank cache, made by _ranked where there is
         none."""
         cdef Rank r
         if not self.rc_set:
@@ -2603,7 +2603,7 @@ cdef class PrefixShieldView:
             self._relist(g)
         pol.now_s = t
         if req.group not in pol.gids:
-            pol._gid(req.group)
+            pol.group_id(req.group)
         self.nb_n = self.nb_out = 0
         self.nb_keys = []
         pol.promoted = pol.denied = 0
@@ -2628,7 +2628,7 @@ cdef class PrefixShieldView:
         n_out = self.nb_out
         ow = pol.output_weight
         amount = n if n_out == 0 or ow == 1.0 else ((n - n_out) + ow * n_out)
-        i = pol._bucket(g, c)
+        i = pol.bucket_index(g, c)
         if n:
             balance = self._charge(g, i, amount, t)
         else:
@@ -2715,7 +2715,7 @@ cdef class PrefixShieldView:
 
     cdef object _decision(self, int b, int g, int seg, double p_before, double p_after,
                           int runner, double runner_p):
-        """PrefixShield._decision for a victim of responsible group g."""
+        """PrefixShield.decision for a victim of responsible group g."""
         cdef int q = 3 * g
         cdef QHeap *qh = &self.gq.qs[q]
         cdef PSDecision d = PSDecision.__new__(PSDecision)
@@ -2797,12 +2797,12 @@ cdef class PrefixShieldView:
                         pol.num_cand = self.num_cand
                         pol.glob_budget = budget
                         held = False
-                        choice = pol._choose()
+                        choice = pol.choose()
                         self.now = pol.now_s
                         self._sync_glob()
                         b = choice[0]
                         if decisions is not None:
-                            decisions.append(pol._decision(choice))
+                            decisions.append(pol.decision(choice))
                         budget = pol.glob_budget
                         held = True
                         self._evicted(b, choice[1], choice[3])
@@ -2869,7 +2869,8 @@ cdef inline int _append_q(carray.array a, long long v) except -1:
 
 
 def history_contains_keys(hist, Py_ssize_t g, list keys):
-    """PrefixHistory.contains_keys with the flat slots (key_shift set)."""
+    """PrefixHistory.contains_keys with the flat slots (key_shift set); None where a key
+    is not a content key."""
     cdef long long *sst = _llongs(hist.slot_stamp)
     cdef int *sns = _ints(hist.slot_ns)
     cdef int shift = hist.shift
@@ -2880,7 +2881,7 @@ def history_contains_keys(hist, Py_ssize_t g, list keys):
     cdef list out = []
     for key in keys:
         if key < 0:
-            return hist._contains_keys(g, keys)     # not a content key: the Python form
+            return None     # not a content key: PrefixHistory's Python form takes them
     for key in keys:
         k = key
         if k >= OPAQUE_FROM:
@@ -2893,14 +2894,14 @@ def history_contains_keys(hist, Py_ssize_t g, list keys):
         elif o < 0:
             out.append(False)
         else:
-            out.append(hist._stamp(g, key) >= 0)
+            out.append(hist.stamp(g, key) >= 0)
             sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
             n = len(hist.slot_ns)
     return out
 
 
 ctypedef struct HistSlots:
-    # PrefixHistory's flat slots and key layout; a call into its Python _stamp may claim
+    # PrefixHistory's flat slots and key layout; a call into its Python stamp may claim
     # or grow the slots, so they are taken again after one
     long long *sst
     int *sns
@@ -2918,8 +2919,8 @@ cdef int _hist_slots(hist, HistSlots *s) except -1:
 
 cdef long long _hist_stamp(hist, Py_ssize_t g, long long k, dict other, HistSlots *s,
                            bint *in_slot) except? -2:
-    """PrefixHistory._stamp(g, k): from k's slot where k's namespace owns it (in_slot
-    set), through the Python _stamp where no namespace does (it claims the slot, as the
+    """PrefixHistory.stamp(g, k): from k's slot where k's namespace owns it (in_slot
+    set), through the Python stamp where no namespace does (it claims the slot, as the
     Python forms' lookups do), else from the dict."""
     cdef long long h, o, st
     in_slot[0] = False
@@ -2930,7 +2931,7 @@ cdef long long _hist_stamp(hist, Py_ssize_t g, long long k, dict other, HistSlot
             in_slot[0] = True
             return s.sst[h]
         if o < 0:
-            st = hist._stamp(g, k)
+            st = hist.stamp(g, k)
             _hist_slots(hist, s)
             return st
     return other.get((g, k), -1)
@@ -2940,7 +2941,7 @@ cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
                        int shift, long long mask, Py_ssize_t compact_min) except -1:
     """PrefixHistory._drop_oldest over the flat slots: the least recent live entry of g
     leaves (stale ones before it are skipped). A key whose slot no namespace owns goes
-    through the Python _stamp/_set_stamp, which claim it. Returns whether it compacted."""
+    through the Python stamp/set_stamp, which claim it. Returns whether it compacted."""
     cdef dict other = hist.other
     cdef list head = hist.head
     cdef list num_live = hist.num_live
@@ -2963,18 +2964,18 @@ cdef bint _drop_oldest(hist, Py_ssize_t g, carray.array qk, carray.array qs,
     if slot:
         s.sst[k & mask] = -1
     else:
-        hist._set_stamp(g, k, -1)
+        hist.set_stamp(g, k, -1)
     num_live[g] = num_live[g] - 1
     head[g] = i + 1
     if i + 1 > compact_min and i + 1 > n // 2:
-        hist._compact(g)
+        hist.compact(g)
         return True
     return False
 
 
 def history_compact(hist, Py_ssize_t g):
-    """PrefixHistory._compact over the flat slots: g's live entries, in order, in new
-    arrays. A key whose slot no namespace owns goes through the Python _stamp, which
+    """PrefixHistory.compact over the flat slots: g's live entries, in order, in new
+    arrays. A key whose slot no namespace owns goes through the Python stamp, which
     claims it, as the Python form's does."""
     cdef carray.array qk = hist.keys[g]
     cdef carray.array qs = hist.stamps[g]
@@ -3005,7 +3006,8 @@ def history_compact(hist, Py_ssize_t g):
 def history_touch_keys(hist, Py_ssize_t g, list keys,
                        Py_ssize_t compact_min=HISTORY_COMPACT_MIN):
     """PrefixHistory.touch_keys with the flat slots (key_shift set); what the slots do
-    not hold goes through _stamp/_set_stamp, a drop or a compaction through theirs."""
+    not hold goes through stamp/set_stamp, a drop or a compaction through theirs.
+    Returns False, having changed nothing, where a key is not a content key."""
     cdef int shift = hist.shift
     cdef long long mask = hist.mask
     cdef long long k, h, ns, was, top = 0
@@ -3021,18 +3023,18 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
     for key in keys:
         k = key
         if k < 0:
-            return hist._touch_keys(g, keys)    # not a content key: the Python form
+            return False    # not a content key (nothing changed): the Python form takes them
         if k < OPAQUE_FROM and k & mask > top:
             top = k & mask
     if top >= len(hist.slot_ns):
-        hist._grow(top)
+        hist.grow_slots(top)
     sst = _llongs(hist.slot_stamp)
     sns = _ints(hist.slot_ns)
     qk = qkeys[g]
     qs = qstamps[g]
     clock = hist.clock
     # g's live count and queue head, held here and handed back to the lists around the
-    # calls that read or move them (_drop_oldest, _compact) and at the end
+    # calls that read or move them (_drop_oldest, compact) and at the end
     cdef long long live = num_live[g], first = head[g]
     try:
         for key in keys:
@@ -3045,8 +3047,8 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
                 sst[h] = clock
             else:
                 hist.clock = clock
-                was = hist._stamp(g, key)
-                hist._set_stamp(g, key, clock)
+                was = hist.stamp(g, key)
+                hist.set_stamp(g, key, clock)
                 sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
             _append_q(qk, k)
             _append_q(qs, clock)
@@ -3064,7 +3066,7 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
             elif len(qk) - first > 2 * live + compact_min:
                 hist.clock = clock
                 num_live[g] = live
-                hist._compact(g)
+                hist.compact(g)
                 qk = qkeys[g]
                 qs = qstamps[g]
                 live, first = num_live[g], head[g]
@@ -3072,6 +3074,7 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
     finally:
         num_live[g] = live
     hist.clock = clock
+    return True
 
 
 # -- the compact ledger's coder (psgate/receipt/compact.py) ----------------------------
@@ -3726,12 +3729,12 @@ cdef class CompactCoder:
         self.own_cols = list(enc.own_cols)
         self.json_cols = list(enc.json_cols)
         self.num_cols = len(enc.columns)
-        self.seq_at = enc._seq_at
-        self.hash_col = enc._hash_col
-        self.hash_at = enc._hash_at
+        self.seq_at = enc.seq_at
+        self.hash_col = enc.hash_col
+        self.hash_at = enc.hash_at
         self.kind_col = enc.kind_col
-        self.last = tuple(enc._last)
-        self.blank = enc._blank
+        self.last = tuple(enc.last)
+        self.blank = enc.blank
         self.last_kind = ""
         self.fast = self.num_cols <= _MAX_FIELDS    # else every row goes by field list
         self.num_shared = len(self.shared_cols)

@@ -280,6 +280,24 @@ def ledger_csv(out: Path) -> bytes:
         return "".join(fh).encode()
 
 
+def replay_outputs(out: Path) -> dict[str, bytes]:
+    """Everything a replay wrote to ``out``, by file name, for comparing two replays that
+    ran different code: the receipt without its environment section, but with
+    ``replay_code`` (which code ran, ``compiled`` or ``python``) at its top level, and the
+    compact ledger's CSV as ``ledger.csv`` too."""
+    files = {}
+    for p in sorted(out.iterdir()):
+        data = p.read_bytes()
+        if p.name == "receipt.json":
+            r = json.loads(data)
+            r["replay_code"] = r.pop("environment")["replay_code"]
+            data = json.dumps(r, sort_keys=True).encode()
+        files[p.name] = data
+    if "ledger.compact.csv.gz" in files:
+        files["ledger.csv"] = ledger_csv(out)
+    return files
+
+
 def shell_blocks(text: str) -> list[list[str]]:
     """The shell code blocks of a Markdown text: ```sh fences and indented blocks (4 spaces
     after a blank line), each as its lines."""

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import chat_traces, random_traces, write, write_lines
+from helpers import chat_traces, random_traces, replay_outputs, write, write_lines
 from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names, register, unregister
@@ -60,21 +60,6 @@ def builtin_policies() -> list[str]:
     return [p for p in policy_names() if not p.startswith("test-")]
 
 
-def _outputs(out: Path) -> dict[str, bytes]:
-    files = {}
-    for p in sorted(out.iterdir()):
-        data = p.read_bytes()
-        if p.name == "receipt.json":
-            r = json.loads(data)
-            env = r.pop("environment")
-            r["replay_code"] = env["replay_code"]
-            data = json.dumps(r, sort_keys=True).encode()
-        files[p.name] = data
-    if "ledger.compact.csv.gz" in files:       # the default: its CSV too, for the checks
-        files["ledger.csv"] = "".join(open_compact(out / "ledger.compact.csv.gz")).encode()
-    return files
-
-
 def _replay_both(monkeypatch, tmp_path: Path, trace: Path, capacity: int, baseline: str,
                  candidate: str, **kw) -> dict[str, bytes]:
     """Both replays' outputs, checked equal; returns the compiled one's."""
@@ -93,7 +78,7 @@ def _replay_both(monkeypatch, tmp_path: Path, trace: Path, capacity: int, baseli
         except Exception as exc:        # the same error from both is the same result
             got[code] = {"error": repr(exc).encode()}
             continue
-        got[code] = _outputs(out)
+        got[code] = replay_outputs(out)
     compiled, python = got["compiled"], got["python"]
     if "receipt.json" in compiled:
         assert json.loads(compiled["receipt.json"])["replay_code"] == "compiled"
@@ -1120,7 +1105,7 @@ def test_a_group_whose_heavier_debt_clears_is_ranked_at_its_new_weight(monkeypat
 def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch,
                                                                      tmp_path):
     """The compiled loops hold pointers into the pool's and the checker's arrays; a call
-    back into Python (the pool's index_add/index_drop, the checker's _drop_copy) may
+    back into Python (the pool's index_add/index_drop, the checker.s drop_copy) may
     resize them, which moves them. Here each such call leaves every array replaced by a
     copy (as a resize would), and the replay must end in the state it ends in without.
     (The Python engine holds the arrays in locals across such calls, so the comparison
@@ -1131,7 +1116,7 @@ def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch
     _compiled()
     # two scopes over the same hashes (a slot another namespace owns goes through
     # index_add/index_drop) and generated tokens (keys the checker keeps outside its
-    # tables, dropped through _drop_copy)
+    # tables, dropped through drop_copy)
     events = []
     for i in range(40):
         events.append({"t": i * 0.01, "id": f"r{i}", "scope": "ab"[i % 2], "out": 9,
@@ -1141,7 +1126,7 @@ def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch
     monkeypatch.delenv("PSGATE_CORE", raising=False)
     policies = ("lru", "prefixshield")
     staying = [_engine_state(loaded, policy, 24, "step") for policy in policies]
-    calls = {"index_add": 0, "index_drop": 0, "_drop_copy": 0}
+    calls = {"index_add": 0, "index_drop": 0, "drop_copy": 0}
 
     def moving(cls, method, names):
         original = getattr(cls, method)
@@ -1159,7 +1144,7 @@ def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch
     pool_arrays = ("key", "ref", "owner", "slot_ns", "slot_blk", "slot_lost")
     moving(BlockPool, "index_add", pool_arrays)
     moving(BlockPool, "index_drop", pool_arrays)
-    moving(InvariantChecker, "_drop_copy", ("key", "ref", "_parent", "res_ns", "res_cnt"))
+    moving(InvariantChecker, "drop_copy", ("key", "ref", "parent_table", "res_ns", "res_cnt"))
     for policy, want in zip(policies, staying):
         got = _engine_state(loaded, policy, 24, "step")
         assert got["evictions"] > 0

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from helpers import replay_outputs
 from psgate.workloads import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,16 +66,12 @@ def _replay(mode: str, trace: Path, out: Path, *args: str) -> dict[str, bytes]:
                            "--out", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
-    files = {}
-    for p in sorted(out.iterdir()):
-        data = p.read_bytes()
-        if p.name == "receipt.json":
-            r = json.loads(data)
-            env = r.pop("environment")
-            if mode == "interpreted":
-                assert env["replay_code"] == "python"
-            data = json.dumps(r, sort_keys=True).encode()
-        files[p.name] = data
+    files = replay_outputs(out)
+    receipt = json.loads(files["receipt.json"])
+    if mode == "interpreted":
+        assert receipt["replay_code"] == "python"
+    del receipt["replay_code"]
+    files["receipt.json"] = json.dumps(receipt, sort_keys=True).encode()
     return files
 
 

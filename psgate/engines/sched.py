@@ -303,7 +303,7 @@ class StepSimEngine(ReplayEngine):
                 if ok:
                     break
                 victim = running.pop()
-                self._preempt(victim, r)
+                self.preempt(victim, r)
                 preempted = True
                 if victim is r:
                     break
@@ -403,7 +403,7 @@ class StepSimEngine(ReplayEngine):
             hits.append(b)
         return hits
 
-    def _preempt(self, r: StepRequest, by: StepRequest) -> None:
+    def preempt(self, r: StepRequest, by: StepRequest) -> None:
         """``r`` (the last running request) loses its blocks and goes back to the front of
         the waiting queue, because ``by`` could not get the blocks for its next tokens."""
         if self.on_preempt is not None:
@@ -513,7 +513,7 @@ class StepSimEngine(ReplayEngine):
                     on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
             r.num_cached_blocks = num_full
         note = self.close_batch(r, recompute)
-        self._checked(r, hits, new, cached_now)
+        self.check_allocation(r, hits, new, cached_now)
         if self.records:
             self.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
                                     note)
@@ -540,9 +540,9 @@ class StepSimEngine(ReplayEngine):
             r.outcome.recompute_tokens += recompute
         return note
 
-    def _checked(self, r: StepRequest, hits: list[int], new: list[int],
+    def check_allocation(self, r: StepRequest, hits: list[int], new: list[int],
                  cached_now: list[tuple[int, int]]) -> None:
-        """_check_batch, with the keys a step request's hits must hold (past its trace
+        """check_batch, with the keys a step request's hits must hold (past its trace
         blocks and answer, its own output blocks)."""
         base = r.ns << KEY_SHIFT
         evb = r.chain

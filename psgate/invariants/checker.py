@@ -68,9 +68,9 @@ class InvariantChecker:
         self.num_usable = num_blocks - 1
         self.paranoid = paranoid
         self._parent_of = parent_of
-        self._parent = parent_table
-        self._shift = key_shift
-        self._opaque = opaque_keys_from
+        self.parent_table = parent_table
+        self.key_shift = key_shift
+        self.opaque_keys_from = opaque_keys_from
         self.ref = array("i", [0]) * num_blocks
         self.key = array("q", [NO_KEY]) * num_blocks
         self.num_resident = 0            # blocks pinned or holding cached content
@@ -83,7 +83,7 @@ class InvariantChecker:
         self.res: dict[int, int] = {}
         self.res_ns = array("i")
         self.res_cnt = array("q")
-        self._grow()
+        self.grow_slots()
         self.num_orphans = 0
         self.max_orphans = 0
         self.orphans_created = 0
@@ -91,18 +91,18 @@ class InvariantChecker:
         self._core = core.get() if parent_table is not None else None
 
     # -- residency bookkeeping ------------------------------------------------
-    def _grow(self) -> None:
+    def grow_slots(self) -> None:
         """Slots for every hash in the parent table (it grows while a trace is read)."""
-        if self._parent is not None and len(self._parent) > len(self.res_ns):
-            more = len(self._parent) - len(self.res_ns)
+        if self.parent_table is not None and len(self.parent_table) > len(self.res_ns):
+            more = len(self.parent_table) - len(self.res_ns)
             self.res_ns.extend(array("i", [-1]) * more)
             self.res_cnt.extend(array("q", [0]) * more)
 
     def _count(self, k: int) -> int:
         """copies | children << 32 of key k, wherever it is kept."""
-        if self._parent is not None and k < self._opaque:
-            h = k & ((1 << self._shift) - 1)
-            if h < len(self.res_ns) and self.res_ns[h] == k >> self._shift:
+        if self.parent_table is not None and k < self.opaque_keys_from:
+            h = k & ((1 << self.key_shift) - 1)
+            if h < len(self.res_ns) and self.res_ns[h] == k >> self.key_shift:
                 return self.res_cnt[h]
         return self.res.get(k, 0)
 
@@ -111,21 +111,21 @@ class InvariantChecker:
         out = {k: v & _COPIES for k, v in self.res.items() if v & _COPIES}
         for h, ns in enumerate(self.res_ns):
             if ns >= 0 and self.res_cnt[h] & _COPIES:
-                out[(ns << self._shift) | h] = self.res_cnt[h] & _COPIES
+                out[(ns << self.key_shift) | h] = self.res_cnt[h] & _COPIES
         return out
 
     def _parent_key(self, k: int) -> int:
-        table = self._parent
-        if table is None or k >= self._opaque:
+        table = self.parent_table
+        if table is None or k >= self.opaque_keys_from:
             return self._parent_of(k)
-        p = table[k & ((1 << self._shift) - 1)]
-        return NO_KEY if p < 0 else ((k >> self._shift) << self._shift) | p
+        p = table[k & ((1 << self.key_shift) - 1)]
+        return NO_KEY if p < 0 else ((k >> self.key_shift) << self.key_shift) | p
 
     def _store(self, k: int, v: int) -> None:
-        if self._parent is not None and k < self._opaque:
-            h = k & ((1 << self._shift) - 1)
-            if h < len(self.res_ns) and self.res_ns[h] in (k >> self._shift, -1):
-                self.res_ns[h] = k >> self._shift
+        if self.parent_table is not None and k < self.opaque_keys_from:
+            h = k & ((1 << self.key_shift) - 1)
+            if h < len(self.res_ns) and self.res_ns[h] in (k >> self.key_shift, -1):
+                self.res_ns[h] = k >> self.key_shift
                 self.res_cnt[h] = v
                 return
         if v:
@@ -146,7 +146,10 @@ class InvariantChecker:
         if v & _COPIES == 0:
             self.num_orphans -= v >> 32
 
-    def _drop_copy(self, k: int) -> None:
+    def drop_copy(self, k: int) -> None:
+        """One resident copy of k is gone (evicted or dropped): its parent loses a child
+        where it was the last copy (the compiled eviction loop calls this for a key the
+        parent table does not cover)."""
         p = self._parent_key(k)
         if p != NO_KEY:
             v = self._count(p) - _CHILD
@@ -203,7 +206,7 @@ class InvariantChecker:
                            f"{'pinned' if ref[b] else 'holding cached content'}")
             ref[b] += 1
         self.num_resident += len(new_blocks)
-        table = self._parent
+        table = self.parent_table
         if table is None:
             add_copy = self._add_copy
             for b, k in cached:
@@ -211,16 +214,16 @@ class InvariantChecker:
                 add_copy(k)
         elif self._core is not None:
             if len(table) > len(self.res_ns):
-                self._grow()
+                self.grow_slots()
             self._core.checker_cached(self, cached)
         else:                            # _add_copy, inline, over the slots
             if len(table) > len(self.res_ns):
-                self._grow()
+                self.grow_slots()
             res, rns, cnt = self.res, self.res_ns, self.res_cnt
-            shift = self._shift
+            shift = self.key_shift
             mask = (1 << shift) - 1
             orphans = self.num_orphans
-            opaque = self._opaque
+            opaque = self.opaque_keys_from
             for b, k in cached:
                 key[b] = k
                 if k >= opaque:           # no parent, no children: a count in the dict
@@ -270,8 +273,8 @@ class InvariantChecker:
         ref, key = self.ref, self.key
         v = self.verdicts["no_pinned_eviction"]
         n = self.num_blocks
-        drop_copy = self._drop_copy
-        table, res, shift = self._parent, self.res, self._shift
+        drop_copy = self.drop_copy
+        table, res, shift = self.parent_table, self.res, self.key_shift
         rns, cnt = self.res_ns, self.res_cnt
         mask = (1 << shift) - 1
         num_ok = 0
@@ -289,9 +292,9 @@ class InvariantChecker:
             k = key[b]
             if ref[b] == 0 and k != NO_KEY:
                 v.checks += 1
-                if table is None or k >= self._opaque:
+                if table is None or k >= self.opaque_keys_from:
                     drop_copy(k)
-                else:                    # _drop_copy, inline, over the slots
+                else:                    # drop_copy, inline, over the slots
                     h = k & mask
                     ns = k >> shift
                     p = table[h]

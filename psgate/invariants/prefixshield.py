@@ -26,7 +26,7 @@ class BucketAudit:
         self.beta = {c: float(v[1]) for c, v in contracts.items()}
         self.eps = eps
         self.buckets: dict[tuple[str, str], tuple[float, float]] = {}   # -> (B, t0)
-        self._contracts: dict[str, list[str]] = {}     # group -> its buckets' contracts
+        self.group_contracts: dict[str, list[str]] = {}     # group -> its buckets' contracts
         self.materialized: dict[str, int] = {}
         self.charged: dict[str, int] = {}
         self.verdicts = {name: Verdict(name, True) for name in claims}
@@ -38,7 +38,7 @@ class BucketAudit:
 
     def raw_debt(self, g: str, t: float) -> float:
         # g's buckets in the order they were made (the buckets dict's order, per group)
-        return sum(max(0.0, -self._bhat(g, c, t)) for c in self._contracts.get(g, ()))
+        return sum(max(0.0, -self._bhat(g, c, t)) for c in self.group_contracts.get(g, ()))
 
     def admitted(self, where, group: str, contract: str, t: float, num_materialized: int,
                  audit: dict | None, num_output: int = 0) -> None:
@@ -82,10 +82,10 @@ class BucketAudit:
                 (num_materialized - num_output) + w * num_output)
             b = self._bhat(group, contract, t) - amount
             if key not in self.buckets:
-                self._contracts.setdefault(group, []).append(contract)
+                self.group_contracts.setdefault(group, []).append(contract)
             self.buckets[key] = (b, t)
         elif key not in self.buckets:
-            self._contracts.setdefault(group, []).append(contract)
+            self.group_contracts.setdefault(group, []).append(contract)
             self.buckets[key] = (self.beta[contract], t)
 
     def finish(self) -> None:

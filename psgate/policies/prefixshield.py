@@ -179,7 +179,7 @@ class PrefixShield(EvictionPolicy):
         self.last_audit: dict = {}
         # valid for one batch (time and stored balances do not move inside it)
         self._rank_cache: tuple | None = None
-        self._debt_cache: dict[int, tuple[float, float, float]] = {}
+        self.debt_cache: dict[int, tuple[float, float, float]] = {}
         # The compiled forms of on_admit, on_free, evict_batch, on_cached and end_admit
         # (psgate.core's PrefixShieldView), over this state (the group ranking and an
         # admission's new blocks are the view's while bound); only for the classes whose
@@ -192,7 +192,8 @@ class PrefixShield(EvictionPolicy):
         else:
             self.__dict__.pop("on_cached", None)
 
-    def _gid(self, group: str) -> int:
+    def group_id(self, group: str) -> int:
+        """The group's id, its queues, buckets and history made on first sight."""
         g = self.gids.get(group)
         if g is None:
             g = self.groups.add(group)
@@ -207,7 +208,8 @@ class PrefixShield(EvictionPolicy):
                 self.qnames.append(f"{group}/{seg}")
         return g
 
-    def _bucket(self, g: int, c: int) -> int:
+    def bucket_index(self, g: int, c: int) -> int:
+        """The index of g's bucket for contract c in B, made full on first use."""
         i = self.bidx.get((g, c))
         if i is None:
             i = len(self.B)
@@ -240,7 +242,7 @@ class PrefixShield(EvictionPolicy):
         return max(ws) if ws else 1.0
 
     def _charge(self, g: int, c: int, n: float, t: float) -> float:
-        i = self._bucket(g, c)
+        i = self.bucket_index(g, c)
         old_z = self.zero_t[i]
         cname = self.contract_names[c]
         b = self.bhat(i, t) - n
@@ -483,18 +485,18 @@ class PrefixShield(EvictionPolicy):
             return
         self._end_batch()      # a select_victim outside a batch (a peek) may have left some
         self._advance(now_ns / NS_PER_S)
-        self._gid(req.group)
+        self.group_id(req.group)
         self.new_blocks = []
         self.num_new_output = 0
         self.promoted = self.denied = 0
         self.promotion_debt = 0.0
         self._rank_cache = None
-        self._debt_cache.clear()
+        self.debt_cache.clear()
 
     def _debts(self, g: int) -> tuple[float, float, float]:
         """(raw debt, normalized debt, W_g) of g at the batch's time, computed once: the
         sums of raw_debt and norm_debt and the max of _w, in one pass, in their order."""
-        d = self._debt_cache.get(g)
+        d = self.debt_cache.get(g)
         if d is None:
             t = self.now_s
             raw = norm = 0             # sum() starts from int 0 too
@@ -507,7 +509,7 @@ class PrefixShield(EvictionPolicy):
                 if zero_t[i] > t and (w is None or weight[i] > w):
                     w = weight[i]
             d = (raw, norm, 1.0 if w is None else w)
-            self._debt_cache[g] = d
+            self.debt_cache[g] = d
         return d
 
     def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:
@@ -606,7 +608,7 @@ class PrefixShield(EvictionPolicy):
                 best = b
         return best
 
-    def _choose(self) -> tuple:
+    def choose(self) -> tuple:
         """(victim, responsible gid or -1, its P before and after, segment, runner-up gid
         or -1, its P, ancestry fallback?): select_victim's choice before the Decision."""
         if self._view is not None:       # the view holds the rank cache while bound
@@ -622,7 +624,7 @@ class PrefixShield(EvictionPolicy):
                 runner, runner_p = top[1], top_p
             g = top[0]
             seg, _, b = self._best_of(g)
-            debts = self._debt_cache.get(g) or self._debts(g)
+            debts = self.debt_cache.get(g) or self._debts(g)
             if self.glob is not None:
                 self.glob_budget -= 1
                 if self.glob_budget <= 0:       # unused for a pool's worth: drop it
@@ -634,7 +636,8 @@ class PrefixShield(EvictionPolicy):
         b = self._oldest_nonleaf()     # no eligible leaf at all: guard, see the docstring
         return b, -1, None, None, (self.cls[b] if self.params["segments"] else 0), -1, 0.0, True
 
-    def _decision(self, choice: tuple) -> Decision:
+    def decision(self, choice: tuple) -> Decision:
+        """The ledger's Decision for a choice that choose() made."""
         b, g, p_before, p_after, seg, runner, runner_p, ancestry_fallback = choice
         seg_name = self.seg_names
         if g >= 0:
@@ -647,7 +650,7 @@ class PrefixShield(EvictionPolicy):
             live = self.global_queues().live
             counts = {"probationary": live[0], "normal": live[1], "reuse": live[2]}
         og = self.owner[b]
-        raw, norm, _ = self._debt_cache.get(og) or self._debts(og)
+        raw, norm, _ = self.debt_cache.get(og) or self._debts(og)
         rank = {"segment": seg_name[seg], "class": SEGMENTS[self.cls[b]],
                 "freed_seq": self.freed_seq[b], "global_fallback": g < 0,
                 "owner_contract": self.contract_names[self.contract[b]],
@@ -661,9 +664,9 @@ class PrefixShield(EvictionPolicy):
             runner_up_p=runner_p if runner >= 0 else None, segments=counts, rank=rank)
 
     def select_victim(self, req: PolicyRequest, now_ns: int) -> Decision:
-        choice = self._choose()
+        choice = self.choose()
         self.pending = (choice[0], choice[1], choice[3])
-        return self._decision(choice)
+        return self.decision(choice)
 
     def evict_batch(self, req: PolicyRequest, now_ns: int, num_blocks: int,
                     decisions: list[Decision] | None) -> list[int]:
@@ -671,14 +674,14 @@ class PrefixShield(EvictionPolicy):
         nobody records."""
         if self._view is not None:
             return self._view.evict_batch(num_blocks, decisions)
-        choose, evicted = self._choose, self._evicted
+        choose, evicted = self.choose, self.evicted
         victims: list[int] = []
         for _ in range(num_blocks):
             if self.num_cand == 0:
                 break
             choice = choose()
             if decisions is not None:
-                decisions.append(self._decision(choice))
+                decisions.append(self.decision(choice))
             self.pending = None
             evicted(choice[0], choice[1], choice[3])
             victims.append(choice[0])
@@ -687,11 +690,11 @@ class PrefixShield(EvictionPolicy):
     def on_evict(self, block: int) -> None:
         pending, self.pending = self.pending, None
         if pending is not None and pending[0] == block:
-            self._evicted(block, pending[1], pending[2])
+            self.evicted(block, pending[1], pending[2])
         else:
-            self._evicted(block, -1, None)
+            self.evicted(block, -1, None)
 
-    def _evicted(self, b: int, g: int, p_after: float | None) -> None:
+    def evicted(self, b: int, g: int, p_after: float | None) -> None:
         """b is gone; g (>= 0) was responsible and is now projected at p_after."""
         gver = self.gver
         if g >= 0 and self._view is not None:
@@ -746,7 +749,7 @@ class PrefixShield(EvictionPolicy):
         # the bucket is charged n blocks, generated-token blocks at output_weight each
         amount = n if n_out == 0 or self.output_weight == 1.0 else (
             (n - n_out) + self.output_weight * n_out)
-        balance = self._charge(g, c, amount, t) if n else self.bhat(self._bucket(g, c), t)
+        balance = self._charge(g, c, amount, t) if n else self.bhat(self.bucket_index(g, c), t)
         self.last_audit = {"group": req.group, "contract": req.contract, "charged": n,
                            "promoted": self.promoted, "promotion_debt": self.promotion_debt}
         note: dict[str, Any] = {"charged": n, "balance": _r(balance),

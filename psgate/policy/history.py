@@ -79,7 +79,7 @@ class PrefixHistory:
         h = key & self.mask
         ns = key >> self.shift
         if h >= len(self.slot_ns):
-            self._grow(h)
+            self.grow_slots(h)
         o = self.slot_ns[h]
         if o == ns:
             return h
@@ -88,17 +88,21 @@ class PrefixHistory:
             return h
         return -1
 
-    def _grow(self, h: int) -> None:
-        """Slots up to index h at least (by half the current size, at least)."""
+    def grow_slots(self, h: int) -> None:
+        """Slots up to index h at least (by half the current size, at least). Low level,
+        as are stamp, set_stamp and compact: the compiled loops' primitives; a policy
+        calls contains and touch."""
         more = max(h + 1 - len(self.slot_ns), len(self.slot_ns) // 2)
         self.slot_ns.extend(array("i", [-1]) * more)
         self.slot_stamp.extend(array("q", [-1]) * more)
 
-    def _stamp(self, g: int, key: int) -> int:
+    def stamp(self, g: int, key: int) -> int:
+        """key's stamp in g: the clock value of its last touch, -1 where it is not there."""
         h = self._slot(key)
         return self.slot_stamp[h] if h >= 0 else self.other.get((g, key), -1)
 
-    def _set_stamp(self, g: int, key: int, stamp: int) -> None:
+    def set_stamp(self, g: int, key: int, stamp: int) -> None:
+        """key's stamp in g (-1: it leaves), for a caller that keeps g's queue itself."""
         h = self._slot(key)
         if h >= 0:
             self.slot_stamp[h] = stamp
@@ -109,14 +113,14 @@ class PrefixHistory:
 
     # -- the LRU set ----------------------------------------------------------------
     def contains(self, g: int, prefix) -> bool:
-        return self._stamp(g, self.key_of(prefix)) >= 0
+        return self.stamp(g, self.key_of(prefix)) >= 0
 
     def touch(self, g: int, prefix) -> None:
         key = self.key_of(prefix)
-        was = self._stamp(g, key)
+        was = self.stamp(g, key)
         stamp = self.clock
         self.clock += 1
-        self._set_stamp(g, key, stamp)
+        self.set_stamp(g, key, stamp)
         self.keys[g].append(key)
         self.stamps[g].append(stamp)
         if was < 0:
@@ -124,12 +128,14 @@ class PrefixHistory:
             if self.num_live[g] > self.bound:
                 self._drop_oldest(g)
         elif len(self.keys[g]) - self.head[g] > 2 * self.num_live[g] + _COMPACT_MIN:
-            self._compact(g)
+            self.compact(g)
 
     def contains_keys(self, g: int, keys: list[int]) -> list[bool]:
         """contains(g, k) for content keys, in one call."""
         if self._kernels is not None and self.shift is not None and type(keys) is list:
-            return self._kernels.history_contains_keys(self, g, keys)
+            out = self._kernels.history_contains_keys(self, g, keys)
+            if out is not None:         # None: a key the compiled form does not take
+                return out
         return self._contains_keys(g, keys)
 
     def _contains_keys(self, g: int, keys: list[int]) -> list[bool]:
@@ -151,14 +157,14 @@ class PrefixHistory:
             elif o < 0:
                 out.append(False)         # an unclaimed slot: the key was never stored
             else:
-                out.append(self._stamp(g, k) >= 0)
+                out.append(self.stamp(g, k) >= 0)
         return out
 
     def touch_keys(self, g: int, keys: list[int]) -> None:
         """touch(g, k) for each content key in order, in one call."""
-        if self._kernels is not None and self.shift is not None and type(keys) is list:
-            self._kernels.history_touch_keys(self, g, keys)
-            return
+        if (self._kernels is not None and self.shift is not None and type(keys) is list
+                and self._kernels.history_touch_keys(self, g, keys)):
+            return                      # False: a key the compiled form does not take
         self._touch_keys(g, keys)
 
     def _touch_keys(self, g: int, keys: list[int]) -> None:
@@ -170,7 +176,7 @@ class PrefixHistory:
         mask = self.mask
         top = max((k & mask for k in keys if k < OPAQUE_KEYS_FROM), default=0)
         if top >= len(self.slot_ns):
-            self._grow(top)
+            self.grow_slots(top)
         sns, sst = self.slot_ns, self.slot_stamp
         qk, qs = self.keys[g], self.stamps[g]
         for k in keys:
@@ -181,8 +187,8 @@ class PrefixHistory:
                 was = sst[h]
                 sst[h] = self.clock
             else:
-                was = self._stamp(g, k)
-                self._set_stamp(g, k, self.clock)
+                was = self.stamp(g, k)
+                self.set_stamp(g, k, self.clock)
             qk.append(k)
             qs.append(self.clock)
             self.clock += 1
@@ -192,28 +198,29 @@ class PrefixHistory:
                     self._drop_oldest(g)
                     qk, qs = self.keys[g], self.stamps[g]     # a compaction replaces them
             elif len(qk) - self.head[g] > 2 * self.num_live[g] + _COMPACT_MIN:
-                self._compact(g)
+                self.compact(g)
                 qk, qs = self.keys[g], self.stamps[g]
 
     def _drop_oldest(self, g: int) -> None:
         keys, stamps = self.keys[g], self.stamps[g]
         i = self.head[g]
-        while self._stamp(g, keys[i]) != stamps[i]:      # stale: touched again since
+        while self.stamp(g, keys[i]) != stamps[i]:      # stale: touched again since
             i += 1
-        self._set_stamp(g, keys[i], -1)
+        self.set_stamp(g, keys[i], -1)
         self.num_live[g] -= 1
         self.head[g] = i + 1
         if i + 1 > _COMPACT_MIN and i + 1 > len(keys) // 2:
-            self._compact(g)
+            self.compact(g)
 
-    def _compact(self, g: int) -> None:
-        """Keep only the live entries, in order."""
+    def compact(self, g: int) -> None:
+        """Keep only g's live entries, in order (touch does, when stale ones outnumber
+        them)."""
         if self._kernels is not None and self.shift is not None:
             self._kernels.history_compact(self, g)
             return
         keys, stamps = self.keys[g], self.stamps[g]
         live = [i for i in range(self.head[g], len(keys))
-                if self._stamp(g, keys[i]) == stamps[i]]
+                if self.stamp(g, keys[i]) == stamps[i]]
         self.keys[g] = array("q", [keys[i] for i in live])
         self.stamps[g] = array("q", [stamps[i] for i in live])
         self.head[g] = 0
@@ -222,4 +229,4 @@ class PrefixHistory:
         """g's prefixes, least recent first (for tests and explain, not hot paths)."""
         keys, stamps = self.keys[g], self.stamps[g]
         return [keys[i] if keys[i] >= 0 else self.label_names[-2 - keys[i]]
-                for i in range(self.head[g], len(keys)) if self._stamp(g, keys[i]) == stamps[i]]
+                for i in range(self.head[g], len(keys)) if self.stamp(g, keys[i]) == stamps[i]]

@@ -232,12 +232,13 @@ class CompactEncoder:
         self.kind_col = _KIND_COL
         self._shared = itemgetter(*shared)
         self._own = itemgetter(*own)
-        self._seq_at = shared.index(_SEQ_COL)
-        self._hash_col = self.columns.index("hash")
-        self._hash_at = 1 + len(shared) + own.index(self._hash_col)
+        # the row layout, read too by the compiled coder (psgate._core.CompactCoder)
+        self.seq_at = shared.index(_SEQ_COL)
+        self.hash_col = self.columns.index("hash")
+        self.hash_at = 1 + len(shared) + own.index(self.hash_col)
         self._hashes = HashIds()
-        self._last = ("",) * len(shared)
-        self._blank = (("",) * len(own), {i: ("", [], [], True) for i in self.json_cols})
+        self.last = ("",) * len(shared)
+        self.blank = (("",) * len(own), {i: ("", [], [], True) for i in self.json_cols})
         # per kind: its last row's own fields, and per JSON column (text, keys, values,
         # whether it was coded by key)
         self._by_kind: dict[str, tuple[tuple, dict]] = {}
@@ -247,9 +248,9 @@ class CompactEncoder:
         row's shared columns (its seq plus one), ``prev_own`` the rest of the previous row
         of the same kind."""
         pred = list(last)
-        seq = pred[self._seq_at]
+        seq = pred[self.seq_at]
         if _INT.match(seq):
-            pred[self._seq_at] = str(int(seq) + 1)
+            pred[self.seq_at] = str(int(seq) + 1)
         pred += prev_own
         return pred
 
@@ -258,17 +259,17 @@ class CompactEncoder:
         if len(fields) != len(self.columns):
             raise ValueError(f"{len(fields)} fields, the header has {len(self.columns)}")
         kind = fields[_KIND_COL]
-        prev_own, prev_json = self._by_kind.get(kind) or self._blank
+        prev_own, prev_json = self._by_kind.get(kind) or self.blank
         cur = self._shared(fields)
         own = self._own(fields)
         out = [kind]
         out += ["" if c == p else _code(c, p)
-                for c, p in zip(cur + own, self.predict(self._last, prev_own))]
-        h = fields[self._hash_col]
+                for c, p in zip(cur + own, self.predict(self.last, prev_own))]
+        h = fields[self.hash_col]
         if h:
             hid = self._hashes.see(h)
-            if hid is not None and out[self._hash_at]:
-                out[self._hash_at] = f"#{hid}"
+            if hid is not None and out[self.hash_at]:
+                out[self.hash_at] = f"#{hid}"
         json_now = dict(prev_json)
         for i in self.json_cols:
             text = fields[i]
@@ -290,7 +291,7 @@ class CompactEncoder:
                 out.append("=" + orjson.dumps(keys).decode())
                 out += ["=" + v for v in values]
             json_now[i] = (text, keys, values, True)
-        self._last = cur
+        self.last = cur
         self._by_kind[kind] = (own, json_now)
         return out
 
@@ -373,8 +374,8 @@ class CompactReader:
         self._shared_cols, self._own_cols, self._json_cols = (enc.shared_cols, enc.own_cols,
                                                               enc.json_cols)
         self._ns, self._no = len(enc.shared_cols), len(enc.own_cols)
-        self._seq_at = enc._seq_at
-        self._hash_at = enc.own_cols.index(enc._hash_col)
+        self._seq_at = enc.seq_at
+        self._hash_at = enc.own_cols.index(enc.hash_col)
         self._hashes = HashIds(HashIds.V1_LIMIT if version == "1" else None)
         self._where = {}                # column name -> (0 shared / 1 own / 2 JSON, index)
         for j, i in enumerate(enc.shared_cols):

@@ -53,17 +53,6 @@ def best(fn, rounds):
     return min(times)
 
 
-class PyReq:
-    __slots__ = ("num_computed", "num_tokens", "num_output", "max_out", "first_token_ns")
-
-    def __init__(self, num_tokens, max_out):
-        self.num_computed = 0
-        self.num_tokens = num_tokens
-        self.num_output = 1
-        self.max_out = max_out
-        self.first_token_ns = 0
-
-
 class Queues:
     """The fields of psgate.policy.BlockQueues that the kernel reads."""
 
@@ -81,6 +70,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=200_000)
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--steps", type=int, default=2_000)
+    ap.add_argument("--keys", type=int, default=64)
     args = ap.parse_args()
     from psgate import core
     _core = core.get()
@@ -122,7 +112,7 @@ def main() -> None:
                     mod.step_computed(reqs, num_new, 0)
             return run
 
-        core_reqs = [PyReq(1_000_000, 10**9) for _ in range(args.requests)]
+        core_reqs = [interp.Req(1_000_000, 10**9) for _ in range(args.requests)]
         num_new = [1] * len(core_reqs)
 
         def core_steps():
@@ -130,13 +120,38 @@ def main() -> None:
                 _core.step_computed(core_reqs, num_new, 0)
 
         rows.append(("step_computed, %d requests x %d steps" % (args.requests, args.steps),
-                     best(steps(interp, PyReq), args.rounds),
+                     best(steps(interp, interp.Req), args.rounds),
                      best(steps(comp, comp.Req), args.rounds),
                      best(core_steps, args.rounds)))
+        keys = list(range(args.keys))
+
+        def appends(mod):
+            def run():
+                q = array("q")
+                for _ in range(args.steps):
+                    mod.queue_append(q, keys)
+            return run
+
+        def writes(mod):
+            def run():
+                q = array("q", [0]) * (args.steps * len(keys))
+                i = 0
+                for _ in range(args.steps):
+                    i = mod.queue_write(q, i, keys)
+            return run
+
+        rows.append((f"queue += {args.keys} keys x {args.steps}: append",
+                     best(appends(interp), args.rounds), best(appends(comp), args.rounds),
+                     None))
+        rows.append((f"queue += {args.keys} keys x {args.steps}: write",
+                     best(writes(interp), args.rounds), best(writes(comp), args.rounds),
+                     None))
     print(f"{'loop':42} {'interpreted':>12} {'pure-mode':>12} {'_core.pyx':>12} "
           f"{'interp/pure':>12} {'pyx/pure':>9}")
     for name, a, b, c in rows:
-        print(f"{name:42} {a:12.4f} {b:12.4f} {c:12.4f} {a / b:12.1f} {c / b:9.2f}")
+        core_cols = f"{c:12.4f}" if c is not None else f"{'-':>12}"
+        ratio = f"{c / b:9.2f}" if c is not None else f"{'-':>9}"
+        print(f"{name:42} {a:12.4f} {b:12.4f} {core_cols} {a / b:12.1f} {ratio}")
 
 
 if __name__ == "__main__":

@@ -85,3 +85,21 @@ def step_computed(scheduled: list, num_new: list, i: cython.Py_ssize_t) -> cytho
             r.num_computed = computed
         i += 1
     return num
+
+
+def queue_append(q, keys: list) -> None:
+    """A history queue grown one entry at a time (``array.append``)."""
+    k: cython.longlong
+    for k in keys:
+        q.append(k)
+
+
+def queue_write(q: cython.longlong[::1], start: cython.Py_ssize_t,
+                keys: list) -> cython.Py_ssize_t:
+    """The same entries written into room made beforehand; returns the new length."""
+    i: cython.Py_ssize_t = start
+    k: cython.longlong
+    for k in keys:
+        q[i] = k
+        i += 1
+    return i
