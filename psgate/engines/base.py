@@ -391,20 +391,28 @@ class ReplayEngine(BlockPool):
         return new
 
     def check_batch(self, r: RequestState, keys: list[int], hits: list[int], max_hits: int,
-                      new: list[int], cached_now: list[tuple[int, int]],
-                      num_new_full: int) -> None:
+                    new: list[int], cached_now: list[tuple[int, int]], num_new_full: int,
+                    more_groups: tuple = ()) -> None:
         """After one allocation batch of r (``keys``: the content its hits must hold): the
-        hard invariants, then the policy's own auditors. Every engine on this pool."""
-        if self.kernels is None or not self.kernels.batch_checked(self, keys, hits, max_hits,
-                                                                  new, cached_now):
+        hard invariants, then the policy's own auditors. Every engine on this pool. A
+        hybrid model's batch gives its first KV-cache group as above (with the new blocks)
+        and every later group's (keys, hits, cached_now) in ``more_groups``: each group's
+        hits are held to its own content, the accounting and the auditors run once."""
+        if more_groups or self.kernels is None or not self.kernels.batch_checked(
+                self, keys, hits, max_hits, new, cached_now):
             # the Python form: every check again, recording any that fails (the compiled
             # one passes only batches whose checks all hold, and changes nothing otherwise)
             where = self.where_fn(r)
             policy = self.policy
             self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
+            for group_keys, group_hits, group_cached in more_groups:
+                self.checker.admitted(where, group_keys, group_hits, max_hits, [],
+                                      group_cached)
             self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
                                           policy)
         if self.auditors:
+            if more_groups:
+                cached_now = cached_now + [c for _, _, part in more_groups for c in part]
             self.audit_batch(r, cached_now, num_new_full)
 
     def audit_batch(self, r: RequestState, cached_now: list[tuple[int, int]],

@@ -254,25 +254,18 @@ class HybridStepEngine(StepSimEngine):
 
     def _checked_lanes(self, r: HybridRequest, taken_by_group, new: list[int],
                        cached_by_group: list[list[tuple[int, int]]]) -> int:
-        """The hard invariants over one allocation batch, group by group (each group's
-        hits must hold its own content at their positions), then the accounting and the
-        policy's auditors once. Returns the number of blocks hit (nulls not counted)."""
-        where = self.where_fn(r)
-        max_hits = (r.num_tokens - 1) // self.bs
-        num_taken = 0
+        """check_batch over one allocation batch, group by group (each group's hits must
+        hold its own content at their positions). Returns the number of blocks hit (nulls
+        not counted)."""
+        parts = []
         for g in range(len(self.kv_groups)):
             skipped, taken = taken_by_group[g] if taken_by_group else (0, [])
-            hits = [b for b in taken if b]
-            keys = [self.key_at(r, skipped + i, g) for i, b in enumerate(taken) if b]
-            num_taken += len(hits)
-            self.checker.admitted(where, keys, hits, max_hits, new if g == 0 else [],
-                                  cached_by_group[g])
-        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
-                                      self, self.policy)
-        if self.auditors:
-            self.audit_batch(r, [c for part in cached_by_group for c in part],
-                             r.preq.num_new_full_blocks)
-        return num_taken
+            parts.append(([self.key_at(r, skipped + i, g) for i, b in enumerate(taken) if b],
+                          [b for b in taken if b], cached_by_group[g]))
+        keys, hits, cached_now = parts[0]
+        self.check_batch(r, keys, hits, (r.num_tokens - 1) // self.bs, new, cached_now,
+                         r.preq.num_new_full_blocks, tuple(parts[1:]))
+        return sum(len(part[1]) for part in parts)
 
     def return_blocks(self, r: HybridRequest) -> None:
         """vLLM's ``free``: group by group, each group's blocks last first."""

@@ -337,17 +337,14 @@ class VllmSchedEngine(ReplayEngine):
                              [(b, k) for _, b, k in self._cached], r.preq.num_new_full_blocks)
             return
         # a hybrid model: group by group, each group's hits held to its own content
-        where = self.where_fn(r)
+        parts = []
         for g in range(len(self.params.kv_groups)):
             hits = [(pos, b) for hg, pos, b in self._hits if hg == g]
-            self.checker.admitted(where, [self._chain_key(r.ev.id, pos, g) for pos, _ in hits],
-                                  [b for _, b in hits], max_hits, self._new if g == 0 else [],
-                                  [(b, k) for cg, b, k in self._cached if cg == g])
-        self.checker.check_accounting(where, len(self.free), self.policy.num_candidates,
-                                      self, self.policy)
-        if self.auditors:
-            self.audit_batch(r, [(b, k) for _, b, k in self._cached],
-                             r.preq.num_new_full_blocks)
+            parts.append(([self._chain_key(r.ev.id, pos, g) for pos, _ in hits],
+                          [b for _, b in hits], [(b, k) for cg, b, k in self._cached if cg == g]))
+        keys, hits, cached_now = parts[0]
+        self.check_batch(r, keys, hits, max_hits, self._new, cached_now,
+                         r.preq.num_new_full_blocks, tuple(parts[1:]))
 
     def check_victim(self, v: int) -> None:
         """The policy chose v: a cached block no request holds, or the run stops here
