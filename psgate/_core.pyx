@@ -222,7 +222,7 @@ def checker_cached(checker, list cached):
 
 def checker_evicted(checker, blocks, Py_ssize_t start):
     """InvariantChecker.evicted_many's loop for victims that were candidates, from
-    ``start`` (a key the parent table does not cover through the checker.s drop_copy).
+    ``start`` (a key the parent table does not cover through the checker's drop_copy).
     Returns (how many it took, the index it stopped at): the first block that is not such
     a victim, or len(blocks)."""
     cdef CheckerArrays a
@@ -1274,7 +1274,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     else:
         hits = keys
     if not batch_checked(eng, keys, hits, (num_tokens - 1) // bs, new, cached_now):
-        eng.check_allocation(r, hits, new, cached_now)          # the hard checks and the auditors
+        eng.check_allocation(r, hits, new, cached_now)   # the hard checks and the auditors
     elif eng.auditors:
         eng.audit_batch(r, cached_now, preq.num_new_full_blocks)
     if eng.records:

@@ -1105,7 +1105,7 @@ def test_a_group_whose_heavier_debt_clears_is_ranked_at_its_new_weight(monkeypat
 def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch,
                                                                      tmp_path):
     """The compiled loops hold pointers into the pool's and the checker's arrays; a call
-    back into Python (the pool's index_add/index_drop, the checker.s drop_copy) may
+    back into Python (the pool's index_add/index_drop, the checker's drop_copy) may
     resize them, which moves them. Here each such call leaves every array replaced by a
     copy (as a resize would), and the replay must end in the state it ends in without.
     (The Python engine holds the arrays in locals across such calls, so the comparison

@@ -147,9 +147,9 @@ class InvariantChecker:
             self.num_orphans -= v >> 32
 
     def drop_copy(self, k: int) -> None:
-        """One resident copy of k is gone (evicted or dropped): its parent loses a child
-        where it was the last copy (the compiled eviction loop calls this for a key the
-        parent table does not cover)."""
+        """One resident copy of k is gone: its parent counts one child less, and where it
+        was k's last copy, k's children are orphans now. The compiled eviction loop calls
+        this for a key the parent table does not cover."""
         p = self._parent_key(k)
         if p != NO_KEY:
             v = self._count(p) - _CHILD
