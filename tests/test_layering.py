@@ -3,8 +3,8 @@
 A room is a package under psgate/ or a top-level module. Each may import only the rooms
 its row names (imports inside functions count: a lazy import is still a dependency).
 Bottom up: errors, inputs (files that must be regular), contracts, resources, atomic,
-core (which of the replay's loops are compiled) and cython_shadow need nothing, invariants only core;
-trace reads and writes traces (with core's compiled hash checks); policy is the public
+core (which of the replay's loops are compiled) and cython_shadow need nothing,
+invariants only core; trace reads and writes traces (with core's compiled hash checks); policy is the public
 policy API (the interface, its helpers, the contract table and the I1/I2 auditor);
 policies, the built-in ones, see that API alone, never an engine; engines run policies
 through the interface and the registry, never a

@@ -16,10 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
 
-from helpers import replay_outputs
+from helpers import replay_outputs, write_lines
 from psgate.workloads import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,9 +80,7 @@ def _replay(mode: str, trace: Path, out: Path, *args: str) -> dict[str, bytes]:
      "--scheduler", "service"),
 ], ids=["step", "service"])
 def test_replay_without_compiler_matches(tmp_path, args):
-    trace = tmp_path / "trace.jsonl"
-    lines = generate("one-touch", {"attack_requests": 60})
-    trace.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    trace = write_lines(tmp_path, generate("one-touch", {"attack_requests": 60}))
     installed = _replay("installed", trace, tmp_path / "installed", *args)
     interpreted = _replay("interpreted", trace, tmp_path / "interpreted", *args)
     assert sorted(installed) == sorted(interpreted)
