@@ -21,6 +21,9 @@ from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_
                               PyUnicode_Substring)
 
 from psgate.engines.step_work cimport StepTally
+from psgate.policy.field_decision cimport FieldDecision
+from psgate.policies.lru cimport LRUDecision, freed_seconds
+from psgate.invariants.checker cimport cache_keys, evict_run, pin_hits, pin_new
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
@@ -136,211 +139,6 @@ def block_ids(dict ids, list names, list hashes, Py_ssize_t cursor):
         else:
             out.append(ids[h])
     return out, cursor
-
-
-# -- the invariant checker (psgate/invariants/checker.py) ------------------------------
-
-ctypedef struct CheckerArrays:
-    # the checker's flat arrays and key layout; a call back into its Python (drop_copy)
-    # may resize the arrays, so they are taken again after one
-    long long *key
-    int *ref
-    long long *table            # the parent table (parent_table)
-    int *rns                    # a slot's namespace (res_ns) and counts (res_cnt)
-    long long *cnt
-    int shift
-    long long mask
-    bint all_tabled             # no key is kept outside the flat tables
-    long long opaque            # keys from here on are (unless all_tabled)
-
-
-cdef int _checker_arrays(checker, CheckerArrays *a) except -1:
-    cdef object opaque = checker.opaque_keys_from
-    a.key = _llongs(checker.key)
-    a.ref = _ints(checker.ref)
-    a.table = _llongs(checker.parent_table)
-    a.rns = _ints(checker.res_ns)
-    a.cnt = _llongs(checker.res_cnt)
-    a.shift = checker.key_shift
-    a.mask = (<long long>1 << a.shift) - 1
-    a.all_tabled = opaque > 0x7FFFFFFFFFFFFFFF
-    a.opaque = 0 if a.all_tabled else opaque
-    return 0
-
-
-def checker_cached(checker, list cached):
-    """InvariantChecker.admitted's loop over the blocks that now hold content, with a
-    parent table: every key counted in the flat slots, or in the dict for a slot that
-    another namespace owns. Returns nothing; the orphan count is updated."""
-    cdef CheckerArrays a
-    cdef dict res = checker.res
-    cdef Py_ssize_t orphans = checker.num_orphans
-    cdef long long k, h, ns, p, o, v
-    cdef Py_ssize_t b
-    cdef tuple item
-    _checker_arrays(checker, &a)
-    for item in cached:
-        b = item[0]
-        k = item[1]
-        a.key[b] = k
-        if not a.all_tabled and k >= a.opaque:
-            res[k] = res.get(k, 0) + 1
-            continue
-        h = k & a.mask
-        ns = k >> a.shift
-        p = a.table[h]
-        if p >= 0:
-            o = a.rns[p]
-            if o == ns:
-                v = a.cnt[p]
-                a.cnt[p] = v + CHILD
-            elif o < 0:
-                a.rns[p] = <int>ns
-                v = 0
-                a.cnt[p] = CHILD
-            else:
-                p |= ns << a.shift
-                v = res.get(p, 0)
-                res[p] = v + CHILD
-            if v & COPIES == 0:
-                orphans += 1
-        o = a.rns[h]
-        if o == ns:
-            v = a.cnt[h]
-            a.cnt[h] = v + 1
-        elif o < 0:
-            a.rns[h] = <int>ns
-            v = 0
-            a.cnt[h] = 1
-        else:
-            v = res.get(k, 0)
-            res[k] = v + 1
-        if v & COPIES == 0:
-            orphans -= v >> 32
-    checker.num_orphans = orphans
-
-
-def checker_evicted(checker, blocks, Py_ssize_t start):
-    """InvariantChecker.evicted_many's loop for victims that were candidates, from
-    ``start`` (a key the parent table does not cover through the checker's drop_copy).
-    Returns (how many it took, the index it stopped at): the first block that is not such
-    a victim, or len(blocks)."""
-    cdef CheckerArrays a
-    cdef dict res = checker.res
-    cdef Py_ssize_t n = checker.num_blocks
-    cdef Py_ssize_t orphans = checker.num_orphans
-    cdef Py_ssize_t created = checker.orphans_created
-    cdef Py_ssize_t i = start, num = len(blocks), b
-    cdef long long k, h, ns, p, c
-    cdef object pk
-    _checker_arrays(checker, &a)
-    while i < num:
-        b = blocks[i]
-        if not 0 < b < n:
-            break
-        k = a.key[b]
-        if a.ref[b] != 0 or k == NO_KEY:
-            break
-        if not a.all_tabled and k >= a.opaque:
-            # a key kept outside the flat tables (a block of generated tokens): its
-            # general form, the counters handed over around the call
-            checker.num_orphans = orphans
-            checker.orphans_created = created
-            checker.drop_copy(k)
-            orphans = checker.num_orphans
-            created = checker.orphans_created
-            _checker_arrays(checker, &a)
-            a.key[b] = NO_KEY
-            i += 1
-            continue
-        h = k & a.mask
-        ns = k >> a.shift
-        p = a.table[h]
-        if p >= 0:
-            if a.rns[p] == ns:
-                c = a.cnt[p] - CHILD
-                a.cnt[p] = c
-            else:
-                pk = p | (ns << a.shift)
-                c = res[pk] - CHILD
-                if c:
-                    res[pk] = c
-                else:
-                    del res[pk]
-            if c & COPIES == 0:
-                orphans -= 1
-        if a.rns[h] == ns:
-            c = a.cnt[h] - 1
-            a.cnt[h] = c
-        else:
-            c = res[k] - 1
-            if c:
-                res[k] = c
-            else:
-                del res[k]
-        if c & COPIES == 0:
-            orphans += c >> 32
-            created += c >> 32
-        a.key[b] = NO_KEY
-        i += 1
-    num = i - start
-    checker.num_orphans = orphans
-    checker.orphans_created = created
-    checker.num_candidates -= num
-    checker.num_resident -= num
-    return num, i
-
-
-def checker_pinned(checker, list ns_keys, list hits, list new_blocks):
-    """InvariantChecker.admitted's loops over the hits and the new blocks: each gains a
-    reference. The hits are taken up to the first that does not hold its key (or is
-    outside the pool), the new blocks, once every hit is taken, up to the first that was
-    not free and empty. Returns (hits taken, hits that were candidates, new blocks
-    taken); the reference loops go on from there."""
-    cdef int *ref = _ints(checker.ref)
-    cdef long long *key = _llongs(checker.key)
-    cdef Py_ssize_t n = checker.num_blocks
-    cdef Py_ssize_t i = 0, j = 0, num_hits = len(hits), num_new = len(new_blocks)
-    cdef Py_ssize_t num_unpinned = 0, b
-    cdef long long k
-    if num_hits > len(ns_keys):
-        return 0, 0, 0
-    while i < num_hits:
-        b = hits[i]
-        if not 0 <= b < n:
-            break
-        k = ns_keys[i]
-        if key[b] != k:
-            break
-        if ref[b] == 0:
-            num_unpinned += 1
-        ref[b] += 1
-        i += 1
-    if i == num_hits:
-        while j < num_new:
-            b = new_blocks[j]
-            if not 0 <= b < n or ref[b] != 0 or key[b] != NO_KEY:
-                break
-            ref[b] = 1
-            j += 1
-    return i, num_unpinned, j
-
-
-def checker_released(checker, blocks):
-    """InvariantChecker.released: each block loses a reference; one left with none is
-    free (no content) or a candidate (cached)."""
-    cdef int *ref = _ints(checker.ref)
-    cdef long long *key = _llongs(checker.key)
-    cdef Py_ssize_t b, num_free = 0, num_cand = 0
-    for b in blocks:
-        ref[b] -= 1
-        if ref[b] == 0:
-            if key[b] == NO_KEY:
-                num_free += 1
-            else:
-                num_cand += 1
-    checker.num_resident -= num_free
-    checker.num_candidates += num_cand
 
 
 # -- the ledger's eviction rows (psgate/receipt/ledger.py) -----------------------------
@@ -664,63 +462,6 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
     return seq
 
 
-# -- lru's queue (psgate/policies/lru.py) ----------------------------------------------
-
-cdef long long EXACT = 1LL << 53      # |n| up to this: n / 1e9 in doubles is Python's n / 10**9
-
-
-def lru_freed(queues, freed_at, list blocks, long long now_ns):
-    """LRUPolicy.on_free: each block to the back of queue 0, freed at now_ns."""
-    cdef long long *freed = _llongs(freed_at)
-    cdef int *nxt = _ints(queues.next)
-    cdef int *prv = _ints(queues.prev)
-    cdef int *where = _ints(queues.where)
-    cdef int s = queues.num_blocks
-    cdef int last = prv[s]
-    cdef int b
-    for b in blocks:
-        prv[b] = last
-        nxt[last] = b
-        where[b] = 0
-        freed[b] = now_ns
-        last = b
-    nxt[last] = s
-    prv[s] = last
-    queues.sizes[0] += len(blocks)
-
-
-def lru_take(queues, freed_at, Py_ssize_t num_blocks, decisions, decision_cls):
-    """LRUPolicy.evict_batch: the first num_blocks of queue 0, unlinked in one pass, each
-    with its Decision (an LRUDecision) when ``decisions`` is a list."""
-    cdef long long *freed = _llongs(freed_at)
-    cdef int *nxt = _ints(queues.next)
-    cdef int *prv = _ints(queues.prev)
-    cdef int *where = _ints(queues.where)
-    cdef int s = queues.num_blocks
-    cdef Py_ssize_t size = queues.sizes[0]
-    cdef list victims = []
-    cdef Py_ssize_t num = 0
-    cdef int b = nxt[s]
-    cdef LRUDecision d
-    cdef bint record = decisions is not None
-    while num < num_blocks and b != s:
-        if record:
-            d = LRUDecision.__new__(LRUDecision)
-            d.decision_cls = decision_cls
-            d.victim = b
-            d.num_cand = size - num
-            d.freed_ns = freed[b]
-            decisions.append(d)
-        victims.append(b)
-        where[b] = -1
-        num += 1
-        b = nxt[b]
-    nxt[s] = b
-    prv[b] = s
-    queues.sizes[0] = size - num
-    return victims
-
-
 # -- the block pool (psgate/engines/pool.py, base.py, sim.py, sched.py) ----------------
 
 ctypedef struct PoolArrays:
@@ -938,7 +679,7 @@ cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
     victim's content dropped and counted. A victim that was no candidate is the Python
     form's PolicyFault, with what was evicted before it counted."""
     checker = eng.checker
-    num_ok, start = checker_evicted(checker, victims, 0)
+    num_ok, start = evict_run(checker, victims, 0)
     checker.verdicts["no_pinned_eviction"].checks += num_ok
     cdef Py_ssize_t num_valid = num_ok
     if start < len(victims):        # the rest in the Python form (it records a violation)
@@ -1285,6 +1026,15 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
     return True
 
 
+cdef int _unpin(object ref_array, list blocks) except -1:
+    """Each block one reference less (undoing pin_hits or pin_new)."""
+    cdef int *ref = _ints(ref_array)
+    cdef Py_ssize_t b
+    for b in blocks:
+        ref[b] -= 1
+    return 0
+
+
 def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list cached_now):
     """ReplayEngine.check_batch's hard checks when every one passes: InvariantChecker.admitted
     and check_accounting over ``keys`` (the content each hit must hold), the hits, the new
@@ -1294,41 +1044,18 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     checker = eng.checker
     if checker.paranoid or checker.parent_table is None:
         return False
-    cdef int *ref = _ints(checker.ref)
-    cdef long long *key = _llongs(checker.key)
-    cdef Py_ssize_t n = len(checker.ref), b, i, j
-    cdef Py_ssize_t num_hits = len(hits), num_new = len(new), num_unpinned = 0
+    cdef Py_ssize_t num_hits = len(hits), num_new = len(new), num_unpinned, bad, num_bad
     cdef Py_ssize_t resident, usable = checker.num_usable
-    cdef bint ok = num_hits <= max_hits and num_hits <= len(keys)
-    i = 0
-    while ok and i < num_hits:      # each takes a reference, as admitted takes it
-        b = hits[i]
-        if not (0 <= b < n and key[b] == <long long>keys[i]):
-            ok = False
-            break
-        if ref[b] == 0:
-            num_unpinned += 1
-        ref[b] += 1
-        i += 1
-    j = 0
-    while ok and j < num_new:       # after the hits: a new block must be free of both
-        b = new[j]
-        if not (0 <= b < n and ref[b] == 0 and key[b] == NO_KEY):
-            ok = False
-            break
-        ref[b] += 1
-        j += 1
+    if num_hits > max_hits or num_hits > len(keys):
+        return False
+    num_unpinned, bad = pin_hits(checker, keys, hits)
+    num_bad = pin_new(checker, new)[0]
     resident = checker.num_resident + num_new
-    ok = ok and (resident <= usable and len(eng.free) == usable - resident
-                 and <Py_ssize_t>eng.policy.num_candidates
-                 == <Py_ssize_t>checker.num_candidates - num_unpinned)
-    if not ok:                      # undo: the Python form checks it all again
-        while j > 0:
-            j -= 1
-            ref[<Py_ssize_t>new[j]] -= 1
-        while i > 0:
-            i -= 1
-            ref[<Py_ssize_t>hits[i]] -= 1
+    if (bad >= 0 or num_bad or resident > usable or len(eng.free) != usable - resident
+            or <Py_ssize_t>eng.policy.num_candidates
+            != <Py_ssize_t>checker.num_candidates - num_unpinned):
+        _unpin(checker.ref, new)    # undo: the Python form checks it all again
+        _unpin(checker.ref, hits)
         return False
     checker.num_candidates -= num_unpinned
     checker.num_resident = resident
@@ -1336,9 +1063,8 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     verdicts["hits_contiguous_in_namespace"].checks += 1
     verdicts["capacity_and_accounting"].checks += num_new + 1
     if cached_now:
-        if len(checker.parent_table) > len(checker.res_ns):
-            checker.grow_slots()
-        checker_cached(checker, cached_now)
+        checker.grow_slots()
+        cache_keys(checker, cached_now)
     if checker.num_orphans > checker.max_orphans:
         checker.max_orphans = checker.num_orphans
     return True
@@ -1647,73 +1373,10 @@ cdef class SeqHeaps:
                 self._push(q % 3, <int>b, gq.sv[b])
 
 
-cdef object _freed_t(long long f):
-    """A time in ns as seconds, as ``ns / 1e9`` would give it in Python."""
-    return (<double>f / 1e9) if -EXACT <= f <= EXACT else (<object>f) / 1000000000
-
-
-cdef class CompiledDecision:
-    """A victim's Decision as a compiled policy hands it over: its numbers and names, so
-    the compact ledger's coder writes its row from them (CompactCoder.encode_evictions)
-    without the Decision and its dicts, built per victim only to be compared with the
-    row before. To any other reader it is that Decision: the same attributes (dicts
-    made on first read, then kept), equal to it, and decision() makes it."""
-    cdef readonly int victim
-    cdef Py_ssize_t num_cand
-    cdef object decision_cls
-    __hash__ = None                     # as the dataclass's (eq, not frozen)
-
-    @property
-    def num_candidates(self):
-        return self.num_cand
-
-    position = 0
-
-    def decision(self):
-        """The Decision this stands for."""
-        raise NotImplementedError
-
-    def __eq__(self, other):
-        if isinstance(other, CompiledDecision):
-            other = other.decision()
-        return self.decision() == other
-
-    def __repr__(self):
-        return repr(self.decision())
-
-
-cdef class LRUDecision(CompiledDecision):
-    """lru's Decision for a victim taken by lru_take: the candidates left before it and
-    the time it was freed; it has no responsible group, runner-up or segments."""
-    cdef long long freed_ns
-    cdef object rank_d
-
-    def __init__(self, decision_cls, int victim, Py_ssize_t num_candidates,
-                 long long freed_ns):
-        self.decision_cls = decision_cls
-        self.victim = victim
-        self.num_cand = num_candidates
-        self.freed_ns = freed_ns
-
-    # the fields every lru victim has alike (read-only: the instances have no __dict__)
-    queue = "lru"
-    responsible = responsible_p_before = responsible_p_after = None
-    runner_up = runner_up_p = segments = None
-
-    @property
-    def rank(self):
-        if self.rank_d is None:
-            self.rank_d = {"freed_t": _freed_t(self.freed_ns)}
-        return self.rank_d
-
-    def decision(self):
-        return self.decision_cls(self.victim, self.num_cand, 0, "lru", None, None, None,
-                                 None, None, None, self.rank)
-
-
-cdef class PSDecision(CompiledDecision):
+cdef class PSDecision(FieldDecision):
     """prefixshield's Decision for a victim the compiled view chose among the groups in
     debt."""
+    cdef object decision_cls
     cdef readonly object queue, responsible
     cdef readonly double responsible_p_before, responsible_p_after
     cdef readonly object runner_up              # None: no runner-up
@@ -4031,7 +3694,7 @@ cdef class CompactCoder:
         cdef object t
         if self.lru_t is not None and d.freed_ns == self.lru_ns:
             return True
-        t = _json_value(_freed_t(d.freed_ns))
+        t = _json_value(freed_seconds(d.freed_ns))
         if t is None:
             return False
         self.lru_ns = d.freed_ns

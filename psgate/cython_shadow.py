@@ -28,7 +28,7 @@ class _CType:
         return value
 
 
-int = longlong = Py_ssize_t = bint = double = _CType()   # noqa: A001 - Cython's names
+int = longlong = Py_ssize_t = bint = double = void = _CType()   # noqa: A001 - Cython names
 
 
 def _same(obj):
@@ -36,6 +36,11 @@ def _same(obj):
 
 
 cclass = ccall = cfunc = final = inline = _same
+
+
+def annotation_typing(flag):
+    """``@cython.annotation_typing(False)``: the class's annotations type nothing."""
+    return _same
 
 
 def cast(ctype, value):

@@ -29,7 +29,7 @@ from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names, register, unregister
 from psgate.policy.base import Decision
 from psgate.engines.results import RequestOutcome
-from psgate.policies.lru import LRUPolicy
+from psgate.policies.lru import LRUDecision, LRUPolicy
 from psgate.receipt.compact import open_compact
 from psgate.receipt.ledger import LedgerWriter, csv_field, csv_json
 from psgate.workloads import generate
@@ -614,10 +614,10 @@ def _ps_decisions(draw):
 
 @st.composite
 def _lru_decisions(draw):
-    """lru's compiled decisions (LRUDecision), freed at times whose seconds have an
+    """lru's decisions as their fields (LRUDecision), freed at times whose seconds have an
     exponent (the Decision's path), beyond 2**53 ns, or repeat down a batch."""
-    return _compiled().LRUDecision(
-        Decision, draw(st.integers(0, 5)), draw(st.integers(0, 10**6)),
+    return LRUDecision(
+        draw(st.integers(0, 5)), draw(st.integers(0, 10**6)),
         draw(st.one_of(st.sampled_from([0, 10_000, 8_833_106_000, 8_833_106_000, -5,
                                          2**60 + 1, 123_456_789_123]),
                        st.integers(-2**63, 2**63 - 1))))
@@ -674,12 +674,12 @@ def test_compiled_decisions_are_their_decisions():
     ps2 = mod.PSDecision(Decision, 7, 12, "g/normal", "g", 2.5, 1.5, "h", 0.5, (3, 1, 0),
                          "normal", "reuse", "standard", 41, (1.5, 0.75, 2.0))
     assert (ps2.runner_up, ps2.runner_up_p) == ("h", 0.5) and ps2 != want
-    lru = mod.LRUDecision(Decision, 3, 9, 1_500_000_000)
+    lru = LRUDecision(3, 9, 1_500_000_000)
     assert lru == Decision(3, 9, 0, "lru", rank={"freed_t": 1.5})
     assert lru != Decision(3, 9, 0, "lru", rank={"freed_t": 1.25})
     assert (lru.victim, lru.num_candidates, lru.position, lru.queue, lru.segments,
             lru.responsible) == (3, 9, 0, "lru", None, None)
-    assert mod.LRUDecision(Decision, 3, 9, 2**60 + 1).rank == {"freed_t": (2**60 + 1) / 10**9}
+    assert LRUDecision(3, 9, 2**60 + 1).rank == {"freed_t": (2**60 + 1) / 10**9}
     with pytest.raises(TypeError):
         hash(lru)
 
@@ -690,7 +690,7 @@ def test_a_compiled_decision_between_rows_of_the_same_numbers(monkeypatch, tmp_p
     (lru's row, prefixshield's without a runner-up)."""
     mod = _compiled()
     same = Decision(1, 2, 0, "g/normal", "g", 2.5, 1.5, "h", 0.5)
-    between = [mod.LRUDecision(Decision, 2, 3, 5_000_000_000),
+    between = [LRUDecision(2, 3, 5_000_000_000),
                mod.PSDecision(Decision, 2, 3, "g/normal", "g", 2.5, 1.5, None, 0.0,
                               (1, 0, 0), "normal", "normal", "standard", 4, (1.0, 1.0, 1.0))]
     for d in between:
@@ -1034,19 +1034,27 @@ def test_the_core_reads_keys_as_the_trace_lays_them_out():
 
 
 def test_the_core_refuses_arrays_of_another_item_type():
-    """The loops read the flat arrays through raw pointers: an array whose items are not
-    the C type a loop expects is refused (as a typed memoryview refused it), not misread."""
+    """The loops read the flat arrays through raw pointers or typed views: an array whose
+    items are not the C type a loop expects is refused, not misread."""
     from array import array
-    from psgate.policy.queues import BlockQueues
+    from types import SimpleNamespace
+    from psgate.invariants import checker as checker_mod
     mod = _compiled()
-    queues = BlockQueues(4, 1)
+    pool = SimpleNamespace(ref=array("i", [1]) * 4, key=array("i", [0]) * 4,
+                           owner=array("i", [0]) * 4)
     with pytest.raises(TypeError, match="expected an array of C long longs \\('q'\\), found 'i'"):
-        mod.lru_freed(queues, array("i", [0]) * 4, [1], 0)
+        mod.pool_free(pool, [1])
+    pool.key = [0] * 4
     with pytest.raises(TypeError):
-        mod.lru_freed(queues, [0] * 4, [1], 0)
-    queues.prev = array("q", queues.prev)
+        mod.pool_free(pool, [1])
+    pool.key, pool.ref = array("q", [0]) * 4, array("q", [1]) * 4
     with pytest.raises(TypeError, match="expected an array of C ints \\('i'\\), found 'q'"):
-        mod.lru_freed(queues, array("q", [0]) * 4, [1], 0)
+        mod.pool_free(pool, [1])
+    checker = SimpleNamespace(ref=array("i", [1]) * 4, key=array("i", [0]) * 4,
+                              num_blocks=4, num_resident=0, num_candidates=0)
+    with pytest.raises(ValueError, match="dtype mismatch"):   # the core cimports it: built
+        checker_mod.release(checker, [1])
+
 
 def test_a_missing_core_is_said_once_and_the_python_engine_replays(monkeypatch, tmp_path,
                                                                   capsys):

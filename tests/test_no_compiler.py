@@ -46,14 +46,20 @@ sys.meta_path.insert(0, NoCompiler())
 '''
 
 RUN = r'''
-import sys
+import importlib, pathlib, sys
+import psgate
 from psgate import cli, core
-import psgate.engines.step_work as step_work
 mode = sys.argv[1]
+root = pathlib.Path(psgate.__file__).parent
+pure = [".".join(("psgate",) + p.relative_to(root).parts[:-1] + (p.name.split(".")[0],))
+        for p in sorted(root.rglob("*.so")) if p.name.split(".")[0] != "_core"]
+assert len(pure) >= 4, pure                   # the modules in pure-Python mode
 if mode == "interpreted":
     assert core.get() is None, "psgate._core loaded"
-    assert step_work.__file__.endswith(".py"), step_work.__file__
-    assert step_work.cython.__name__ == "psgate.cython_shadow", step_work.cython
+    for name in pure:
+        mod = importlib.import_module(name)
+        assert mod.__file__.endswith(".py"), mod.__file__
+        assert mod.cython.__name__ == "psgate.cython_shadow", (name, mod.cython)
 sys.argv = ["psgate", *sys.argv[2:]]
 cli.main()
 '''

@@ -8,18 +8,26 @@ after every mutation, which tests use.
 
 A violation is recorded, never raised: a replay always ends with a verdict
 per invariant (how many times it was checked, how many violations, the first).
+
+The per-block loops (``pin_hits``, ``pin_new``, ``cache_keys``, ``evict_run``,
+``release``) are written once, in Cython's pure-Python mode: ``pip install`` compiles
+this module (``checker.pxd`` gives their C types, and the compiled engine calls them as
+C functions), and without a compiler they run as written. Each reads the checker's flat
+arrays as typed views, taken again after any call back into the checker's Python.
 """
 
-from __future__ import annotations
+try:
+    import cython
+except ImportError:
+    from psgate import cython_shadow as cython
 
 from array import array
 from dataclasses import dataclass
 
-from psgate import core
-
 NO_KEY = -1
 _COPIES = (1 << 32) - 1
 _CHILD = 1 << 32
+_ALL_TABLED = (1 << 63) - 1     # opaque_keys_from above this: every key is in the table
 
 HARD = ("no_pinned_eviction", "hits_contiguous_in_namespace", "capacity_and_accounting")
 
@@ -53,6 +61,7 @@ def text_of(where) -> str:
     return where() if callable(where) else where
 
 
+@cython.annotation_typing(False)     # its methods' annotations document, compiled too
 class InvariantChecker:
     def __init__(self, num_blocks: int, parent_of, paranoid: bool = False,
                  parent_table=None, key_shift: int = 32,
@@ -88,7 +97,6 @@ class InvariantChecker:
         self.max_orphans = 0
         self.orphans_created = 0
         self.verdicts = {name: Verdict(name, True) for name in HARD}
-        self._core = core.get() if parent_table is not None else None
 
     # -- residency bookkeeping ------------------------------------------------
     def grow_slots(self) -> None:
@@ -133,8 +141,10 @@ class InvariantChecker:
         else:
             self.res.pop(k, None)
 
-    # The general forms of the inline loops in admitted and evicted_many.
-    def _add_copy(self, k: int) -> None:
+    def add_copy(self, k: int) -> None:
+        """One more resident copy of k: its parent counts one child more, and where k had
+        none, its children are no orphans now. ``cache_keys`` calls this for a key the
+        parent table does not cover."""
         p = self._parent_key(k)
         if p != NO_KEY:
             v = self._count(p)
@@ -148,8 +158,8 @@ class InvariantChecker:
 
     def drop_copy(self, k: int) -> None:
         """One resident copy of k is gone: its parent counts one child less, and where it
-        was k's last copy, k's children are orphans now. The compiled eviction loop calls
-        this for a key the parent table does not cover."""
+        was k's last copy, k's children are orphans now. ``evict_run`` calls this for a
+        key the parent table does not cover."""
         p = self._parent_key(k)
         if p != NO_KEY:
             v = self._count(p) - _CHILD
@@ -172,95 +182,34 @@ class InvariantChecker:
         """A request with chain keys ``ns_keys`` took ``hits`` and ``new_blocks``;
         ``cached`` lists (block, key) that now hold content. ``where`` is a string or
         a callable giving one."""
-        ref, key = self.ref, self.key
-        v = self.verdicts["hits_contiguous_in_namespace"]
-        bad = None
-        num_unpinned = i_new = 0
-        i_hit = 0
-        if (self._core is not None and type(hits) is list and type(new_blocks) is list
-                and type(ns_keys) is list):
-            i_hit, num_unpinned, i_new = self._core.checker_pinned(self, ns_keys, hits,
-                                                                   new_blocks)
-        for i in range(i_hit, len(hits)):
-            b = hits[i]
-            if bad is None and key[b] != ns_keys[i]:
-                bad = (i, b)
-            if ref[b] == 0:
-                num_unpinned += 1
-            ref[b] += 1
+        if type(ns_keys) is not list:
+            ns_keys = list(ns_keys)
+        if type(hits) is not list:
+            hits = list(hits)
+        if type(new_blocks) is not list:
+            new_blocks = list(new_blocks)
+        num_unpinned, bad = pin_hits(self, ns_keys, hits)
         self.num_candidates -= num_unpinned
-        if bad is None and len(hits) <= max_hits:
+        v = self.verdicts["hits_contiguous_in_namespace"]
+        if bad < 0 and len(hits) <= max_hits:
             v.checks += 1
         else:
             v.record(False, lambda: f"{text_of(where)}: hit {len(hits)} blocks (at most "
-                     f"{max_hits} allowed)" if bad is None else
-                     f"{text_of(where)}: hit position {bad[0]} is block {bad[1]}, which does "
+                     f"{max_hits} allowed)" if bad < 0 else
+                     f"{text_of(where)}: hit position {bad} is block {hits[bad]}, which does "
                      f"not hold this request's block in its namespace")
+        num_bad, bad, was_pinned = pin_new(self, new_blocks)
         acc = self.verdicts["capacity_and_accounting"]
-        acc.checks += i_new
-        for b in new_blocks[i_new:] if i_new else new_blocks:
-            if ref[b] == 0 and key[b] == NO_KEY:
-                acc.checks += 1
-            else:
-                acc.record(False, lambda b=b: f"{text_of(where)}: block {b} was allocated while "
-                           f"{'pinned' if ref[b] else 'holding cached content'}")
-            ref[b] += 1
+        acc.checks += len(new_blocks) - num_bad
+        for _ in range(num_bad):
+            acc.record(False, lambda: f"{text_of(where)}: block {new_blocks[bad]} was "
+                       f"allocated while {'pinned' if was_pinned else 'holding cached content'}")
         self.num_resident += len(new_blocks)
-        table = self.parent_table
-        if table is None:
-            add_copy = self._add_copy
-            for b, k in cached:
-                key[b] = k
-                add_copy(k)
-        elif self._core is not None:
-            if len(table) > len(self.res_ns):
-                self.grow_slots()
-            self._core.checker_cached(self, cached)
-        else:                            # _add_copy, inline, over the slots
-            if len(table) > len(self.res_ns):
-                self.grow_slots()
-            res, rns, cnt = self.res, self.res_ns, self.res_cnt
-            shift = self.key_shift
-            mask = (1 << shift) - 1
-            orphans = self.num_orphans
-            opaque = self.opaque_keys_from
-            for b, k in cached:
-                key[b] = k
-                if k >= opaque:           # no parent, no children: a count in the dict
-                    res[k] = res.get(k, 0) + 1
-                    continue
-                h = k & mask
-                ns = k >> shift
-                p = table[h]
-                if p >= 0:
-                    o = rns[p]
-                    if o == ns:
-                        v = cnt[p]
-                        cnt[p] = v + _CHILD
-                    elif o < 0:
-                        rns[p] = ns
-                        v = 0
-                        cnt[p] = _CHILD
-                    else:
-                        p |= ns << shift
-                        v = res.get(p, 0)
-                        res[p] = v + _CHILD
-                    if v & _COPIES == 0:
-                        orphans += 1
-                o = rns[h]
-                if o == ns:
-                    v = cnt[h]
-                    cnt[h] = v + 1
-                elif o < 0:
-                    rns[h] = ns
-                    v = 0
-                    cnt[h] = 1
-                else:
-                    v = res.get(k, 0)
-                    res[k] = v + 1
-                if v & _COPIES == 0:
-                    orphans -= v >> 32
-            self.num_orphans = orphans
+        if cached:
+            if type(cached) is not list:
+                cached = list(cached)
+            self.grow_slots()
+            cache_keys(self, cached)
         if self.num_orphans > self.max_orphans:
             self.max_orphans = self.num_orphans
 
@@ -270,85 +219,29 @@ class InvariantChecker:
     def evicted_many(self, where, blocks) -> int:
         """Blocks evicted in this order. Stops at the first one that was not a candidate
         (recorded as a violation); returns how many before it were."""
-        ref, key = self.ref, self.key
+        if type(blocks) is not list:
+            blocks = list(blocks)
+        num_ok, stop = evict_run(self, blocks, 0)
         v = self.verdicts["no_pinned_eviction"]
-        n = self.num_blocks
-        drop_copy = self.drop_copy
-        table, res, shift = self.parent_table, self.res, self.key_shift
-        rns, cnt = self.res_ns, self.res_cnt
-        mask = (1 << shift) - 1
-        num_ok = 0
-        if self._core is not None:
-            num_ok, start = self._core.checker_evicted(self, blocks, 0)
-            v.checks += num_ok
-            if start == len(blocks):
-                return num_ok
-            blocks = blocks[start:]
-        for b in blocks:
-            if not 0 < b < n:
-                v.record(False, lambda b=b: f"{text_of(where)}: evicted block {b}, which is not "
-                         f"a usable block of the pool")
-                break
-            k = key[b]
-            if ref[b] == 0 and k != NO_KEY:
-                v.checks += 1
-                if table is None or k >= self.opaque_keys_from:
-                    drop_copy(k)
-                else:                    # drop_copy, inline, over the slots
-                    h = k & mask
-                    ns = k >> shift
-                    p = table[h]
-                    if p >= 0:
-                        if rns[p] == ns:
-                            c = cnt[p] - _CHILD
-                            cnt[p] = c
-                        else:
-                            p |= ns << shift
-                            c = res[p] - _CHILD
-                            if c:
-                                res[p] = c
-                            else:
-                                del res[p]
-                        if c & _COPIES == 0:
-                            self.num_orphans -= 1
-                    if rns[h] == ns:
-                        c = cnt[h] - 1
-                        cnt[h] = c
-                    else:
-                        c = res[k] - 1
-                        if c:
-                            res[k] = c
-                        else:
-                            del res[k]
-                    if c & _COPIES == 0:
-                        orphaned = c >> 32
-                        self.num_orphans += orphaned
-                        self.orphans_created += orphaned
-                key[b] = NO_KEY
-                self.num_candidates -= 1
-                self.num_resident -= 1
-                num_ok += 1
-                continue
-            v.record(False, lambda b=b: f"{text_of(where)}: evicted block {b}, which was "
-                     + ("pinned by a running request" if ref[b] else "not holding cached content"))
-            if k != NO_KEY:
-                drop_copy(k)
-                key[b] = NO_KEY
-            break
+        v.checks += num_ok
+        if stop == len(blocks):
+            return num_ok
+        b = blocks[stop]                 # the first that was no candidate
+        if not 0 < b < self.num_blocks:
+            v.record(False, lambda: f"{text_of(where)}: evicted block {b}, which is not "
+                     f"a usable block of the pool")
+            return num_ok
+        v.record(False, lambda: f"{text_of(where)}: evicted block {b}, which was "
+                 + ("pinned by a running request" if self.ref[b]
+                    else "not holding cached content"))
+        k = self.key[b]
+        if k != NO_KEY:
+            self.drop_copy(k)
+            self.key[b] = NO_KEY
         return num_ok
 
     def released(self, where: str, blocks: list[int]) -> None:
-        if self._core is not None:
-            self._core.checker_released(self, blocks)
-            return
-        ref, key = self.ref, self.key
-        for b in blocks:
-            ref[b] -= 1
-            if ref[b] == 0:
-                if key[b] == NO_KEY:
-                    self.num_resident -= 1
-                else:
-                    self.num_candidates += 1
+        release(self, blocks if type(blocks) is list else list(blocks))
 
     def check_accounting(self, where: str, num_truly_free: int, num_candidates: int,
                          engine=None, policy=None) -> None:
@@ -407,3 +300,240 @@ class InvariantChecker:
 
     def results(self) -> dict[str, Verdict]:
         return dict(self.verdicts)
+
+
+# -- the per-block loops (compiled where pip install could; see the module's docstring) --
+
+def pin_hits(checker, ns_keys: list, hits: list) -> tuple:
+    """Each hit takes a reference. Returns (how many were candidates before, the first
+    position whose block does not hold ``ns_keys`` at it, or -1)."""
+    ref: cython.int[::1] = checker.ref
+    key: cython.longlong[::1] = checker.key
+    n: cython.Py_ssize_t = checker.num_blocks
+    num_keys: cython.Py_ssize_t = len(ns_keys)
+    num_unpinned: cython.Py_ssize_t = 0
+    bad: cython.Py_ssize_t = -1
+    i: cython.Py_ssize_t
+    b: cython.Py_ssize_t
+    for i in range(len(hits)):
+        b = hits[i]
+        if not 0 <= b < n:
+            raise IndexError(f"hit block {b} is outside the pool of {n}")
+        if bad < 0:
+            if i >= num_keys:
+                raise IndexError(f"hit position {i} has no key ({num_keys} given)")
+            if key[b] != cython.cast(cython.longlong, ns_keys[i]):
+                bad = i
+        if ref[b] == 0:
+            num_unpinned += 1
+        ref[b] += 1
+    return num_unpinned, bad
+
+
+def pin_new(checker, new_blocks: list) -> tuple:
+    """Each newly allocated block takes a reference; it must have been free of both
+    references and content. Returns (how many were not, the first of them or -1, whether
+    that one was pinned)."""
+    no_key: cython.longlong = NO_KEY
+    ref: cython.int[::1] = checker.ref
+    key: cython.longlong[::1] = checker.key
+    n: cython.Py_ssize_t = checker.num_blocks
+    num_bad: cython.Py_ssize_t = 0
+    bad: cython.Py_ssize_t = -1
+    was_pinned: cython.bint = False
+    i: cython.Py_ssize_t
+    b: cython.Py_ssize_t
+    for i in range(len(new_blocks)):
+        b = new_blocks[i]
+        if not 0 <= b < n:
+            raise IndexError(f"new block {b} is outside the pool of {n}")
+        if ref[b] != 0 or key[b] != no_key:
+            if bad < 0:
+                bad = i
+                was_pinned = ref[b] != 0
+            num_bad += 1
+        ref[b] += 1
+    return num_bad, bad, was_pinned
+
+
+def cache_keys(checker, cached: list) -> cython.void:
+    """Each (block, key) of ``cached`` now holds that content: one more resident copy of
+    the key, counted in the flat slots (a slot another namespace owns, and a key from
+    ``opaque_keys_from`` up, in the dict), or by ``add_copy`` without a parent table."""
+    child: cython.longlong = _CHILD
+    copies: cython.longlong = _COPIES
+    if checker.parent_table is None:
+        for b, k in cached:
+            checker.key[b] = k
+            checker.add_copy(k)
+        return
+    key: cython.longlong[::1] = checker.key
+    table: cython.longlong[::1] = checker.parent_table
+    rns: cython.int[::1] = checker.res_ns
+    cnt: cython.longlong[::1] = checker.res_cnt
+    res: dict = checker.res
+    shift: cython.int = checker.key_shift
+    mask: cython.longlong = (cython.cast(cython.longlong, 1) << shift) - 1
+    all_tabled: cython.bint = checker.opaque_keys_from > _ALL_TABLED
+    opaque: cython.longlong = 0 if all_tabled else checker.opaque_keys_from
+    orphans: cython.Py_ssize_t = checker.num_orphans
+    item: tuple
+    b: cython.Py_ssize_t
+    k: cython.longlong
+    h: cython.longlong
+    ns: cython.longlong
+    p: cython.longlong
+    o: cython.longlong
+    v: cython.longlong
+    n: cython.Py_ssize_t = checker.num_blocks
+    for item in cached:
+        b = item[0]
+        k = item[1]
+        if not 0 <= b < n:
+            raise IndexError(f"cached block {b} is outside the pool of {n}")
+        key[b] = k
+        if not all_tabled and k >= opaque:  # no parent, no children: a count in the dict
+            res[k] = res.get(k, 0) + 1
+            continue
+        h = k & mask
+        ns = k >> shift
+        p = table[h]
+        if p >= 0:
+            o = rns[p]
+            if o == ns:
+                v = cnt[p]
+                cnt[p] = v + child
+            elif o < 0:
+                rns[p] = cython.cast(cython.int, ns)
+                v = 0
+                cnt[p] = child
+            else:
+                p |= ns << shift
+                v = res.get(p, 0)
+                res[p] = v + child
+            if v & copies == 0:
+                orphans += 1
+        o = rns[h]
+        if o == ns:
+            v = cnt[h]
+            cnt[h] = v + 1
+        elif o < 0:
+            rns[h] = cython.cast(cython.int, ns)
+            v = 0
+            cnt[h] = 1
+        else:
+            v = res.get(k, 0)
+            res[k] = v + 1
+        if v & copies == 0:
+            orphans -= v >> 32
+    checker.num_orphans = orphans
+
+
+def evict_run(checker, blocks: list, start: cython.Py_ssize_t) -> tuple:
+    """Victims that were candidates, from ``start``, each one resident copy less (a key
+    the parent table does not cover through ``drop_copy``). Returns (how many it took,
+    the index it stopped at): the first block that was no candidate, or len(blocks)."""
+    no_key: cython.longlong = NO_KEY
+    child: cython.longlong = _CHILD
+    copies: cython.longlong = _COPIES
+    ref: cython.int[::1] = checker.ref
+    key: cython.longlong[::1] = checker.key
+    tabled: cython.bint = checker.parent_table is not None
+    table: cython.longlong[::1] = checker.parent_table
+    rns: cython.int[::1] = checker.res_ns
+    cnt: cython.longlong[::1] = checker.res_cnt
+    res: dict = checker.res
+    n: cython.Py_ssize_t = checker.num_blocks
+    shift: cython.int = checker.key_shift
+    mask: cython.longlong = (cython.cast(cython.longlong, 1) << shift) - 1
+    all_tabled: cython.bint = checker.opaque_keys_from > _ALL_TABLED
+    opaque: cython.longlong = 0 if all_tabled else checker.opaque_keys_from
+    orphans: cython.Py_ssize_t = checker.num_orphans
+    created: cython.Py_ssize_t = checker.orphans_created
+    i: cython.Py_ssize_t = start
+    num: cython.Py_ssize_t = len(blocks)
+    b: cython.Py_ssize_t
+    k: cython.longlong
+    h: cython.longlong
+    ns: cython.longlong
+    p: cython.longlong
+    c: cython.longlong
+    while i < num:
+        b = blocks[i]
+        if not 0 < b < n:
+            break
+        k = key[b]
+        if ref[b] != 0 or k == no_key:
+            break
+        key[b] = no_key
+        i += 1
+        if not tabled or (not all_tabled and k >= opaque):
+            checker.num_orphans = orphans    # its general form, the counters handed over
+            checker.orphans_created = created
+            checker.drop_copy(k)
+            orphans = checker.num_orphans
+            created = checker.orphans_created
+            ref = checker.ref                # a call into Python may have replaced them
+            key = checker.key
+            if tabled:
+                table = checker.parent_table
+                rns = checker.res_ns
+                cnt = checker.res_cnt
+            continue
+        h = k & mask
+        ns = k >> shift
+        p = table[h]
+        if p >= 0:
+            if rns[p] == ns:
+                c = cnt[p] - child
+                cnt[p] = c
+            else:
+                p |= ns << shift
+                c = res[p] - child
+                if c:
+                    res[p] = c
+                else:
+                    del res[p]
+            if c & copies == 0:
+                orphans -= 1
+        if rns[h] == ns:
+            c = cnt[h] - 1
+            cnt[h] = c
+        else:
+            c = res[k] - 1
+            if c:
+                res[k] = c
+            else:
+                del res[k]
+        if c & copies == 0:
+            orphans += c >> 32
+            created += c >> 32
+    num = i - start
+    checker.num_orphans = orphans
+    checker.orphans_created = created
+    checker.num_candidates -= num
+    checker.num_resident -= num
+    return num, i
+
+
+def release(checker, blocks: list) -> cython.void:
+    """Each block loses a reference; one left with none is free (no content) or a
+    candidate (cached)."""
+    no_key: cython.longlong = NO_KEY
+    ref: cython.int[::1] = checker.ref
+    key: cython.longlong[::1] = checker.key
+    n: cython.Py_ssize_t = checker.num_blocks
+    num_free: cython.Py_ssize_t = 0
+    num_cand: cython.Py_ssize_t = 0
+    b: cython.Py_ssize_t
+    for b in blocks:
+        if not 0 <= b < n:
+            raise IndexError(f"released block {b} is outside the pool of {n}")
+        ref[b] -= 1
+        if ref[b] == 0:
+            if key[b] == no_key:
+                num_free += 1
+            else:
+                num_cand += 1
+    checker.num_resident -= num_free
+    checker.num_candidates += num_cand

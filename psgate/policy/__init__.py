@@ -23,7 +23,9 @@ What it holds:
   of the pool (never a request's ``role``), with its retention hints
   (:class:`RetentionRange`; a policy names the hints it honours in ``honours_hints``);
   :class:`Decision`, one eviction with the
-  ranking fields that made it (one ledger row);
+  ranking fields that made it (one ledger row), and :class:`FieldDecision`, a base for
+  a Decision a policy builds per victim in a batch as the fields that make it (the
+  dicts made only when read);
 - helpers over flat arrays: :class:`BlockQueues` (intrusive FIFO queues, O(1)),
   :class:`SeqQueues` (queues ordered by a sequence number, O(log n)),
   :class:`LeafTracker` (which cached blocks are leaves of the chains requests built),
@@ -53,6 +55,7 @@ from psgate.contracts import DEFAULT_CONTRACTS
 from psgate.invariants.prefixshield import BucketAudit
 from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyRequest,
                                 PoolInfo, RetentionRange, non_finite)
+from psgate.policy.field_decision import FieldDecision
 from psgate.policy.history import PrefixHistory
 from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker, SeqQueues
 
@@ -60,8 +63,8 @@ API_VERSION = 1
 NS_PER_S = 1_000_000_000
 
 __all__ = ["API_VERSION", "NS_PER_S", "BlockQueues", "BucketAudit", "DEFAULT_CONTRACTS",
-           "Decision", "EvictionPolicy", "GroupIds", "LeafCandidates", "LeafTracker",
-           "PolicyRequest", "PoolInfo", "PrefixHistory", "RetentionRange", "SeqQueues",
+           "Decision", "EvictionPolicy", "FieldDecision", "GroupIds", "LeafCandidates",
+           "LeafTracker", "PolicyRequest", "PoolInfo", "PrefixHistory", "RetentionRange", "SeqQueues",
            "kernels", "non_finite"]
 
 

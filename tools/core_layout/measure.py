@@ -5,7 +5,9 @@ against the hand-written kernels of psgate/_core.pyx, side by side in one run.
 
 Compiles walks.py into a temporary directory (needs Cython and a C compiler), then times,
 on the same inputs: the loop interpreted (the fallback), compiled from walks.py (pure-Python
-mode), and psgate._core's kernel. Prints min-of-rounds times and the ratios.
+mode), and psgate._core's kernel. lru's walks are timed from their own module
+(psgate/policies/lru.py, which pip install compiled): its source interpreted against the
+build. Prints min-of-rounds times and the ratios.
 """
 
 from __future__ import annotations
@@ -53,17 +55,6 @@ def best(fn, rounds):
     return min(times)
 
 
-class Queues:
-    """The fields of psgate.policy.BlockQueues that the kernel reads."""
-
-    def __init__(self, n):
-        self.num_blocks = n
-        self.next = array("i", [n]) * (n + 1)
-        self.prev = array("i", [n]) * (n + 1)
-        self.where = array("i", [-1]) * (n + 1)
-        self.sizes = [0]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -83,26 +74,23 @@ def main() -> None:
         blocks = list(range(n))
         rows = []
 
-        def lru(mod):
-            q = Queues(n)
-            freed = array("q", [0]) * n
-            def run():
-                mod.lru_append(q.next, q.prev, q.where, freed, n, blocks, 7)
-                q.sizes[0] = n
-                mod.lru_take(q.next, q.prev, q.where, n, n)
-            return run
+        from psgate.policies import lru as lru_built
+        from psgate.policy import BlockQueues
+        if lru_built.__file__.endswith(".py"):
+            sys.exit("psgate.policies.lru is not compiled here: pip install -e . first")
+        lru_source = load(Path(lru_built.__file__).with_name("lru.py"), "lru_interpreted")
 
-        def lru_core():
-            q = Queues(n)
+        def lru(mod):
+            q = BlockQueues(n, 1)
             freed = array("q", [0]) * n
             def run():
-                _core.lru_freed(q, freed, blocks, 7)
-                _core.lru_take(q, freed, n, None, None)
+                mod.append_freed(q, freed, blocks, 7)
+                mod.take_front(q, freed, n, None)
             return run
 
         rows.append(("lru free+take, %d blocks" % n,
-                     best(lru(interp), args.rounds), best(lru(comp), args.rounds),
-                     best(lru_core(), args.rounds)))
+                     best(lru(lru_source), args.rounds), best(lru(lru_built), args.rounds),
+                     None))
 
         def steps(mod, cls):
             reqs = [cls(1_000_000, 10**9) for _ in range(args.requests)]

@@ -1,49 +1,17 @@
-"""Two of the replay's hot loops written once, in Cython's pure-Python mode.
+"""Loops written once, in Cython's pure-Python mode, to measure the layout with.
 
 Interpreted, this is plain Python (the ``cython`` names come from Cython's shadow module,
 or from ``psgate.cython_shadow`` where Cython is not installed); compiled with ``cythonize``, the
 annotations type the locals, the arrays are typed memoryviews and ``Req`` is an extension
 type whose fields are C integers. ``tools/core_layout/measure.py`` times both forms against
-the hand-written kernels of ``psgate/_core.pyx``.
+the hand-written kernels of ``psgate/_core.pyx``. (lru's walks, measured here first, now
+live in ``psgate/policies/lru.py`` and are timed from there.)
 """
 
 try:
     import cython
 except ImportError:
     from psgate import cython_shadow as cython
-
-
-def lru_append(nxt: cython.int[::1], prv: cython.int[::1], where: cython.int[::1],
-               freed: cython.longlong[::1], s: cython.int, blocks: list,
-               now_ns: cython.longlong) -> cython.Py_ssize_t:
-    """lru's on_free: each block to the back of the queue; returns how many."""
-    last: cython.int = prv[s]
-    b: cython.int
-    for b in blocks:
-        prv[b] = last
-        nxt[last] = b
-        where[b] = 0
-        freed[b] = now_ns
-        last = b
-    nxt[last] = s
-    prv[s] = last
-    return len(blocks)
-
-
-def lru_take(nxt: cython.int[::1], prv: cython.int[::1], where: cython.int[::1],
-             s: cython.int, num_blocks: cython.Py_ssize_t) -> list:
-    """lru's evict_batch: the first num_blocks of the queue, unlinked in one pass."""
-    victims: list = []
-    num: cython.Py_ssize_t = 0
-    b: cython.int = nxt[s]
-    while num < num_blocks and b != s:
-        victims.append(b)
-        where[b] = -1
-        num += 1
-        b = nxt[b]
-    nxt[s] = b
-    prv[b] = s
-    return victims
 
 
 @cython.cclass
