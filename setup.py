@@ -33,7 +33,8 @@ class OptionalBuildExt(build_ext):
 # cimports them: where one of them did not build, the core does not load either, and the
 # whole replay runs as Python.
 COMPILED_PY = ["psgate/engines/step_work.py", "psgate/invariants/checker.py",
-               "psgate/policy/field_decision.py", "psgate/policies/lru.py"]
+               "psgate/policy/field_decision.py", "psgate/policies/lru.py",
+               "psgate/trace/hashes.py"]
 
 
 def extensions():
@@ -42,9 +43,14 @@ def extensions():
     except ImportError:
         print("psgate: Cython is not available; building without the compiled core")
         return []
-    return cythonize(COMPILED_PY + ["psgate/_core.pyx"], language_level=3, quiet=True,
-                     compiler_directives={"boundscheck": False, "wraparound": False,
-                                          "initializedcheck": False})
+    # A module in pure-Python mode keeps Python's indexing (bounds checked, a negative
+    # index from the end) in all its code, its loops included: what it indexes beyond
+    # them raises as the interpreted module would (tools/core_layout/measure.py times
+    # lru's walks so: no cost that shows beside the core's unchecked kernels).
+    return (cythonize(COMPILED_PY, language_level=3, quiet=True)
+            + cythonize(["psgate/_core.pyx"], language_level=3, quiet=True,
+                        compiler_directives={"boundscheck": False, "wraparound": False,
+                                             "initializedcheck": False}))
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

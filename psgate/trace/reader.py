@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +23,11 @@ from pathlib import Path
 import orjson
 import rfc8785
 
-from psgate import core
 from psgate.errors import InputError
 from psgate.inputs import open_input
 from psgate.resources import BUNDLED_PREFIX, bundled_trace_names, bundled_trace_path
 from psgate.trace import jcs
+from psgate.trace.hashes import HashTable, block_ids, first_bad_hash
 from psgate.trace.model import (FORMAT_VERSION, CancelEvent, DoneEvent, RequestEvent,
                                 RetentionRange, TraceHeader, TraceSummary, seconds_to_ns)
 
@@ -56,52 +54,9 @@ class Limits:
                 "max_blocks_per_request": self.max_blocks_per_request,
                 "max_in_flight": self.max_in_flight}
 MAX_BLOCK_SIZE = 1 << 16
-_HASH_RE = re.compile(r"[0-9a-f]{1,128}")
 _OPS = ("request", "cancel", "done")
 _RANGE_KEYS = frozenset(("start", "end", "priority", "duration_s"))
 _REQUEST_REQUIRED = ("id", "group", "contract", "scope", "blocks", "tail", "out")
-
-
-class HashTable:
-    """Interns trace block hashes to dense ints and remembers each one's parent.
-
-    A block hash names (parent, tokens), so one hash with two parents means the
-    trace is corrupt; that check needs exactly this table, which is also the
-    only per-block state that lives for a whole trace.
-    """
-
-    ROOT = -1
-
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
-        self.names: list[str] = []
-        self.parent = array("q")
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def intern_chain(self, hashes: list[str], where, parent: int = ROOT,
-                     field: str = "blocks") -> list[int]:
-        """``hashes`` as ids, each checked against the parent it was first seen with;
-        ``parent`` is the id the first one hangs from (an answer goes on from its prompt)."""
-        out = []
-        ids = self.ids
-        for h in hashes:
-            hid = ids.get(h)
-            if hid is None:
-                hid = len(self.names)
-                ids[h] = hid
-                self.names.append(h)
-                self.parent.append(parent)
-            elif self.parent[hid] != parent:
-                seen = self.parent[hid]
-                seen_s = "none (a first block)" if seen == self.ROOT else self.names[seen][:16]
-                here_s = "none (a first block)" if parent == self.ROOT else self.names[parent][:16]
-                raise where(f"block hash {h[:16]} was seen earlier with parent {seen_s}; "
-                            f"here its parent is {here_s}", field)
-            out.append(hid)
-            parent = hid
-        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,10 +433,7 @@ class TraceReader:
     def _validated_events(self) -> Iterator[RequestEvent | CancelEvent | DoneEvent]:
         """The events of a trace already validated by a full pass (see the class)."""
         fh, sha, ids, names = self._fh, self._file_sha, self.hashes.ids, self.hashes.names
-        kernels = core.quiet()
-        fast_ids = None if kernels is None or type(ids) is not dict or type(
-            names) is not list else kernels.block_ids
-        cursor = 0          # fast_ids': the next hash not met yet on this read, in names
+        cursor = 0          # block_ids': the next hash not met yet on this read, in names
         bs = self.header.block_size
         partial = self.header.partial
         known: set[str] = set()      # request ids, kept only where a partial trace needs them
@@ -502,10 +454,7 @@ class TraceReader:
                     blocks = obj["blocks"]
                     tail = obj["tail"]
                     t_ns = seconds_to_ns(t)
-                    if fast_ids is None:
-                        bids = [ids[h] for h in blocks]
-                    else:
-                        bids, cursor = fast_ids(ids, names, blocks, cursor)
+                    bids, cursor = block_ids(ids, names, blocks, cursor)
                     ev = RequestEvent(line=self._line, t_ns=t_ns, id=rid, group=obj["group"],
                                       contract=obj["contract"], scope=obj["scope"],
                                       blocks=bids, tail=tail, out=obj["out"],
@@ -554,9 +503,6 @@ class TraceReader:
         n_req = n_cancel = n_done = n_skipped = 0
         err = self._err
         intern = self.hashes.intern_chain
-        # compiled forms of the hash checks and interning (the same results); the Python
-        # forms say what is wrong where they find something
-        kernels = core.quiet() if type(self.hashes) is HashTable else None
 
         while True:
             obj = self._next_object()
@@ -612,12 +558,10 @@ class TraceReader:
                     raise err(f"{len(blocks)} blocks in one request, more than the cap of "
                               f"{self.limits.max_blocks_per_request} (--max-blocks-per-request)",
                               "blocks")
-                bad = (-2 if kernels is None else kernels.first_bad_hash(blocks))
-                if bad != -1:
-                    for i, h in enumerate(blocks):
-                        if type(h) is not str or _HASH_RE.fullmatch(h) is None:
-                            raise err(f"element {i}: expected a lowercase hex string of "
-                                      f"1-128 characters, found {h!r:.40}", "blocks")
+                bad = first_bad_hash(blocks)
+                if bad >= 0:
+                    raise err(f"element {bad}: expected a lowercase hex string of 1-128 "
+                              f"characters, found {blocks[bad]!r:.40}", "blocks")
                 tail = obj["tail"]
                 if type(tail) is not int or not 0 <= tail < bs:
                     raise err(f"expected an integer in 0..{bs - 1} (block_size {bs}), found "
@@ -633,8 +577,7 @@ class TraceReader:
                                   contract=contract, scope=obj["scope"], blocks=[],
                                   tail=tail, out=out, prompt_tokens=prompt_tokens)
                 self._optional_fields(obj, ev, t, t_ns)
-                ids = None if kernels is None else kernels.intern_chain(self.hashes, blocks)
-                ev.blocks = intern(blocks, err) if ids is None else ids
+                ev.blocks = intern(blocks, err)
                 last = ev.blocks[-1] if ev.blocks else HashTable.ROOT
                 max_answer = (prompt_tokens + out) // bs - len(blocks)
                 if "answer" in obj:
@@ -687,10 +630,10 @@ class TraceReader:
             raise err(f"{len(v)} answer blocks, more than the cap of "
                       f"{self.limits.max_blocks_per_request} (--max-blocks-per-request)",
                       "answer")
-        for i, h in enumerate(v):
-            if type(h) is not str or _HASH_RE.fullmatch(h) is None:
-                raise err(f"element {i}: expected a lowercase hex string of 1-128 characters, "
-                          f"found {h!r:.40}", "answer")
+        bad = first_bad_hash(v)
+        if bad >= 0:
+            raise err(f"element {bad}: expected a lowercase hex string of 1-128 characters, "
+                      f"found {v[bad]!r:.40}", "answer")
         if len(v) > max_blocks:
             raise err(f"{len(v)} answer blocks, more than the request's prompt and out "
                       f"tokens fill beyond its prompt blocks ({max_blocks})", "answer")
