@@ -1,28 +1,33 @@
-"""The compiled core, or None: which replay code runs.
+"""Which replay code runs: compiled where the install could compile, or Python.
 
-``psgate/_core.pyx`` (Cython, built by ``pip install``) holds compiled forms of the
-replay's inner loops: the invariant checker's, the block pool's (an allocation batch and
-its checks), the step scheduler's pass over running requests and its allocate_slots,
-lru's queue walks, prefixshield's victim choice and bookkeeping (``PrefixShieldView``,
-over the policy's own state), the admission history, the ledger's eviction rows and the
-compact ledger's coder (``CompactCoder``). Each loop's Python form stays where it was,
-as the readable reference, and runs wherever the core is absent or switched off; a
-differential test (tests/test_core_differential.py) holds both to byte-identical
-receipts and ledgers. A compiled loop takes the common case only and hands anything
-unusual (a violation, a key outside the flat tables) back to the Python form at the
-point where it stopped, so the two can only differ in speed.
+Two kinds of compiled code serve a replay:
+- ``psgate/_core.pyx`` (Cython) holds compiled forms of loops whose Python form stays in
+  its module as the readable reference: the block pool's (an allocation batch and its
+  checks), the step scheduler's pass over running requests and its allocate_slots,
+  prefixshield's victim choice and bookkeeping (``PrefixShieldView``, over the policy's
+  own state), the admission history, the ledger's eviction rows and the compact
+  ledger's coder (``CompactCoder``). A differential test (tests/test_core_differential.py)
+  holds both forms to byte-identical receipts and ledgers. A compiled loop takes the
+  common case only and hands anything unusual (a violation, a key outside the flat
+  tables) back to the Python form at the point where it stopped.
+- Modules written in Cython's pure-Python mode (``psgate/engines/step_work.py``,
+  ``psgate/invariants/checker.py``, ``psgate/policies/lru.py``,
+  ``psgate/trace/hashes.py``, ...) are their own single source: compiled at install
+  where a compiler is, interpreted elsewhere (docs/compiled-code.md).
 
-Modules written in Cython's pure-Python mode (``psgate/engines/step_work.py``) are their
-own single source: compiled at install where a compiler is, interpreted elsewhere, whatever
-``PSGATE_CORE`` says (docs/compiled-code.md).
-
-``PSGATE_CORE=0`` switches the core off; a missing core is said once, in one line on
-stderr, the first time a replay asks for it.
+``PSGATE_CORE=0`` switches the core off. Set when psgate is first imported, it also
+loads every pure-Python-mode module from its ``.py`` source (:func:`run_interpreted`):
+the replay is then what an install without a C compiler runs, which is what the bench's
+``core_vs_python`` compares against. A missing core is said once, in one line on stderr,
+the first time a replay asks for it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -59,6 +64,41 @@ def quiet():
     if os.environ.get("PSGATE_CORE", "1") == "0":
         return None
     return _load()
+
+
+class _Interpreted(importlib.abc.MetaPathFinder):
+    """Finds psgate's compiled modules as the interpreter would without them: a module
+    compiled from Python loads from the ``.py`` beside it, the core not at all."""
+
+    def find_spec(self, name, path, target=None):
+        if not name.startswith("psgate."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or not spec.origin or spec.origin.endswith(".py"):
+            return spec
+        if name == "psgate._core":          # no Python form of its own: the references run
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        folder, _, file = spec.origin.rpartition(os.sep)
+        source = os.path.join(folder, file.split(".")[0] + ".py")
+        if not os.path.isfile(source):
+            return spec
+        return importlib.util.spec_from_file_location(name, source)
+
+
+def run_interpreted() -> bool:
+    """Where ``PSGATE_CORE=0``, every psgate module imported from now on loads from its
+    Python source (called as psgate is imported, before any of its modules). Whether it
+    did; a module imported before this stays as it was."""
+    if os.environ.get("PSGATE_CORE", "1") != "0":
+        return False
+    if not any(type(f) is _Interpreted for f in sys.meta_path):
+        sys.meta_path.insert(0, _Interpreted())
+    return True
+
+
+def interpreted() -> bool:
+    """Whether this interpreter loads psgate's modules from their Python sources."""
+    return any(type(f) is _Interpreted for f in sys.meta_path)
 
 
 def describe() -> str:

@@ -1,9 +1,9 @@
 """An install without a C compiler (or without Cython) replays to the same bytes.
 
 Each replay runs in a fresh interpreter. One imports psgate as it is installed here
-(compiled where the build could compile); the other hides every compiled psgate module
-and Cython itself, as a machine without a compiler has them: ``psgate._core`` is missing,
-the modules written in Cython's pure-Python mode load from their ``.py`` sources, and
+(compiled where the build could compile); the other runs as a machine without a compiler
+has it: ``PSGATE_CORE=0`` (``psgate.core.run_interpreted``) leaves ``psgate._core`` out and
+loads the modules written in Cython's pure-Python mode from their ``.py`` sources, and
 ``import cython`` fails, so they take ``psgate.cython_shadow``. Everything either writes
 must be the same bytes, but the receipt's environment section, which names the code that
 ran.
@@ -12,6 +12,7 @@ ran.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,26 +24,19 @@ from psgate.workloads import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Run in the child before psgate is imported: a finder that answers first.
-HIDE_COMPILED = r'''
-import importlib.abc, importlib.machinery, importlib.util, sys
+# Run in the child before psgate is imported: Cython is not installed there. With
+# PSGATE_CORE=0 (psgate.core.run_interpreted) psgate loads its compiled modules from
+# their sources, so the modules in pure-Python mode import psgate.cython_shadow.
+HIDE_CYTHON = r'''
+import importlib.abc, sys
 
-class NoCompiler(importlib.abc.MetaPathFinder):
+class NoCython(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in ("cython", "Cython"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        if name != "psgate" and not name.startswith("psgate."):
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or not spec.origin or not spec.origin.endswith(".so"):
-            return spec
-        folder, _, file = spec.origin.rpartition("/")
-        source = f"{folder}/{file.split('.')[0]}.py"
-        if name == "psgate._core":          # the core has no Python form of its own
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return importlib.util.spec_from_file_location(name, source)
+        return None
 
-sys.meta_path.insert(0, NoCompiler())
+sys.meta_path.insert(0, NoCython())
 '''
 
 RUN = r'''
@@ -55,7 +49,7 @@ pure = [".".join(("psgate",) + p.relative_to(root).parts[:-1] + (p.name.split(".
         for p in sorted(root.rglob("*.so")) if p.name.split(".")[0] != "_core"]
 assert len(pure) >= 4, pure                   # the modules in pure-Python mode
 if mode == "interpreted":
-    assert core.get() is None, "psgate._core loaded"
+    assert core.interpreted() and core.get() is None, "psgate._core loaded"
     for name in pure:
         mod = importlib.import_module(name)
         assert mod.__file__.endswith(".py"), mod.__file__
@@ -66,10 +60,13 @@ cli.main()
 
 
 def _replay(mode: str, trace: Path, out: Path, *args: str) -> dict[str, bytes]:
-    code = (HIDE_COMPILED if mode == "interpreted" else "") + RUN
+    code = (HIDE_CYTHON if mode == "interpreted" else "") + RUN
+    env = {k: v for k, v in os.environ.items() if k != "PSGATE_CORE"}
+    if mode == "interpreted":
+        env["PSGATE_CORE"] = "0"
     proc = subprocess.run([sys.executable, "-c", code, mode, "replay", "--trace", str(trace),
                            "--out", str(out), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     files = replay_outputs(out)
     receipt = json.loads(files["receipt.json"])

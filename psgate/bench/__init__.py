@@ -23,8 +23,9 @@ them, from the medians. Targets:
   over vLLM's allocate/free loop alone (``Request`` objects built beforehand): >= 3.
   Both vLLM targets are skipped, saying so, when vLLM does not import (``--vllm-python``
   measures vLLM in another interpreter, e.g. a vLLM virtualenv with psgate installed).
-- ``core_vs_python``: the same ``psgate replay`` on the Python engine (``PSGATE_CORE=0``)
-  over the compiled core: >= 10 (skipped where the core is not built).
+- ``core_vs_python``: the same ``psgate replay`` as an install without a C compiler runs
+  it (a child interpreter with ``PSGATE_CORE=0``) over the compiled build: >= 10 (skipped
+  where the core is not built).
   ``core_vs_python_mooncake``: the same on the first requests of a Mooncake trace
   (``--mooncake``), at 16,384 blocks, lru vs prefixshield: >= 10.
 - ``step_vs_service_hot``: the ``sim`` hot loop with the step scheduler (vLLM's scheduler,

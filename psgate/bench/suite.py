@@ -152,7 +152,7 @@ def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
                                      if cfg.vllm_python else vllm_measure(path, cap, 1))
             if pure:
                 m["reuse_e2e_lru_python"] = {"what": "reuse trace, replay end to end, lru x2, "
-                                                     "Python engine (PSGATE_CORE=0)",
+                                                     "interpreted (PSGATE_CORE=0)",
                                              "unit": "s", **_stats(pure),
                                              "blocks_per_s": 2 * nb / min(pure)}
             if step:

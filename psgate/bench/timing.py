@@ -4,8 +4,11 @@ per victim inside a full replay."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,28 +39,46 @@ def end_to_end(trace: Path, policy: str, capacity: int, out: Path, *, python: bo
     baseline and candidate: validation, two runs, full ledger, requests.csv, receipt. Under
     the service model, whose admissions and releases are those of the vLLM KVCacheManager
     replay it is compared with (each request allocated at t and freed at done_t).
-    ``python``: on the Python engine (PSGATE_CORE=0), whether or not the core is built.
+    ``python``: as an install without a C compiler runs it, every module interpreted (a
+    child interpreter with ``PSGATE_CORE=0``), whether or not the compiled code is built.
     ``keep``: leave the receipt in ``out`` (for what reads it next)."""
-    from psgate import api
-    cfg = api.ReplayConfig(trace=str(trace), baseline=policy, candidate=candidate or policy,
-                           capacity=capacity, out=out, force=True, cost=INSTANT,
-                           scheduler=scheduler, contracts=CONTRACT_NAMES, **options)
-    before = os.environ.get("PSGATE_CORE")
+    args = {"trace": str(trace), "policy": policy, "capacity": capacity, "out": str(out),
+            "candidate": candidate or policy, "scheduler": scheduler, **options}
     if python:
-        os.environ["PSGATE_CORE"] = "0"
-    try:
-        gc.collect()
-        t0 = CLOCK()
-        api.replay(cfg)
-        dt = CLOCK() - t0
-    finally:
-        if before is None:
-            os.environ.pop("PSGATE_CORE", None)
-        else:
-            os.environ["PSGATE_CORE"] = before
+        env = {**os.environ, "PSGATE_CORE": "0"}
+        proc = subprocess.run([sys.executable, "-c", _INTERPRETED, json.dumps(args)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the interpreted replay failed: {proc.stderr[-800:]}")
+        dt = float(proc.stdout.split()[-1])
+    else:
+        dt = replay_seconds(**args)
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
     return dt
+
+
+def replay_seconds(trace: str, policy: str, capacity: int, out: str, candidate: str,
+                   scheduler: str, **options) -> float:
+    """CPU seconds of one psgate.api.replay in this interpreter (end_to_end's run)."""
+    from psgate import api
+    cfg = api.ReplayConfig(trace=trace, baseline=policy, candidate=candidate,
+                           capacity=capacity, out=Path(out), force=True, cost=INSTANT,
+                           scheduler=scheduler, contracts=CONTRACT_NAMES, **options)
+    gc.collect()
+    t0 = CLOCK()
+    api.replay(cfg)
+    return CLOCK() - t0
+
+
+# end_to_end(python=True)'s child: every psgate module from its Python source
+_INTERPRETED = """
+import json, sys
+from psgate import core
+from psgate.bench.timing import replay_seconds
+assert core.interpreted() and core.get() is None, "psgate loaded compiled code"
+print(repr(replay_seconds(**json.loads(sys.argv[1]))))
+"""
 
 
 def time_selection(loaded: Loaded, policy_name: str, capacity: int, groups: int) -> dict:
