@@ -21,6 +21,7 @@ from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_
                               PyUnicode_Substring)
 
 from psgate.engines.step_work cimport StepTally
+from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.invariants.checker cimport cache_keys, evict_run, pin_hits, pin_new
@@ -47,27 +48,6 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 # a typed memoryview would do the same, but acquiring one costs more than many of these
 # loops do. The pointer lives while the array is neither resized nor dropped, so a loop
 # that calls back into Python takes it again after the call (a resize there moves it).
-cdef inline int *_ints(object a) except? NULL:
-    """The items of an array('i')."""
-    cdef carray.array x = <carray.array?>a
-    if x.ob_descr.typecode != c'i':
-        raise TypeError(f"expected an array of C ints ('i'), found '{a.typecode}'")
-    return x.data.as_ints
-
-
-cdef inline long long *_llongs(object a) except? NULL:
-    """The items of an array('q')."""
-    cdef carray.array x = <carray.array?>a
-    if x.ob_descr.typecode != c'q':
-        raise TypeError(f"expected an array of C long longs ('q'), found '{a.typecode}'")
-    return x.data.as_longlongs
-
-
-cdef inline unsigned char *_bytes(object a) except? NULL:
-    """The bytes of a bytearray."""
-    return <unsigned char *>PyByteArray_AS_STRING(<bytearray?>a)
-
-
 cdef long long COPIES = (1 << 32) - 1
 cdef long long HASH_MASK_C = 0xFFFFFFFF   # trace.keys.HASH_MASK: a key's trace hash id
 cdef long long CHILD = 1 << 32
@@ -410,12 +390,12 @@ ctypedef struct PoolArrays:
 
 
 cdef int _pool_arrays(pool, PoolArrays *a) except -1:
-    a.key = _llongs(pool.key)
-    a.ref = _ints(pool.ref)
-    a.owner = _ints(pool.owner)
-    a.slot_ns = _ints(pool.slot_ns)
-    a.slot_blk = _ints(pool.slot_blk)
-    a.slot_lost = _bytes(pool.slot_lost)
+    a.key = llongs(pool.key)
+    a.ref = ints(pool.ref)
+    a.owner = ints(pool.owner)
+    a.slot_ns = ints(pool.slot_ns)
+    a.slot_blk = ints(pool.slot_blk)
+    a.slot_lost = byte_items(pool.slot_lost)
     return 0
 
 
@@ -423,9 +403,9 @@ def pool_lookup(pool, list evb, int ns, Py_ssize_t num):
     """The longest run of cached prompt blocks among the first ``num`` of ``evb`` (trace
     hash ids) in namespace ns, each the earliest copy: (hit blocks, how many of them are
     unpinned). The lookup loops of SimEngine.try_admit and StepSimEngine.lookup."""
-    cdef int *slot_ns = _ints(pool.slot_ns)
-    cdef int *slot_blk = _ints(pool.slot_blk)
-    cdef int *ref = _ints(pool.ref)
+    cdef int *slot_ns = ints(pool.slot_ns)
+    cdef int *slot_blk = ints(pool.slot_blk)
+    cdef int *ref = ints(pool.ref)
     cdef dict other = pool.other
     cdef long long base = (<long long>ns) << 32
     cdef list hits = []
@@ -499,9 +479,9 @@ def pool_free(pool, list blocks):
     """ReplayEngine.free_blocks's walk: each block, last first, loses a reference; those
     left with none are (uncached ones, cached ones), in walk order, and the uncached are
     no longer charged: returns them with {owner group: how many}."""
-    cdef int *ref = _ints(pool.ref)
-    cdef long long *key = _llongs(pool.key)
-    cdef int *owner = _ints(pool.owner)
+    cdef int *ref = ints(pool.ref)
+    cdef long long *key = llongs(pool.key)
+    cdef int *owner = ints(pool.owner)
     cdef list uncached = [], freed = []
     cdef dict num_by_owner = {}
     cdef Py_ssize_t i
@@ -721,8 +701,8 @@ def num_output_keys(list cached_now):
 def pool_pinned(pool, list new, int g):
     """ReplayEngine.get_new_blocks's loop over the blocks it hands out: each is pinned
     by the request and owned by its group g."""
-    cdef int *ref = _ints(pool.ref)
-    cdef int *owner = _ints(pool.owner)
+    cdef int *ref = ints(pool.ref)
+    cdef int *owner = ints(pool.owner)
     cdef Py_ssize_t n = len(pool.ref), b
     for b in new:
         if not 0 <= b < n:
@@ -735,7 +715,7 @@ def pool_touch(pool, list hits, queues, on_touch):
     """ReplayEngine.touch for a policy without an on_hit hook: each hit gains a
     reference, and one that was a candidate leaves the policy's queue (unlinked here
     from ``queues`` when on_touch does only that, else through on_touch)."""
-    cdef int *ref = _ints(pool.ref)
+    cdef int *ref = ints(pool.ref)
     cdef int *nxt = NULL
     cdef int *prv = NULL
     cdef int *where = NULL
@@ -743,9 +723,9 @@ def pool_touch(pool, list hits, queues, on_touch):
     cdef int b, p, n, q
     cdef bint inline = queues is not None
     if inline:
-        nxt = _ints(queues.next)
-        prv = _ints(queues.prev)
-        where = _ints(queues.where)
+        nxt = ints(queues.next)
+        prv = ints(queues.prev)
+        where = ints(queues.where)
         sizes = queues.sizes
     for b in hits:
         if ref[b] == 0:
@@ -759,9 +739,9 @@ def pool_touch(pool, list hits, queues, on_touch):
                 sizes[q] -= 1
             else:
                 on_touch(b)
-                ref = _ints(pool.ref)
+                ref = ints(pool.ref)
                 if inline:
-                    nxt, prv, where = _ints(queues.next), _ints(queues.prev), _ints(queues.where)
+                    nxt, prv, where = ints(queues.next), ints(queues.prev), ints(queues.where)
         ref[b] += 1
 
 
@@ -861,7 +841,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
             return True
     else:
         num_hits = len(hits)
-        ref = _ints(eng.ref)
+        ref = ints(eng.ref)
         for b in hits:
             if ref[b] == 0:
                 evictable += 1
@@ -922,7 +902,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
                 b = blocks[pos]
                 k = OUT_BIT | (index << 24) | pos          # trace.keys.output_key
                 index_add(k, b)
-                key = _llongs(eng.key)
+                key = llongs(eng.key)
                 key[b] = k
                 cached_now.append((b, k))
                 if on_cached is not None:
@@ -961,7 +941,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
 
 cdef int _unpin(object ref_array, list blocks) except -1:
     """Each block one reference less (undoing pin_hits or pin_new)."""
-    cdef int *ref = _ints(ref_array)
+    cdef int *ref = ints(ref_array)
     cdef Py_ssize_t b
     for b in blocks:
         ref[b] -= 1
@@ -2088,7 +2068,7 @@ cdef class PrefixShieldView:
         promoted while the group's raw debt allows it (PrefixShield.on_hit)."""
         cdef Py_ssize_t pos, num_ref = len(ref_a)
         cdef int b, g, c = -1
-        cdef int *ref = _ints(ref_a)
+        cdef int *ref = ints(ref_a)
         # the group's debt is the batch's (_debts caches it), so it and the gate are read
         # once; the counts are the policy's, handed back at the end
         cdef Py_ssize_t num_promoted = 0, num_denied = 0
@@ -2121,7 +2101,7 @@ cdef class PrefixShieldView:
                     promotes = not pol.params["gate"] or debt <= self.eps
                     top_debt = pol.promotion_debt
                     asked = True
-                    ref = _ints(ref_a)
+                    ref = ints(ref_a)
                 if promotes:
                     self.cls[b] = 2
                     num_promoted += 1
@@ -2467,8 +2447,8 @@ cdef inline int _append_q(carray.array a, long long v) except -1:
 def history_contains_keys(hist, Py_ssize_t g, list keys):
     """PrefixHistory.contains_keys with the flat slots (key_shift set); None where a key
     is not a content key."""
-    cdef long long *sst = _llongs(hist.slot_stamp)
-    cdef int *sns = _ints(hist.slot_ns)
+    cdef long long *sst = llongs(hist.slot_stamp)
+    cdef int *sns = ints(hist.slot_ns)
     cdef int shift = hist.shift
     cdef long long mask = hist.mask
     cdef Py_ssize_t n = len(hist.slot_ns)
@@ -2491,7 +2471,7 @@ def history_contains_keys(hist, Py_ssize_t g, list keys):
             out.append(False)
         else:
             out.append(hist.stamp(g, key) >= 0)
-            sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+            sst, sns = llongs(hist.slot_stamp), ints(hist.slot_ns)
             n = len(hist.slot_ns)
     return out
 
@@ -2507,8 +2487,8 @@ ctypedef struct HistSlots:
 
 
 cdef int _hist_slots(hist, HistSlots *s) except -1:
-    s.sst = _llongs(hist.slot_stamp)
-    s.sns = _ints(hist.slot_ns)
+    s.sst = llongs(hist.slot_stamp)
+    s.sns = ints(hist.slot_ns)
     s.num = len(hist.slot_ns)
     return 0
 
@@ -2624,8 +2604,8 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
             top = k & mask
     if top >= len(hist.slot_ns):
         hist.grow_slots(top)
-    sst = _llongs(hist.slot_stamp)
-    sns = _ints(hist.slot_ns)
+    sst = llongs(hist.slot_stamp)
+    sns = ints(hist.slot_ns)
     qk = qkeys[g]
     qs = qstamps[g]
     clock = hist.clock
@@ -2645,7 +2625,7 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
                 hist.clock = clock
                 was = hist.stamp(g, key)
                 hist.set_stamp(g, key, clock)
-                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+                sst, sns = llongs(hist.slot_stamp), ints(hist.slot_ns)
             _append_q(qk, k)
             _append_q(qs, clock)
             clock += 1
@@ -2658,7 +2638,7 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
                         qk = qkeys[g]           # compacted: new arrays
                         qs = qstamps[g]
                     live, first = num_live[g], head[g]
-                    sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+                    sst, sns = llongs(hist.slot_stamp), ints(hist.slot_ns)
             elif len(qk) - first > 2 * live + compact_min:
                 hist.clock = clock
                 num_live[g] = live
@@ -2666,7 +2646,7 @@ def history_touch_keys(hist, Py_ssize_t g, list keys,
                 qk = qkeys[g]
                 qs = qstamps[g]
                 live, first = num_live[g], head[g]
-                sst, sns = _llongs(hist.slot_stamp), _ints(hist.slot_ns)
+                sst, sns = llongs(hist.slot_stamp), ints(hist.slot_ns)
     finally:
         num_live[g] = live
     hist.clock = clock

@@ -29,6 +29,8 @@ class _CType:
 
 
 int = longlong = Py_ssize_t = bint = double = void = _CType()   # noqa: A001 - Cython names
+p_int = p_longlong = _CType()        # pointers (psgate.flat gives the arrays themselves)
+NULL = None
 
 
 def _same(obj):

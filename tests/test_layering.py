@@ -27,9 +27,10 @@ from pathlib import Path
 import psgate
 
 ROOT = Path(psgate.__file__).resolve().parent
-BASE = {"psgate", "errors", "inputs", "cython_shadow"}   # the package itself (its version),
-# the error types, the reading of an input that must be a regular file, and Cython's
-# pure-Python names for a compiled module interpreted without Cython
+BASE = {"psgate", "errors", "inputs", "cython_shadow", "flat"}   # the package itself (its
+# version), the error types, the reading of an input that must be a regular file, Cython's
+# pure-Python names for a compiled module interpreted without Cython, and a flat array's
+# items for a loop compiled from Python
 
 ALLOWED: dict[str, set[str] | None] = {
     "errors": set(),
@@ -39,6 +40,7 @@ ALLOWED: dict[str, set[str] | None] = {
     "atomic": set(),
     "core": set(),
     "cython_shadow": set(),      # Cython's pure-Python names, where Cython is not installed
+    "flat": set(),               # a flat array's items, for loops compiled from Python
     "executors": set(),          # where independent jobs run: local processes or Ray
     "invariants": {"core"},
     "trace": {"resources", "atomic", "contracts", "core"},
@@ -172,13 +174,13 @@ def test_built_in_policies_use_only_the_public_policy_api():
     (the module itself, not its submodules) and, for one that extends another, that
     built-in policy's module; the registry beside them is not theirs to use. One written
     in Cython's pure-Python mode may take Cython's names from ``psgate.cython_shadow``
-    where Cython is not installed."""
+    where Cython is not installed, and its arrays' items from ``psgate.flat``."""
     bad = []
     for module, is_pkg, tree in _modules():
         if not module.startswith("psgate.policies.") or is_pkg:
             continue
         for line, target, _, _ in _imports(module, is_pkg, tree):
-            if target in ("psgate.policy", "psgate.cython_shadow"):
+            if target in ("psgate.policy", "psgate.cython_shadow", "psgate.flat"):
                 continue
             if target.startswith("psgate.policies.") and target.count(".") == 2:
                 continue

@@ -13,7 +13,9 @@ The per-block loops (``pin_hits``, ``pin_new``, ``cache_keys``, ``evict_run``,
 ``release``) are written once, in Cython's pure-Python mode: ``pip install`` compiles
 this module (``checker.pxd`` gives their C types, and the compiled engine calls them as
 C functions), and without a compiler they run as written. Each reads the checker's flat
-arrays as typed views, taken again after any call back into the checker's Python.
+arrays through ``psgate.flat`` (compiled: pointers to their items, no buffer taken per
+call), taken again after any call back into the checker's Python, and checks the block
+ids it indexes with.
 """
 
 try:
@@ -23,6 +25,9 @@ except ImportError:
 
 from array import array
 from dataclasses import dataclass
+
+if not cython.compiled:     # compiled, checker.pxd cimports them (pointers to the items)
+    from psgate.flat import ints, llongs
 
 NO_KEY = -1
 _COPIES = (1 << 32) - 1
@@ -307,8 +312,8 @@ class InvariantChecker:
 def pin_hits(checker, ns_keys: list, hits: list) -> tuple:
     """Each hit takes a reference. Returns (how many were candidates before, the first
     position whose block does not hold ``ns_keys`` at it, or -1)."""
-    ref: cython.int[::1] = checker.ref
-    key: cython.longlong[::1] = checker.key
+    ref: cython.p_int = ints(checker.ref)
+    key: cython.p_longlong = llongs(checker.key)
     n: cython.Py_ssize_t = checker.num_blocks
     num_keys: cython.Py_ssize_t = len(ns_keys)
     num_unpinned: cython.Py_ssize_t = 0
@@ -335,8 +340,8 @@ def pin_new(checker, new_blocks: list) -> tuple:
     references and content. Returns (how many were not, the first of them or -1, whether
     that one was pinned)."""
     no_key: cython.longlong = NO_KEY
-    ref: cython.int[::1] = checker.ref
-    key: cython.longlong[::1] = checker.key
+    ref: cython.p_int = ints(checker.ref)
+    key: cython.p_longlong = llongs(checker.key)
     n: cython.Py_ssize_t = checker.num_blocks
     num_bad: cython.Py_ssize_t = 0
     bad: cython.Py_ssize_t = -1
@@ -367,10 +372,10 @@ def cache_keys(checker, cached: list) -> cython.void:
             checker.key[b] = k
             checker.add_copy(k)
         return
-    key: cython.longlong[::1] = checker.key
-    table: cython.longlong[::1] = checker.parent_table
-    rns: cython.int[::1] = checker.res_ns
-    cnt: cython.longlong[::1] = checker.res_cnt
+    key: cython.p_longlong = llongs(checker.key)
+    table: cython.p_longlong = llongs(checker.parent_table)
+    rns: cython.p_int = ints(checker.res_ns)
+    cnt: cython.p_longlong = llongs(checker.res_cnt)
     res: dict = checker.res
     shift: cython.int = checker.key_shift
     mask: cython.longlong = (cython.cast(cython.longlong, 1) << shift) - 1
@@ -436,12 +441,12 @@ def evict_run(checker, blocks: list, start: cython.Py_ssize_t) -> tuple:
     no_key: cython.longlong = NO_KEY
     child: cython.longlong = _CHILD
     copies: cython.longlong = _COPIES
-    ref: cython.int[::1] = checker.ref
-    key: cython.longlong[::1] = checker.key
+    ref: cython.p_int = ints(checker.ref)
+    key: cython.p_longlong = llongs(checker.key)
     tabled: cython.bint = checker.parent_table is not None
-    table: cython.longlong[::1] = checker.parent_table
-    rns: cython.int[::1] = checker.res_ns
-    cnt: cython.longlong[::1] = checker.res_cnt
+    table: cython.p_longlong = llongs(checker.parent_table) if tabled else cython.NULL
+    rns: cython.p_int = ints(checker.res_ns)
+    cnt: cython.p_longlong = llongs(checker.res_cnt)
     res: dict = checker.res
     n: cython.Py_ssize_t = checker.num_blocks
     shift: cython.int = checker.key_shift
@@ -473,12 +478,12 @@ def evict_run(checker, blocks: list, start: cython.Py_ssize_t) -> tuple:
             checker.drop_copy(k)
             orphans = checker.num_orphans
             created = checker.orphans_created
-            ref = checker.ref                # a call into Python may have replaced them
-            key = checker.key
+            ref = ints(checker.ref)          # a call into Python may have replaced them
+            key = llongs(checker.key)
+            rns = ints(checker.res_ns)
+            cnt = llongs(checker.res_cnt)
             if tabled:
-                table = checker.parent_table
-                rns = checker.res_ns
-                cnt = checker.res_cnt
+                table = llongs(checker.parent_table)
             continue
         h = k & mask
         ns = k >> shift
@@ -520,8 +525,8 @@ def release(checker, blocks: list) -> cython.void:
     """Each block loses a reference; one left with none is free (no content) or a
     candidate (cached)."""
     no_key: cython.longlong = NO_KEY
-    ref: cython.int[::1] = checker.ref
-    key: cython.longlong[::1] = checker.key
+    ref: cython.p_int = ints(checker.ref)
+    key: cython.p_longlong = llongs(checker.key)
     n: cython.Py_ssize_t = checker.num_blocks
     num_free: cython.Py_ssize_t = 0
     num_cand: cython.Py_ssize_t = 0

@@ -1,6 +1,7 @@
 # C declarations for lru.py (Cython's pure-Python mode): its Decision's fields, which the
 # compact ledger's coder reads as C fields, and the types of the queue walks.
 
+from psgate.flat cimport ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 
 cdef long long EXACT

@@ -23,7 +23,8 @@ from array import array
 
 from psgate.policy import BlockQueues, Decision, EvictionPolicy, PolicyRequest, PoolInfo
 
-if not cython.compiled:     # compiled, the base is lru.pxd's cimport
+if not cython.compiled:     # compiled, lru.pxd cimports them
+    from psgate.flat import ints, llongs
     from psgate.policy import FieldDecision
 
 NS_PER_S = 1_000_000_000
@@ -66,12 +67,13 @@ class LRUDecision(FieldDecision):
                         None, self.rank)
 
 
-def append_freed(q: BlockQueues, freed_ns: cython.longlong[::1], blocks: list,
+def append_freed(q: BlockQueues, freed_at, blocks: list,
                  now_ns: cython.longlong) -> cython.void:
     """Each block to the back of queue 0, freed at ``now_ns``."""
-    nxt: cython.int[::1] = q.next
-    prv: cython.int[::1] = q.prev
-    where: cython.int[::1] = q.where
+    nxt: cython.p_int = ints(q.next)
+    prv: cython.p_int = ints(q.prev)
+    where: cython.p_int = ints(q.where)
+    freed_ns: cython.p_longlong = llongs(freed_at)
     s: cython.int = q.num_blocks
     last: cython.int = prv[s]
     b: cython.int
@@ -86,13 +88,14 @@ def append_freed(q: BlockQueues, freed_ns: cython.longlong[::1], blocks: list,
     q.sizes[0] += len(blocks)
 
 
-def take_front(q: BlockQueues, freed_ns: cython.longlong[::1], num_blocks: cython.Py_ssize_t,
+def take_front(q: BlockQueues, freed_at, num_blocks: cython.Py_ssize_t,
                decisions: list | None) -> list:
     """The first ``num_blocks`` of queue 0, unlinked in one pass; with ``decisions``, an
     LRUDecision for each appended to it."""
-    nxt: cython.int[::1] = q.next
-    prv: cython.int[::1] = q.prev
-    where: cython.int[::1] = q.where
+    nxt: cython.p_int = ints(q.next)
+    prv: cython.p_int = ints(q.prev)
+    where: cython.p_int = ints(q.where)
+    freed_ns: cython.p_longlong = llongs(freed_at)
     s: cython.int = q.num_blocks
     size: cython.Py_ssize_t = q.sizes[0]
     victims: list = []

@@ -1,0 +1,27 @@
+# What compiled callers of flat.py take: pointers to the items of an array('i'), an
+# array('q') and a bytearray, each checked for its item type.
+
+from cpython cimport array as carray
+from cpython.bytearray cimport PyByteArray_AS_STRING
+
+
+cdef inline int *ints(object a) except? NULL:
+    if a is None:
+        raise TypeError("expected an array of C ints ('i'), found None")
+    cdef carray.array x = <carray.array?>a
+    if x.ob_descr.typecode != c'i':
+        raise TypeError(f"expected an array of C ints ('i'), found '{a.typecode}'")
+    return x.data.as_ints
+
+
+cdef inline long long *llongs(object a) except? NULL:
+    if a is None:
+        raise TypeError("expected an array of C long longs ('q'), found None")
+    cdef carray.array x = <carray.array?>a
+    if x.ob_descr.typecode != c'q':
+        raise TypeError(f"expected an array of C long longs ('q'), found '{a.typecode}'")
+    return x.data.as_longlongs
+
+
+cdef inline unsigned char *byte_items(object a) except? NULL:
+    return <unsigned char *>PyByteArray_AS_STRING(<bytearray?>a)

@@ -1,0 +1,28 @@
+"""The items of psgate's flat arrays, for a loop compiled from Python.
+
+The pool, the checker and the policies keep per-block state in ``array.array`` objects
+(``'i'``: int32, ``'q'``: int64) and in ``bytearray``. A loop in a module written in
+Cython's pure-Python mode reads them as ``p = ints(a)`` and indexes ``p[b]``: interpreted,
+these functions give the array itself; compiled, ``flat.pxd`` gives a pointer to its
+items (refused, with what was found, where the array's item type is not the one asked
+for), so the loop pays no buffer acquisition per call. A pointer is not bounds checked:
+the loop checks its indices itself, and takes the pointer again after any call that may
+resize or replace the array.
+
+This module is not compiled itself; its ``.pxd`` is what compiled callers ``cimport``.
+"""
+
+
+def ints(a):
+    """The items of an ``array('i')``."""
+    return a
+
+
+def llongs(a):
+    """The items of an ``array('q')``."""
+    return a
+
+
+def byte_items(a):
+    """The bytes of a ``bytearray``."""
+    return a
