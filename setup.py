@@ -44,9 +44,9 @@ def extensions():
         print("psgate: Cython is not available; building without the compiled core")
         return []
     # A module in pure-Python mode keeps Python's indexing (bounds checked, a negative
-    # index from the end) in all its code, its loops included: what it indexes beyond
-    # them raises as the interpreted module would (tools/core_layout/measure.py times
-    # lru's walks so: no cost that shows beside the core's unchecked kernels).
+    # index from the end): what its Python code indexes beyond a list raises as the
+    # interpreted module would. Its loops read the flat arrays through psgate.flat's
+    # pointers, which are not checked, and check the block ids they index with.
     return (cythonize(COMPILED_PY, language_level=3, quiet=True)
             + cythonize(["psgate/_core.pyx"], language_level=3, quiet=True,
                         compiler_directives={"boundscheck": False, "wraparound": False,
