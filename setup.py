@@ -46,7 +46,8 @@ def extensions():
     # A module in pure-Python mode keeps Python's indexing (bounds checked, a negative
     # index from the end): what its Python code indexes beyond a list raises as the
     # interpreted module would. Its loops read the flat arrays through psgate.flat's
-    # pointers, which are not checked, and check the block ids they index with.
+    # pointers, which are not checked: a loop indexes them with block ids it has checked
+    # (the checker's) or that come from the engine's own lists (lru's walks).
     return (cythonize(COMPILED_PY, language_level=3, quiet=True)
             + cythonize(["psgate/_core.pyx"], language_level=3, quiet=True,
                         compiler_directives={"boundscheck": False, "wraparound": False,
