@@ -66,6 +66,18 @@ def quiet():
     return _load()
 
 
+def source_file(path: str) -> str:
+    """A module's source file: for one compiled from Python (Cython's pure-Python mode,
+    ``lru.cpython-311-x86_64-linux-gnu.so``), the ``.py`` beside it, which is its code and
+    which its frames name; any other path as it is."""
+    folder, _, file = path.rpartition(os.sep)
+    if file.endswith((".so", ".pyd")):
+        source = os.path.join(folder, file.split(".")[0] + ".py")
+        if os.path.isfile(source):
+            return source
+    return path
+
+
 class _Interpreted(importlib.abc.MetaPathFinder):
     """Finds psgate's compiled modules as the interpreter would without them: a module
     compiled from Python loads from the ``.py`` beside it, the core not at all."""
@@ -78,9 +90,8 @@ class _Interpreted(importlib.abc.MetaPathFinder):
             return spec
         if name == "psgate._core":          # no Python form of its own: the references run
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        folder, _, file = spec.origin.rpartition(os.sep)
-        source = os.path.join(folder, file.split(".")[0] + ".py")
-        if not os.path.isfile(source):
+        source = source_file(spec.origin)
+        if source == spec.origin:
             return spec
         return importlib.util.spec_from_file_location(name, source)
 

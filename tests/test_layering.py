@@ -6,7 +6,8 @@ Bottom up: errors, inputs (files that must be regular), contracts, resources, at
 core (which of the replay's loops are compiled) and cython_shadow need nothing,
 invariants only core; trace reads and writes traces (with core's compiled hash checks); policy is the public
 policy API (the interface, its helpers, the contract table and the I1/I2 auditor);
-policies, the built-in ones, see that API alone, never an engine; engines run policies
+policies, the built-in ones, see that API alone, never an engine (their registry asks core for
+a compiled policy module's source file); engines run policies
 through the interface and the registry, never a
 concrete policy or a family's checker (the policy hands those over), and never the receipt,
 the reports or the CLI; stats, workloads and the receipt see of the engines only their
@@ -45,7 +46,7 @@ ALLOWED: dict[str, set[str] | None] = {
     "invariants": {"core"},
     "trace": {"resources", "atomic", "contracts", "core"},
     "policy": {"contracts", "core", "invariants"},
-    "policies": {"policy"},
+    "policies": {"policy", "core"},   # the registry: a compiled policy's source file
     "engines": {"core", "resources", "trace", "invariants", "policy", "policies"},
     "stats": {"engines"},
     "receipt": {"atomic", "core", "resources", "trace", "engines", "stats"},

@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from psgate import core
 from psgate.errors import InputError
 from psgate.policy import API_VERSION, EvictionPolicy
 
@@ -324,19 +325,7 @@ def _policy_modules(cls: type):
             continue
         path = getattr(sys.modules.get(mod_name), "__file__", None)
         if path is not None:
-            yield klass, mod_name, _source_of(path)
-
-
-def _source_of(path: str) -> str:
-    """A module's source file: for one compiled from Python (Cython's pure-Python mode,
-    ``lru.cpython-311-x86_64-linux-gnu.so``), the ``.py`` beside it, which is its code
-    and which its frames name; compiled or not, a policy's receipt hashes the same file."""
-    p = Path(path)
-    if p.suffix in (".so", ".pyd"):
-        source = p.with_name(p.name.split(".")[0] + ".py")
-        if source.is_file():
-            return str(source)
-    return path
+            yield klass, mod_name, core.source_file(path)   # compiled: its .py
 
 
 def policy_code_files(cls: type, builtin: bool = True) -> set[str]:
