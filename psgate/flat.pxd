@@ -1,5 +1,5 @@
 # What compiled callers of flat.py take: pointers to the items of an array('i'), an
-# array('q') and a bytearray, each checked for its item type.
+# array('q') and a bytearray, each checked for its item type; and an array('q') grown by one.
 
 from cpython cimport array as carray
 from cpython.bytearray cimport PyByteArray_AS_STRING
@@ -25,3 +25,12 @@ cdef inline long long *llongs(object a) except? NULL:
 
 cdef inline unsigned char *byte_items(object a) except? NULL:
     return <unsigned char *>PyByteArray_AS_STRING(<bytearray?>a)
+
+
+cdef inline int append_llong(object a, long long v) except -1:
+    cdef long long *items = llongs(a)      # checks the item type
+    cdef carray.array x = <carray.array>a
+    cdef Py_ssize_t n = len(x)
+    carray.resize_smart(x, n + 1)
+    x.data.as_longlongs[n] = v
+    return 0

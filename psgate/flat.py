@@ -7,7 +7,8 @@ these functions give the array itself; compiled, ``flat.pxd`` gives a pointer to
 items (refused, with what was found, where the array's item type is not the one asked
 for), so the loop pays no buffer acquisition per call. A pointer is not bounds checked:
 the loop checks its indices itself, and takes the pointer again after any call that may
-resize or replace the array.
+resize or replace the array. ``append_llong`` grows an ``array('q')`` by one item; compiled,
+it does so without a Python method call.
 
 This module is not compiled itself; its ``.pxd`` is what compiled callers ``cimport``.
 """
@@ -26,3 +27,9 @@ def llongs(a):
 def byte_items(a):
     """The bytes of a ``bytearray``."""
     return a
+
+
+def append_llong(a, v) -> None:
+    """``a.append(v)`` for an ``array('q')``: compiled, a resize in place (the array's own
+    spare room, grown as ``append`` grows it) and one store, not a method call."""
+    a.append(v)

@@ -895,56 +895,6 @@ def test_the_c_heap_queues_are_seqqueues(ops):
         c.head(len(py.live))
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(bound=st.integers(1, 6), ops=st.lists(st.tuples(
-    st.integers(0, 2), st.lists(st.one_of(
-        st.integers(0, 8),                                    # namespace 0
-        st.integers(0, 8).map(lambda h: (1 << 32) | h),       # namespace 1: shared slots
-        st.integers(0, 3).map(lambda h: (1 << 62) | h)),      # opaque keys
-        max_size=12)), max_size=60))
-def test_the_admission_history_is_the_python_one(monkeypatch, bound, ops):
-    """contains_keys/touch_keys compiled against their Python forms, with drops (a small
-    bound) and compactions (the same keys touched again and again)."""
-    from psgate.policy import history as hmod
-    _compiled()
-    monkeypatch.setattr(hmod, "_COMPACT_MIN", 4)
-    got = {}
-    for code in ("compiled", "python"):
-        if code == "python":
-            monkeypatch.setenv("PSGATE_CORE", "0")
-        h = hmod.PrefixHistory(bound, 32)
-        if code == "compiled":
-            # the kernel's compaction threshold is its own constant: run with the module's
-            monkeypatch.setattr(h, "_kernels", _CompactAt4(h._kernels))
-        for _ in range(3):
-            h.add_group()
-        trail = []
-        for g, keys in ops:
-            trail.append(h.contains_keys(g, keys))
-            h.touch_keys(g, keys)
-        got[code] = (trail, [h.items(g) for g in range(3)], h.clock, list(h.num_live),
-                     list(h.head), [list(h.keys[g]) for g in range(3)])
-        monkeypatch.delenv("PSGATE_CORE", raising=False)
-    assert got["compiled"] == got["python"]
-
-
-class _CompactAt4:
-    """The core with its history compaction threshold at the test's."""
-
-    def __init__(self, mod):
-        self.mod = mod
-
-    def history_contains_keys(self, hist, g, keys):
-        return self.mod.history_contains_keys(hist, g, keys)
-
-    def history_touch_keys(self, hist, g, keys):
-        return self.mod.history_touch_keys(hist, g, keys, 4)
-
-    def history_compact(self, hist, g):
-        return self.mod.history_compact(hist, g)
-
-
 # -- building and falling back ---------------------------------------------------------
 
 def test_the_core_reads_keys_as_the_trace_lays_them_out():
@@ -953,11 +903,8 @@ def test_the_core_reads_keys_as_the_trace_lays_them_out():
     from psgate.trace.keys import KEY_SHIFT, OUTPUT_KEY_BIT
     assert (mod.KEY_SHIFT, mod.OUTPUT_KEY_BIT, mod.NO_KEY_VALUE) == (KEY_SHIFT,
                                                                      OUTPUT_KEY_BIT, NO_KEY)
-    from psgate.policy import history
     from psgate.policy.queues import SeqQueues
     assert mod.SEQ_SHIFT == SeqQueues.SHIFT
-    assert (mod.OPAQUE_KEYS_FROM, mod.HISTORY_COMPACT_MIN) == (history.OPAQUE_KEYS_FROM,
-                                                               history._COMPACT_MIN)
     from psgate.engines import sched
     assert mod.STEP_STATES == (sched.WAITING, sched.RUNNING, sched.PREEMPTED)
 

@@ -6,18 +6,22 @@
 Every name in ``psgate.policy.__all__``, in that order: its signature and docstring; for a
 class, each public method and property with its own. The page is generated so that it
 cannot drift from the code a policy is written against (tests/policy/test_api_doc.py
-runs --check).
+runs --check). It is read from the source as written: psgate is imported interpreted
+(``PSGATE_CORE=0``), so a class that the install compiles (``PrefixHistory``) shows its
+Python signatures, the same page with a compiler or without.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+os.environ["PSGATE_CORE"] = "0"         # before psgate is imported: its .py sources
 
 import psgate.policy as api  # noqa: E402
 

@@ -18,40 +18,53 @@ hash); other keys, labels (given negative ids), keys from ``OPAQUE_KEYS_FROM`` u
 of generated tokens, which name no trace hash) and every key without that layout are in a
 dict keyed by (group, key). The order and the verdicts are exactly those of one
 OrderedDict per group.
+
+The module is written in Cython's pure-Python mode and is its own source: ``pip install``
+compiles it (``history.pxd`` declares :class:`PrefixHistory`'s fields, so the batch forms
+``contains_keys`` and ``touch_keys`` run as C loops over the slots), and without a
+compiler it runs as written.
 """
 
-from __future__ import annotations
+try:
+    import cython
+except ImportError:
+    from psgate import cython_shadow as cython
 
 from array import array
 
-from psgate import core
+if not cython.compiled:     # compiled, history.pxd cimports them
+    from psgate.flat import append_llong, ints, llongs
 
-_COMPACT_MIN = 1024
+# A queue with more stale entries than this, and than twice its live ones, is compacted.
+COMPACT_MIN = 1024
 # Engines key a block that holds no trace hash (a full block of a prompt's tail and generated
 # tokens) from here up (psgate.trace.keys.OUTPUT_KEY_BIT): its low bits index no hash table.
 OPAQUE_KEYS_FROM = 1 << 62
+_OPAQUE = cython.declare(cython.longlong, OPAQUE_KEYS_FROM)     # the same, as a C constant
 
 
+@cython.annotation_typing(False)     # the annotations are Python's; history.pxd types it
 class PrefixHistory:
     """Per group (``add_group`` gives its id), the last ``bound`` distinct keys touched:
-    ``contains(g, key)`` and ``touch(g, key)`` (the module docstring has the layout)."""
+    ``contains(g, key)`` and ``touch(g, key)`` (the module docstring has the layout).
+    ``compact_min`` (``COMPACT_MIN``) is how many stale entries a queue may hold before
+    it is compacted; only tests lower it."""
 
     def __init__(self, bound: int, key_shift: int | None = None) -> None:
         self.bound = bound
         self.shift = key_shift
         self.mask = (1 << key_shift) - 1 if key_shift is not None else 0
-        self.slot_ns = array("i")
-        self.slot_stamp = array("q")
-        self.other: dict[tuple[int, int], int] = {}
+        self.slot_ns = array("i")         # per hash index: the namespace owning it, or -1
+        self.slot_stamp = array("q")      # per hash index: its key's stamp, or -1
+        self.other = {}                   # (group, key): stamp, for keys without a slot
         self.clock = 0
-        self.label_ids: dict[str, int] = {}   # a label's key: -2, -3, ...
-        self.label_names: list[str] = []
-        self.keys: list[array] = []       # per group: queued keys
-        self.stamps: list[array] = []     # per group: the stamp of each queued entry
-        self.head: list[int] = []         # per group: index of the first unpopped entry
-        self.num_live: list[int] = []
-        # the compiled forms of contains_keys and touch_keys (psgate.core), or None
-        self._kernels = core.get()
+        self.label_ids = {}               # a label's key: -2, -3, ...
+        self.label_names = []
+        self.keys = []                    # per group: queued keys, an array('q')
+        self.stamps = []                  # per group: the stamp of each queued entry
+        self.head = []                    # per group: index of the first unpopped entry
+        self.num_live = []
+        self.compact_min = COMPACT_MIN
 
     def add_group(self) -> int:
         self.keys.append(array("q"))
@@ -72,40 +85,43 @@ class PrefixHistory:
             self.label_names.append(prefix)
         return k
 
-    def _slot(self, key) -> int:
+    def _slot(self, key: int) -> int:
         """The slot index of key, claiming a free one; -1 when key has none."""
-        if self.shift is None or key < 0 or key >= OPAQUE_KEYS_FROM:
+        if self.shift is None or key < 0 or key >= _OPAQUE:
             return -1
-        h = key & self.mask
-        ns = key >> self.shift
+        shift = cython.declare(cython.int, self.shift)
+        h = cython.declare(cython.Py_ssize_t, key & self.mask)
+        ns = cython.declare(cython.longlong, key >> shift)
         if h >= len(self.slot_ns):
             self.grow_slots(h)
-        o = self.slot_ns[h]
+        sns = ints(self.slot_ns)
+        o = cython.declare(cython.int, sns[h])
         if o == ns:
             return h
         if o < 0:
-            self.slot_ns[h] = ns
+            sns[h] = ns
             return h
         return -1
 
     def grow_slots(self, h: int) -> None:
         """Slots up to index h at least (by half the current size, at least). Low level,
-        as are stamp, set_stamp and compact: the compiled loops' primitives; a policy
-        calls contains and touch."""
+        as are stamp, set_stamp and compact: a policy calls contains and touch."""
         more = max(h + 1 - len(self.slot_ns), len(self.slot_ns) // 2)
         self.slot_ns.extend(array("i", [-1]) * more)
         self.slot_stamp.extend(array("q", [-1]) * more)
 
     def stamp(self, g: int, key: int) -> int:
         """key's stamp in g: the clock value of its last touch, -1 where it is not there."""
-        h = self._slot(key)
-        return self.slot_stamp[h] if h >= 0 else self.other.get((g, key), -1)
+        h = cython.declare(cython.Py_ssize_t, self._slot(key))
+        if h >= 0:
+            return llongs(self.slot_stamp)[h]
+        return self.other.get((g, key), -1)
 
     def set_stamp(self, g: int, key: int, stamp: int) -> None:
         """key's stamp in g (-1: it leaves), for a caller that keeps g's queue itself."""
-        h = self._slot(key)
+        h = cython.declare(cython.Py_ssize_t, self._slot(key))
         if h >= 0:
-            self.slot_stamp[h] = stamp
+            llongs(self.slot_stamp)[h] = stamp
         elif stamp >= 0:
             self.other[(g, key)] = stamp
         else:
@@ -116,113 +132,155 @@ class PrefixHistory:
         return self.stamp(g, self.key_of(prefix)) >= 0
 
     def touch(self, g: int, prefix) -> None:
-        key = self.key_of(prefix)
-        was = self.stamp(g, key)
-        stamp = self.clock
-        self.clock += 1
-        self.set_stamp(g, key, stamp)
-        self.keys[g].append(key)
-        self.stamps[g].append(stamp)
-        if was < 0:
-            self.num_live[g] += 1
-            if self.num_live[g] > self.bound:
-                self._drop_oldest(g)
-        elif len(self.keys[g]) - self.head[g] > 2 * self.num_live[g] + _COMPACT_MIN:
-            self.compact(g)
+        self.touch_keys(g, [self.key_of(prefix)])
 
     def contains_keys(self, g: int, keys: list[int]) -> list[bool]:
-        """contains(g, k) for content keys, in one call."""
-        if self._kernels is not None and self.shift is not None and type(keys) is list:
-            out = self._kernels.history_contains_keys(self, g, keys)
-            if out is not None:         # None: a key the compiled form does not take
-                return out
-        return self._contains_keys(g, keys)
-
-    def _contains_keys(self, g: int, keys: list[int]) -> list[bool]:
-        shift = self.shift
-        if shift is None:
+        """contains(g, k) for int keys (content keys, mostly), in one call."""
+        if self.shift is None:
             other = self.other
             return [other.get((g, k), -1) >= 0 for k in keys]
-        mask, sns, sst = self.mask, self.slot_ns, self.slot_stamp
+        shift = cython.declare(cython.int, self.shift)
+        mask = cython.declare(cython.longlong, self.mask)
+        opaque = cython.declare(cython.longlong, _OPAQUE)
+        sns = ints(self.slot_ns)
+        sst = llongs(self.slot_stamp)
+        n = cython.declare(cython.Py_ssize_t, len(self.slot_ns))
+        k = cython.declare(cython.longlong)
+        h = cython.declare(cython.longlong)
+        o = cython.declare(cython.longlong)
         out = []
-        n = len(sns)
-        for k in keys:
-            if k >= OPAQUE_KEYS_FROM:
-                out.append(self.other.get((g, k), -1) >= 0)
-                continue
-            h = k & mask
-            o = sns[h] if h < n else -1
-            if o == k >> shift:                               # _stamp, inline
-                out.append(sst[h] >= 0)
-            elif o < 0:
-                out.append(False)         # an unclaimed slot: the key was never stored
-            else:
-                out.append(self.stamp(g, k) >= 0)
+        for key in keys:
+            k = key
+            if 0 <= k < opaque:
+                h = k & mask
+                o = sns[h] if h < n else -1
+                if o == k >> shift:                   # k's namespace owns the slot
+                    out.append(sst[h] >= 0)
+                    continue
+                if o < 0:                             # no namespace does: never stored
+                    out.append(False)
+                    continue
+            out.append(self.stamp(g, k) >= 0)         # in the dict, if anywhere
         return out
 
     def touch_keys(self, g: int, keys: list[int]) -> None:
-        """touch(g, k) for each content key in order, in one call."""
-        if (self._kernels is not None and self.shift is not None and type(keys) is list
-                and self._kernels.history_touch_keys(self, g, keys)):
-            return                      # False: a key the compiled form does not take
-        self._touch_keys(g, keys)
-
-    def _touch_keys(self, g: int, keys: list[int]) -> None:
-        shift = self.shift
-        if shift is None:
-            for k in keys:
-                self.touch(g, k)
-            return
-        mask = self.mask
-        top = max((k & mask for k in keys if k < OPAQUE_KEYS_FROM), default=0)
-        if top >= len(self.slot_ns):
-            self.grow_slots(top)
-        sns, sst = self.slot_ns, self.slot_stamp
-        qk, qs = self.keys[g], self.stamps[g]
-        for k in keys:
-            h = k & mask
-            ns = k >> shift
-            if k < OPAQUE_KEYS_FROM and (sns[h] == ns or sns[h] < 0):   # _set_stamp, inline
-                sns[h] = ns
-                was = sst[h]
-                sst[h] = self.clock
-            else:
-                was = self.stamp(g, k)
-                self.set_stamp(g, k, self.clock)
-            qk.append(k)
-            qs.append(self.clock)
-            self.clock += 1
-            if was < 0:
-                self.num_live[g] += 1
-                if self.num_live[g] > self.bound:
+        """touch(g, k) for each int key in order, in one call."""
+        qk = self.keys[g]
+        qs = self.stamps[g]
+        opaque = cython.declare(cython.longlong, _OPAQUE)
+        shift = cython.declare(cython.int, self.shift if self.shift is not None else 0)
+        mask = cython.declare(cython.longlong, self.mask)
+        k = cython.declare(cython.longlong)
+        h = cython.declare(cython.longlong, 0)
+        top = cython.declare(cython.longlong, 0)
+        was = cython.declare(cython.longlong)
+        slotted = cython.declare(cython.bint, self.shift is not None)
+        if slotted:
+            for key in keys:
+                k = key
+                if 0 <= k < opaque and k & mask > top:
+                    top = k & mask
+            if top >= len(self.slot_ns):
+                self.grow_slots(top)
+        sns = ints(self.slot_ns)
+        sst = llongs(self.slot_stamp)
+        bound = cython.declare(cython.longlong, self.bound)
+        compact_min = cython.declare(cython.Py_ssize_t, self.compact_min)
+        # the clock and g's live count and queue head, held here and handed back to the
+        # fields around the calls that read or move them and at the end
+        clock = cython.declare(cython.longlong, self.clock)
+        live = cython.declare(cython.Py_ssize_t, self.num_live[g])
+        first = cython.declare(cython.Py_ssize_t, self.head[g])
+        try:
+            for key in keys:
+                k = key
+                if slotted and 0 <= k < opaque:
+                    h = k & mask
+                if slotted and 0 <= k < opaque and (sns[h] == k >> shift or sns[h] < 0):
+                    sns[h] = k >> shift
+                    was = sst[h]
+                    sst[h] = clock
+                else:
+                    was = self.stamp(g, k)
+                    self.set_stamp(g, k, clock)
+                    sns = ints(self.slot_ns)
+                    sst = llongs(self.slot_stamp)
+                append_llong(qk, k)
+                append_llong(qs, clock)
+                clock += 1
+                if was < 0:
+                    live += 1
+                    if live <= bound:
+                        continue
+                    self.clock = clock
+                    self.num_live[g] = live
                     self._drop_oldest(g)
-                    qk, qs = self.keys[g], self.stamps[g]     # a compaction replaces them
-            elif len(qk) - self.head[g] > 2 * self.num_live[g] + _COMPACT_MIN:
-                self.compact(g)
-                qk, qs = self.keys[g], self.stamps[g]
+                elif len(qk) - first > 2 * live + compact_min:
+                    self.clock = clock
+                    self.num_live[g] = live
+                    self.compact(g)
+                else:
+                    continue
+                qk = self.keys[g]                     # a compaction replaces them
+                qs = self.stamps[g]
+                live = self.num_live[g]
+                first = self.head[g]
+                sns = ints(self.slot_ns)
+                sst = llongs(self.slot_stamp)
+        finally:
+            self.clock = clock
+            self.num_live[g] = live
 
     def _drop_oldest(self, g: int) -> None:
-        keys, stamps = self.keys[g], self.stamps[g]
-        i = self.head[g]
-        while self.stamp(g, keys[i]) != stamps[i]:      # stale: touched again since
-            i += 1
-        self.set_stamp(g, keys[i], -1)
+        """The least recent live key of g leaves (stale entries before it are skipped)."""
+        keys = self.keys[g]
+        n = cython.declare(cython.Py_ssize_t, len(keys))
+        qk = llongs(keys)
+        qs = llongs(self.stamps[g])
+        i = cython.declare(cython.Py_ssize_t, self.head[g])
+        st = cython.declare(cython.longlong)
+        while True:
+            if i >= n or i < 0:
+                raise IndexError(f"group {g}'s queue has no live entry from {self.head[g]}")
+            st = _slot_stamp(self, qk[i])
+            if st == -2:
+                st = self.stamp(g, qk[i])
+            if st == qs[i]:
+                break
+            i += 1                                    # stale: touched again since
+        self.set_stamp(g, qk[i], -1)
         self.num_live[g] -= 1
         self.head[g] = i + 1
-        if i + 1 > _COMPACT_MIN and i + 1 > len(keys) // 2:
+        if i + 1 > self.compact_min and i + 1 > n // 2:
             self.compact(g)
 
     def compact(self, g: int) -> None:
         """Keep only g's live entries, in order (touch does, when stale ones outnumber
         them)."""
-        if self._kernels is not None and self.shift is not None:
-            self._kernels.history_compact(self, g)
-            return
-        keys, stamps = self.keys[g], self.stamps[g]
-        live = [i for i in range(self.head[g], len(keys))
-                if self.stamp(g, keys[i]) == stamps[i]]
-        self.keys[g] = array("q", [keys[i] for i in live])
-        self.stamps[g] = array("q", [stamps[i] for i in live])
+        keys = self.keys[g]
+        stamps = self.stamps[g]
+        n = cython.declare(cython.Py_ssize_t, len(keys))
+        qk = llongs(keys)
+        qs = llongs(stamps)
+        i = cython.declare(cython.Py_ssize_t)
+        m = cython.declare(cython.Py_ssize_t, 0)
+        st = cython.declare(cython.longlong)
+        nk = array("q", [0]) * (n - self.head[g])      # room for every entry; trimmed
+        nst = array("q", [0]) * (n - self.head[g])
+        pk = llongs(nk)
+        ps = llongs(nst)
+        for i in range(self.head[g], n):
+            st = _slot_stamp(self, qk[i])
+            if st == -2:
+                st = self.stamp(g, qk[i])
+            if st == qs[i]:
+                pk[m] = qk[i]
+                ps[m] = st
+                m += 1
+        del nk[m:]
+        del nst[m:]
+        self.keys[g] = nk
+        self.stamps[g] = nst
         self.head[g] = 0
 
     def items(self, g: int) -> list:
@@ -230,3 +288,15 @@ class PrefixHistory:
         keys, stamps = self.keys[g], self.stamps[g]
         return [keys[i] if keys[i] >= 0 else self.label_names[-2 - keys[i]]
                 for i in range(self.head[g], len(keys)) if self.stamp(g, keys[i]) == stamps[i]]
+
+
+def _slot_stamp(hist: PrefixHistory, k: cython.longlong) -> cython.longlong:
+    """k's stamp read from its slot where k's namespace owns one (a queued key that has a
+    slot has claimed it); -2 where it does not: ask ``hist.stamp()``."""
+    if hist.shift is None or k < 0 or k >= _OPAQUE:
+        return -2
+    shift: cython.int = hist.shift
+    h: cython.Py_ssize_t = k & hist.mask
+    if h < len(hist.slot_ns) and ints(hist.slot_ns)[h] == k >> shift:
+        return llongs(hist.slot_stamp)[h]
+    return -2

@@ -1,27 +1,50 @@
-"""PrefixHistory against the reference it replaces: one OrderedDict LRU set per group."""
+"""PrefixHistory against the reference it replaces: one OrderedDict LRU set per group.
+
+Each property runs on the installed module (compiled where the install could compile it)
+and on the same source interpreted, loaded from its ``.py`` under another name."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections import OrderedDict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psgate.policy.history import PrefixHistory
+from psgate import core
+from psgate.policy import history
+from psgate.policy.history import OPAQUE_KEYS_FROM
+
+
+def _interpreted():
+    spec = importlib.util.spec_from_file_location("psgate_history_interpreted",
+                                                  core.source_file(history.__file__))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert not mod.cython.compiled
+    return mod
+
+
+FORMS = {"installed": history.PrefixHistory, "interpreted": _interpreted().PrefixHistory}
+form = pytest.mark.parametrize("form", sorted(FORMS))
 
 # (group, prefix): content keys in two namespaces of 2**4 hashes (ns 0 and 1 belong to
 # group 0, ns 2 to group 1, as the sim engine's namespaces never span groups), or labels
 _KEYS = st.one_of(
     st.tuples(st.integers(0, 1), st.integers(0, 15)).map(lambda t: (0, (t[0] << 4) | t[1])),
     st.integers(0, 15).map(lambda h: (1, (2 << 4) | h)),
+    st.integers(0, 3).map(lambda h: (0, OPAQUE_KEYS_FROM | h)),   # no slot: the dict
     st.tuples(st.integers(0, 1), st.sampled_from(["p", "q", "r"])))
 
 
+@form
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(ops=st.lists(_KEYS, max_size=400), bound=st.integers(1, 6),
-       shift=st.sampled_from([None, 4]))
-def test_history_matches_an_ordered_dict_per_group(ops, bound, shift):
-    hist = PrefixHistory(bound, shift)
+       shift=st.sampled_from([None, 4]), compact_min=st.sampled_from([1, 4, 1024]))
+def test_history_matches_an_ordered_dict_per_group(form, ops, bound, shift, compact_min):
+    hist = FORMS[form](bound, shift)
+    hist.compact_min = compact_min          # small: drops and compactions interleave
     ref = [OrderedDict(), OrderedDict()]
     for _ in ref:
         hist.add_group()
@@ -43,12 +66,14 @@ def test_history_matches_an_ordered_dict_per_group(ops, bound, shift):
         assert hist.num_live[g] == len(ref[g])
 
 
+@form
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(batches=st.lists(st.lists(st.integers(0, 40), max_size=12, unique=True), max_size=60),
-       bound=st.integers(1, 8))
-def test_batch_touches_match_single_ones(batches, bound):
-    one, many = PrefixHistory(bound, 4), PrefixHistory(bound, 4)
+       bound=st.integers(1, 8), compact_min=st.sampled_from([2, 1024]))
+def test_batch_touches_match_single_ones(form, batches, bound, compact_min):
+    one, many = FORMS[form](bound, 4), FORMS[form](bound, 4)
     one.add_group(), many.add_group()
+    one.compact_min = many.compact_min = compact_min
     for keys in batches:
         assert many.contains_keys(0, keys) == [one.contains(0, k) for k in keys]
         many.touch_keys(0, keys)
@@ -57,10 +82,19 @@ def test_batch_touches_match_single_ones(batches, bound):
         assert many.items(0) == one.items(0)
 
 
-def test_stale_entries_are_compacted():
-    hist = PrefixHistory(4, 32)
+@form
+def test_stale_entries_are_compacted(form):
+    hist = FORMS[form](4, 32)
     g = hist.add_group()
     for i in range(20000):
         hist.touch(g, i % 3)            # three keys touched over and over
     assert hist.items(g) == [0, 1, 2][20000 % 3:] + [0, 1, 2][:20000 % 3]
-    assert len(hist.keys[g]) - hist.head[g] < 3 * 2 + 1024 + 1
+    assert len(hist.keys[g]) - hist.head[g] < 3 * 2 + history.COMPACT_MIN + 1
+
+
+def test_the_installed_history_is_compiled_where_the_core_is():
+    """The compiled core calls PrefixHistory's methods as C methods: it cimports the class,
+    so where the core is built, so is this module."""
+    if core.quiet() is None:
+        pytest.skip("the compiled core is not built here")
+    assert history.__file__.endswith((".so", ".pyd"))
