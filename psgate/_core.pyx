@@ -25,7 +25,8 @@ from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
-from psgate.invariants.checker cimport cache_keys, evict_run, pin_hits, pin_new
+from psgate.invariants.checker cimport (InvariantChecker, cache_keys, evict_run, pin_hits,
+                                       pin_new)
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
@@ -592,7 +593,7 @@ cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
     """ReplayEngine.evicted_batch with no ledger: the checker's evicted_many, then each
     victim's content dropped and counted. A victim that was no candidate is the Python
     form's PolicyFault, with what was evicted before it counted."""
-    checker = eng.checker
+    cdef InvariantChecker checker = eng.checker
     num_ok, start = evict_run(checker, victims, 0)
     checker.verdicts["no_pinned_eviction"].checks += num_ok
     cdef Py_ssize_t num_valid = num_ok
@@ -955,7 +956,7 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     blocks and the blocks cached now. False, with nothing changed, where any check would
     fail: the Python form then runs and records it. The policy's auditors (I1, I2) are the
     caller's, after this."""
-    checker = eng.checker
+    cdef InvariantChecker checker = eng.checker
     if checker.paranoid or checker.parent_table is None:
         return False
     cdef Py_ssize_t num_hits = len(hits), num_new = len(new), num_unpinned, bad, num_bad
@@ -967,7 +968,7 @@ def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list
     resident = checker.num_resident + num_new
     if (bad >= 0 or num_bad or resident > usable or len(eng.free) != usable - resident
             or <Py_ssize_t>eng.policy.num_candidates
-            != <Py_ssize_t>checker.num_candidates - num_unpinned):
+            != checker.num_candidates - num_unpinned):
         _unpin(checker.ref, new)    # undo: the Python form checks it all again
         _unpin(checker.ref, hits)
         return False

@@ -927,10 +927,12 @@ def test_the_core_refuses_arrays_of_another_item_type():
     pool.key, pool.ref = array("q", [0]) * 4, array("q", [1]) * 4
     with pytest.raises(TypeError, match="expected an array of C ints \\('i'\\), found 'q'"):
         mod.pool_free(pool, [1])
-    checker = SimpleNamespace(ref=array("i", [1]) * 4, key=array("i", [0]) * 4,
-                              num_blocks=4, num_resident=0, num_candidates=0)
+    checker = checker_mod.InvariantChecker(4, lambda k: checker_mod.NO_KEY)
+    checker.key = array("i", [0]) * 4
     with pytest.raises(TypeError, match="expected an array of C long longs \\('q'\\), found 'i'"):
         checker_mod.release(checker, [1])          # compiled (the core cimports it)
+    with pytest.raises(TypeError, match="InvariantChecker"):
+        checker_mod.release(SimpleNamespace(ref=array("i", [1]) * 4), [1])
 
 
 def test_a_missing_core_is_said_once_and_the_python_engine_replays(monkeypatch, tmp_path,
@@ -1029,7 +1031,14 @@ def test_the_loops_take_the_arrays_again_after_each_call_into_python(monkeypatch
     pool_arrays = ("key", "ref", "owner", "slot_ns", "slot_blk", "slot_lost")
     moving(BlockPool, "index_add", pool_arrays)
     moving(BlockPool, "index_drop", pool_arrays)
-    moving(InvariantChecker, "drop_copy", ("key", "ref", "parent_table", "res_ns", "res_cnt"))
+    # the checker is a cdef class: its drop_copy is overridden in a subclass the engines
+    # build instead (the loops call it as a Python method)
+    class MovingChecker(InvariantChecker):
+        pass
+    moving(MovingChecker, "drop_copy", ("key", "ref", "parent_table", "res_ns", "res_cnt"))
+    from psgate.engines import base, sched
+    monkeypatch.setattr(base, "InvariantChecker", MovingChecker)
+    monkeypatch.setattr(sched, "InvariantChecker", MovingChecker)
     for policy, want in zip(policies, staying):
         got = _engine_state(loaded, policy, 24, "step")
         assert got["evictions"] > 0

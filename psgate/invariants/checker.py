@@ -309,7 +309,7 @@ class InvariantChecker:
 
 # -- the per-block loops (compiled where pip install could; see the module's docstring) --
 
-def pin_hits(checker, ns_keys: list, hits: list) -> tuple:
+def pin_hits(checker: InvariantChecker, ns_keys: list, hits: list) -> tuple:
     """Each hit takes a reference. Returns (how many were candidates before, the first
     position whose block does not hold ``ns_keys`` at it, or -1)."""
     ref: cython.p_int = ints(checker.ref)
@@ -335,7 +335,7 @@ def pin_hits(checker, ns_keys: list, hits: list) -> tuple:
     return num_unpinned, bad
 
 
-def pin_new(checker, new_blocks: list) -> tuple:
+def pin_new(checker: InvariantChecker, new_blocks: list) -> tuple:
     """Each newly allocated block takes a reference; it must have been free of both
     references and content. Returns (how many were not, the first of them or -1, whether
     that one was pinned)."""
@@ -361,7 +361,7 @@ def pin_new(checker, new_blocks: list) -> tuple:
     return num_bad, bad, was_pinned
 
 
-def cache_keys(checker, cached: list) -> cython.void:
+def cache_keys(checker: InvariantChecker, cached: list) -> cython.void:
     """Each (block, key) of ``cached`` now holds that content: one more resident copy of
     the key, counted in the flat slots (a slot another namespace owns, and a key from
     ``opaque_keys_from`` up, in the dict), or by ``add_copy`` without a parent table."""
@@ -434,7 +434,7 @@ def cache_keys(checker, cached: list) -> cython.void:
     checker.num_orphans = orphans
 
 
-def evict_run(checker, blocks: list, start: cython.Py_ssize_t) -> tuple:
+def evict_run(checker: InvariantChecker, blocks: list, start: cython.Py_ssize_t) -> tuple:
     """Victims that were candidates, from ``start``, each one resident copy less (a key
     the parent table does not cover through ``drop_copy``). Returns (how many it took,
     the index it stopped at): the first block that was no candidate, or len(blocks)."""
@@ -521,7 +521,7 @@ def evict_run(checker, blocks: list, start: cython.Py_ssize_t) -> tuple:
     return num, i
 
 
-def release(checker, blocks: list) -> cython.void:
+def release(checker: InvariantChecker, blocks: list) -> cython.void:
     """Each block loses a reference; one left with none is free (no content) or a
     candidate (cached)."""
     no_key: cython.longlong = NO_KEY
