@@ -749,29 +749,6 @@ def pool_touch(pool, list hits, queues, on_touch):
 
 # -- the step scheduler (psgate/engines/sched.py) --------------------------------------
 
-def step_computed(list scheduled, list num_new, Py_ssize_t i):
-    """StepSimEngine._step's update_from_output, from scheduled[i]: tokens computed, and a
-    token sampled where they caught up, for requests that neither sample their first
-    token nor finish now. Stops at the first that does; returns its index (or the end)."""
-    cdef Py_ssize_t num = len(scheduled)
-    cdef long long computed, out
-    cdef object r
-    while i < num:
-        r = scheduled[i]
-        computed = r.num_computed + <long long>num_new[i]
-        if computed >= r.num_tokens:
-            out = r.num_output + 1
-            if (out == 1 and r.first_token_ns < 0) or out >= r.max_out:
-                return i
-            r.num_computed = computed
-            r.num_output = out
-            r.num_tokens = r.num_tokens + 1
-        else:
-            r.num_computed = computed
-        i += 1
-    return num
-
-
 # The request states of psgate/engines/sched.py (WAITING, RUNNING, PREEMPTED).
 STEP_STATES = (1, 2, 3)
 cdef int S_RUNNING = 2, S_PREEMPTED = 3

@@ -45,7 +45,7 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
                                  policy_fault)
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
-from psgate.engines.step_work import StepTally, recomputed_tokens
+from psgate.engines.step_work import StepTally, computed_until, recomputed_tokens
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
@@ -259,14 +259,12 @@ class StepSimEngine(ReplayEngine):
         self.now += self.step_cost.step_ns(work.work())
         now = self.now
         start = 0
-        while kernels is not None and start < len(scheduled):
-            # the common updates compiled; a first token or a finish here, then on
-            start = kernels.step_computed(scheduled, num_new, start)
+        while start < len(scheduled):
+            # the common updates in one call; a first token or a finish here, then on
+            start = computed_until(scheduled, num_new, start)
             if start < len(scheduled):
                 self._computed(scheduled[start], num_new[start], now)
                 start += 1
-        for r, n in zip(scheduled[start:], num_new[start:]):
-            self._computed(r, n, now)
         return True
 
     def _schedule_running(self, budget: int, thr: int, scheduled: list[StepRequest],

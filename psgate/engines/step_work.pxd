@@ -11,3 +11,5 @@ cdef class StepTally:
                    long long num_output)
 
 cpdef long long recomputed_tokens(long long num_lost, long long num_hit)
+
+cpdef Py_ssize_t computed_until(list scheduled, list num_new, Py_ssize_t i) except -1

@@ -55,3 +55,28 @@ def recomputed_tokens(num_lost: cython.longlong, num_hit: cython.longlong) -> cy
     """What a resumed request computes again: the tokens it had computed when preempted
     (``num_lost``), less those its new lookup hits (never below zero)."""
     return num_lost - num_hit if num_lost > num_hit else 0
+
+
+def computed_until(scheduled: list, num_new: list, i: cython.Py_ssize_t) -> cython.Py_ssize_t:
+    """update_from_output's common case, from ``scheduled[i]`` on: each request's
+    ``num_new[j]`` tokens computed, and a token sampled where they caught up (its output
+    and its sequence one token longer). Stops at the first request that samples its first
+    token or its last now (the engine times and finishes it); returns that index, or
+    ``len(scheduled)``."""
+    num: cython.Py_ssize_t = len(scheduled)
+    computed: cython.longlong
+    out: cython.longlong
+    while i < num:
+        r = scheduled[i]
+        computed = r.num_computed + cython.cast(cython.longlong, num_new[i])
+        if computed >= r.num_tokens:
+            out = r.num_output + 1
+            if (out == 1 and r.first_token_ns < 0) or out >= r.max_out:
+                return i
+            r.num_computed = computed
+            r.num_output = out
+            r.num_tokens = r.num_tokens + 1
+        else:
+            r.num_computed = computed
+        i += 1
+    return num

@@ -1,11 +1,13 @@
 """Measures the compiled core's layout choice: one source in Cython's pure-Python mode
-against the hand-written kernels of psgate/_core.pyx, side by side in one run.
+against the installed compiled forms, side by side in one run.
 
     python tools/core_layout/measure.py [--rounds 7]
 
 Compiles walks.py into a temporary directory (needs Cython and a C compiler), then times,
 on the same inputs: the loop interpreted (the fallback), compiled from walks.py (pure-Python
-mode), and psgate._core's kernel. lru's walks are timed from their own module
+mode, typed requests), and the installed form (update_from_output's common case is now
+psgate/engines/step_work.py's computed_until, compiled over untyped requests: what
+psgate._core's kernel was). lru's walks are timed from their own module
 (psgate/policies/lru.py, which pip install compiled): its source interpreted against the
 build. Prints min-of-rounds times and the ratios.
 """
@@ -100,12 +102,14 @@ def main() -> None:
                     mod.step_computed(reqs, num_new, 0)
             return run
 
+        # the installed loop (step_work.computed_until, compiled, requests untyped)
+        from psgate.engines.step_work import computed_until
         core_reqs = [interp.Req(1_000_000, 10**9) for _ in range(args.requests)]
         num_new = [1] * len(core_reqs)
 
         def core_steps():
             for _ in range(args.steps):
-                _core.step_computed(core_reqs, num_new, 0)
+                computed_until(core_reqs, num_new, 0)
 
         rows.append(("step_computed, %d requests x %d steps" % (args.requests, args.steps),
                      best(steps(interp, interp.Req), args.rounds),
@@ -134,8 +138,8 @@ def main() -> None:
         rows.append((f"queue += {args.keys} keys x {args.steps}: write",
                      best(writes(interp), args.rounds), best(writes(comp), args.rounds),
                      None))
-    print(f"{'loop':42} {'interpreted':>12} {'pure-mode':>12} {'_core.pyx':>12} "
-          f"{'interp/pure':>12} {'pyx/pure':>9}")
+    print(f"{'loop':42} {'interpreted':>12} {'pure-mode':>12} {'installed':>12} "
+          f"{'interp/pure':>12} {'inst/pure':>9}")
     for name, a, b, c in rows:
         core_cols = f"{c:12.4f}" if c is not None else f"{'-':>12}"
         ratio = f"{c / b:9.2f}" if c is not None else f"{'-':>9}"
