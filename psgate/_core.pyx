@@ -20,7 +20,6 @@ from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_
                               PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR,
                               PyUnicode_Substring)
 
-from psgate.engines.step_work cimport StepTally
 from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
@@ -752,51 +751,6 @@ def pool_touch(pool, list hits, queues, on_touch):
 # The request states of psgate/engines/sched.py (WAITING, RUNNING, PREEMPTED).
 STEP_STATES = (1, 2, 3)
 cdef int S_RUNNING = 2, S_PREEMPTED = 3
-
-
-def step_running(eng, list running, long long budget, long long bs, long long thr,
-                 list scheduled, list num_new, StepTally work):
-    """StepSimEngine._schedule_running: the step's pass over the running requests, with
-    step_allocate for its allocations."""
-    cdef Py_ssize_t i = 0
-    cdef long long before, n
-    cdef bint preempted = False, ok = False
-    cdef object r, victim
-    while i < len(running) and budget > 0:
-        r = running[i]
-        before = r.num_computed
-        n = r.num_tokens - before
-        if n == 1 and before // bs < len(r.blocks) and (before + 1) // bs <= r.num_cached_blocks:
-            scheduled.append(r)            # a decode, the common case
-            num_new.append(1)
-            budget -= 1
-            i += 1
-            work.add(1, before, r.num_tokens, r.num_output)
-            continue
-        if 0 < thr < n:
-            n = thr
-        if n > budget:
-            n = budget
-        if n <= 0:
-            i += 1
-            continue
-        while True:
-            ok = step_allocate(eng, r, n, None)
-            if ok:
-                break
-            victim = running.pop()
-            eng.preempt(victim, r)
-            preempted = True
-            if victim is r:
-                break
-        if not ok:
-            break
-        scheduled.append(r)
-        num_new.append(n)
-        budget -= n
-        i += 1
-        work.add(n, before, r.num_tokens, r.num_output)
-    return budget, preempted
 
 
 def step_allocate(eng, r, long long num_new_tokens, list hits):

@@ -3,7 +3,7 @@
 Two kinds of compiled code serve a replay:
 - ``psgate/_core.pyx`` (Cython) holds compiled forms of loops whose Python form stays in
   its module as the readable reference: the block pool's (an allocation batch and its
-  checks), the step scheduler's pass over running requests and its allocate_slots,
+  checks), the step scheduler's allocate_slots,
   prefixshield's victim choice and bookkeeping (``PrefixShieldView``, over the policy's
   own state), the ledger's eviction rows and the compact
   ledger's coder (``CompactCoder``). A differential test (tests/test_core_differential.py)

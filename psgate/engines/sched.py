@@ -38,6 +38,7 @@ instead). A model with several KV-cache groups (full attention and sliding windo
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable
 
@@ -45,7 +46,8 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
                                  policy_fault)
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
-from psgate.engines.step_work import StepTally, computed_until, recomputed_tokens
+from psgate.engines.step_work import (StepTally, computed_until, recomputed_tokens,
+                                      schedule_running)
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
@@ -121,6 +123,7 @@ class StepSimEngine(ReplayEngine):
     def run(self, events: Iterable[RequestEvent | CancelEvent | DoneEvent]) -> RunResult:
         it = iter(events)
         self._next = next(it, None)
+        self.allocate_fn = self.allocator()
         try:
             if self._next is not None:
                 self.start_ns = self.now = self._next.t_ns
@@ -192,6 +195,13 @@ class StepSimEngine(ReplayEngine):
         del self.reqs[ev.id]
         self.finalize(r)
 
+    def allocator(self):
+        """``allocate_slots`` as the replay calls it: compiled where the core is bound
+        (``psgate._core.step_allocate`` over this engine), else the method."""
+        if self.kernels is None:
+            return self.allocate_slots
+        return functools.partial(self.kernels.step_allocate, self)
+
     # -- one step -----------------------------------------------------------------
     def _step(self) -> bool:
         """One ``schedule()`` + model step + ``update_from_output``; False when nothing
@@ -209,12 +219,9 @@ class StepSimEngine(ReplayEngine):
         thr = sched.long_prefill_token_threshold
         if len(running) + len(waiting) <= 1:
             thr = 0
-        kernels = self.kernels
-        if kernels is not None:
-            budget, preempted = kernels.step_running(self, running, budget, bs, thr,
-                                                     scheduled, num_new, work)
-        else:
-            budget, preempted = self._schedule_running(budget, thr, scheduled, num_new, work)
+        allocate = self.allocate_fn
+        budget, preempted = schedule_running(self, allocate, running, budget, thr,
+                                             self.decode_fast_path, scheduled, num_new, work)
         if not preempted:
             skipped: list[StepRequest] = []
             while budget > 0 and waiting:
@@ -232,8 +239,7 @@ class StepSimEngine(ReplayEngine):
                 if not self.admission_allowed(r, hits):
                     skipped.append(waiting.popleft())     # vLLM's skip_request
                     continue
-                if not (self.allocate_slots(r, n, hits) if kernels is None
-                        else kernels.step_allocate(self, r, n, hits)):
+                if not allocate(r, n, hits):
                     break
                 waiting.popleft()
                 running.append(r)
@@ -266,53 +272,6 @@ class StepSimEngine(ReplayEngine):
                 self._computed(scheduled[start], num_new[start], now)
                 start += 1
         return True
-
-    def _schedule_running(self, budget: int, thr: int, scheduled: list[StepRequest],
-                          num_new: list[int], work: StepTally) -> tuple[int, bool]:
-        """The step's pass over the running requests, in order: a decode whose slot is
-        already there is scheduled at once; any other request gets its (chunked) tokens
-        through allocate_slots, preempting from the back of the queue until they fit. Every
-        request scheduled here is counted in ``work``. Returns (budget left, whether any
-        was preempted). Compiled: psgate._core.step_running."""
-        running, bs = self.running, self.bs
-        preempted = False
-        fast = self.decode_fast_path
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            before = r.num_computed
-            n = r.num_tokens - before
-            if n == 1 and fast and (before // bs < len(r.blocks)   # allocate_slots's fast path
-                           and (before + 1) // bs <= r.num_cached_blocks):
-                scheduled.append(r)          # a decode, the common case
-                num_new.append(1)
-                budget -= 1
-                i += 1
-                work.add(1, before, r.num_tokens, r.num_output)
-                continue
-            if 0 < thr < n:
-                n = thr
-            n = min(n, budget)
-            if n <= 0:
-                i += 1
-                continue
-            while True:
-                ok = self.allocate_slots(r, n, None)
-                if ok:
-                    break
-                victim = running.pop()
-                self.preempt(victim, r)
-                preempted = True
-                if victim is r:
-                    break
-            if not ok:
-                break
-            scheduled.append(r)
-            num_new.append(n)
-            budget -= n
-            i += 1
-            work.add(n, before, r.num_tokens, r.num_output)
-        return budget, preempted
 
     def _computed(self, r: StepRequest, n: int, now: int) -> None:
         """update_from_output for one scheduled request: n more tokens computed, and a

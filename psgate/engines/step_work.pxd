@@ -13,3 +13,5 @@ cdef class StepTally:
 cpdef long long recomputed_tokens(long long num_lost, long long num_hit)
 
 cpdef Py_ssize_t computed_until(list scheduled, list num_new, Py_ssize_t i) except -1
+cpdef tuple schedule_running(eng, allocate, list running, long long budget, long long thr,
+                             bint fast, list scheduled, list num_new, StepTally work)

@@ -8,12 +8,14 @@ engine that models or observes steps.
                  -> num_prefill_tokens += n, num_context_tokens += before
     a resumed request recomputes what it had computed when preempted, less what it hits
 
-The step scheduler (``sched.py`` and its compiled pass over the running requests),
-vllm-sched (from vLLM's own ``SchedulerOutput``) and the real-engine observer (around
-vLLM's ``schedule()``) all tally through :class:`StepTally`, so the cost model's inputs
-cannot drift between them. This module is written in Cython's pure-Python mode: ``pip
-install`` compiles it (``step_work.pxd`` declares the C fields), the compiled core calls
-``add`` as a C method, and without a compiler it runs as plain Python.
+The step scheduler (``sched.py``), vllm-sched (from vLLM's own ``SchedulerOutput``) and
+the real-engine observer (around vLLM's ``schedule()``) all tally through
+:class:`StepTally`, so the cost model's inputs cannot drift between them. The step
+scheduler's two per-step loops live here too: its pass over the running requests
+(:func:`schedule_running`) and update_from_output's common case (:func:`computed_until`).
+This module is written in Cython's pure-Python mode: ``pip install`` compiles it
+(``step_work.pxd`` declares the C fields and signatures), and without a compiler it runs
+as plain Python.
 """
 
 try:
@@ -80,3 +82,56 @@ def computed_until(scheduled: list, num_new: list, i: cython.Py_ssize_t) -> cyth
             r.num_computed = computed
         i += 1
     return num
+
+
+def schedule_running(eng, allocate, running: list, budget: cython.longlong,
+                     thr: cython.longlong, fast: cython.bint, scheduled: list, num_new: list,
+                     work: StepTally) -> tuple:
+    """The step's pass over the running requests, in order: a decode whose slot is already
+    there (``fast``: the engine's ``decode_fast_path``) is scheduled at once; any other
+    request gets its (chunked, at most ``thr``) tokens through ``allocate(r, n, None)``,
+    preempting from the back of the queue (``eng.preempt``) until they fit. Every request
+    scheduled here is appended with its tokens and counted in ``work``. Returns (budget
+    left, whether any was preempted)."""
+    bs: cython.longlong = eng.bs
+    i: cython.Py_ssize_t = 0
+    before: cython.longlong
+    n: cython.longlong
+    preempted: cython.bint = False
+    ok: cython.bint = False
+    while i < len(running) and budget > 0:
+        r = running[i]
+        before = r.num_computed
+        n = r.num_tokens - before
+        if (n == 1 and fast and before // bs < len(r.blocks)    # allocate_slots's fast path
+                and (before + 1) // bs <= r.num_cached_blocks):
+            scheduled.append(r)              # a decode, the common case
+            num_new.append(1)
+            budget -= 1
+            i += 1
+            work.add(1, before, r.num_tokens, r.num_output)
+            continue
+        if 0 < thr < n:
+            n = thr
+        if n > budget:
+            n = budget
+        if n <= 0:
+            i += 1
+            continue
+        while True:
+            ok = allocate(r, n, None)
+            if ok:
+                break
+            victim = running.pop()
+            eng.preempt(victim, r)
+            preempted = True
+            if victim is r:
+                break
+        if not ok:
+            break
+        scheduled.append(r)
+        num_new.append(n)
+        budget -= n
+        i += 1
+        work.add(n, before, r.num_tokens, r.num_output)
+    return budget, preempted
