@@ -33,6 +33,7 @@ class OptionalBuildExt(build_ext):
 # cimports them: where one of them did not build, the core does not load either, and the
 # whole replay runs as Python.
 COMPILED_PY = ["psgate/engines/step_work.py", "psgate/invariants/checker.py",
+               "psgate/invariants/prefixshield.py",
                "psgate/policy/field_decision.py", "psgate/policy/history.py",
                "psgate/policies/lru.py",
                "psgate/trace/hashes.py"]

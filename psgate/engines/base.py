@@ -25,7 +25,7 @@ from psgate.engines.pool import BlockPool
 from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
                                     RunResult)
 from psgate.errors import InputError, PsgateError
-from psgate.invariants.checker import NO_KEY, InvariantChecker
+from psgate.invariants.checker import NO_KEY, InvariantChecker, num_keys_from
 from psgate.policies import innermost_frame, policy_code_files
 from psgate.policy import (Decision, EvictionPolicy, GroupIds, PolicyRequest, PoolInfo,
                            RetentionRange, non_finite)
@@ -422,8 +422,7 @@ class ReplayEngine(BlockPool):
         ev = r.ev
         where = self.where_fn(r)
         # blocks of generated tokens among the new ones (output keys: engine-side fact)
-        num_output = (self.kernels.num_output_keys(cached_now) if self.kernels is not None
-                      else sum(1 for _, k in cached_now if k >= OUTPUT_KEY_BIT))
+        num_output = num_keys_from(cached_now, OUTPUT_KEY_BIT)
         for auditor in self.auditors:
             auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
                              audit, num_output)

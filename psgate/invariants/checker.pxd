@@ -31,3 +31,4 @@ cpdef tuple pin_new(InvariantChecker checker, list new_blocks)
 cpdef void cache_keys(InvariantChecker checker, list cached) except *
 cpdef tuple evict_run(InvariantChecker checker, list blocks, Py_ssize_t start)
 cpdef void release(InvariantChecker checker, list blocks) except *
+cpdef Py_ssize_t num_keys_from(list cached, long long first) except -1

@@ -542,3 +542,14 @@ def release(checker: InvariantChecker, blocks: list) -> cython.void:
                 num_cand += 1
     checker.num_resident -= num_free
     checker.num_candidates += num_cand
+
+
+def num_keys_from(cached: list, first: cython.longlong) -> cython.Py_ssize_t:
+    """How many of a batch's (block, key) pairs have a key from ``first`` up: with the
+    engines' key layout, those holding generated tokens (``OUTPUT_KEY_BIT``), which the
+    auditors take as an engine-side fact, not the policy's count."""
+    num: cython.Py_ssize_t = 0
+    for item in cached:
+        if cython.cast(cython.longlong, item[1]) >= first:
+            num += 1
+    return num

@@ -10,14 +10,24 @@ I2: no promotion to Reuse while the group's raw debt exceeds eps. The checker
     output_weight) names it at construction; the engine says how many of each
     batch's new blocks hold generated tokens (output keys), so the checker's
     buckets take the weighted charge without the policy's own count.
+
+The module is written in Cython's pure-Python mode and is its own source: ``pip install``
+compiles it (``prefixshield.pxd`` declares :class:`BucketAudit`'s fields, a ``cdef
+class``, and the C types of its per-admission check), and without a compiler it runs as
+written.
 """
 
 from __future__ import annotations
 
-from psgate import core
+try:
+    import cython
+except ImportError:
+    from psgate import cython_shadow as cython
+
 from psgate.invariants.checker import Verdict, text_of
 
 
+@cython.annotation_typing(False)     # the annotations are Python's; prefixshield.pxd types it
 class BucketAudit:
     def __init__(self, contracts: dict, eps: float, claims: tuple[str, ...],
                  output_weight: float = 1.0) -> None:
@@ -30,36 +40,44 @@ class BucketAudit:
         self.materialized: dict[str, int] = {}
         self.charged: dict[str, int] = {}
         self.verdicts = {name: Verdict(name, True) for name in claims}
-        self._kernels = core.get()      # bucket_admitted: admitted when every check passes
 
     def _bhat(self, g: str, c: str, t: float) -> float:
-        b, t0 = self.buckets.get((g, c), (self.beta[c], t))
-        return min(self.beta[c], b + self.rho[c] * (t - t0))
+        """Bucket (g, c)'s level at t: refilled at rho since it was last charged, capped at
+        beta (full, beta, where it was never made)."""
+        beta = cython.declare(cython.double, self.beta[c])
+        prev = self.buckets.get((g, c))
+        if prev is None:
+            return beta
+        x = cython.declare(cython.double,
+                           cython.cast(cython.double, prev[0])
+                           + cython.cast(cython.double, self.rho[c])
+                           * (t - cython.cast(cython.double, prev[1])))
+        return x if x < beta else beta
 
     def raw_debt(self, g: str, t: float) -> float:
-        # g's buckets in the order they were made (the buckets dict's order, per group)
-        return sum(max(0.0, -self._bhat(g, c, t)) for c in self.group_contracts.get(g, ()))
+        """What g owes at t: the sum of its buckets below zero, in the order they were made
+        (the buckets dict's order, per group), added one by one."""
+        debt = cython.declare(cython.double, 0.0)
+        x = cython.declare(cython.double)
+        for c in self.group_contracts.get(g, ()):
+            x = -self._bhat(g, c, t)
+            if x > 0.0:
+                debt += x
+        return debt
 
     def admitted(self, where, group: str, contract: str, t: float, num_materialized: int,
                  audit: dict | None, num_output: int = 0) -> None:
-        kernels = self._kernels
-        if (kernels is not None and type(audit) is dict and type(group) is str
-                and type(contract) is str and type(num_materialized) is int
-                and kernels.bucket_admitted(self, where, group, contract, t, num_materialized,
-                                            audit, num_output)):
-            return
         audit = audit or {}
         verdicts = self.verdicts
         v = verdicts.get("I2")
         if v is not None:
             promoted = audit.get("promoted", 0)
-            if promoted:
-                debt = self.raw_debt(group, t)
-                v.record(debt <= self.eps,
-                         lambda: f"{text_of(where)}: {promoted} block(s) promoted to Reuse "
-                         f"while group '{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
-            else:
+            debt = cython.declare(cython.double, self.raw_debt(group, t) if promoted else 0.0)
+            if not promoted or debt <= self.eps:
                 v.checks += 1
+            else:
+                v.record(False, f"{text_of(where)}: {promoted} block(s) promoted to Reuse "
+                         f"while group '{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
         v = verdicts.get("I1")
         if v is not None:
             charged = audit.get("charged")
@@ -67,7 +85,7 @@ class BucketAudit:
                     and audit.get("contract") == contract):
                 v.checks += 1
             else:
-                v.record(False, lambda: f"{text_of(where)}: materialized {num_materialized} "
+                v.record(False, f"{text_of(where)}: materialized {num_materialized} "
                          f"block(s) for {group}/{contract}; the policy charged {charged} to "
                          f"{audit.get('group')}/{audit.get('contract')}")
             materialized = self.materialized
