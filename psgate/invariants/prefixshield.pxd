@@ -11,8 +11,9 @@ cdef class BucketAudit:
     cdef public dict materialized
     cdef public dict charged
     cdef public dict verdicts
+    cdef dict __dict__                  # a policy may keep its own attributes on it
 
     cpdef double _bhat(self, g, c, double t) except *
     cpdef double raw_debt(self, g, double t) except *
-    cpdef void admitted(self, where, group, contract, double t, Py_ssize_t num_materialized,
-                        audit, Py_ssize_t num_output=*) except *
+    cpdef void admitted(self, where, group, contract, double t, num_materialized, audit,
+                        num_output=*) except *

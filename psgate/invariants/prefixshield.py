@@ -24,6 +24,8 @@ try:
 except ImportError:
     from psgate import cython_shadow as cython
 
+import functools
+
 from psgate.invariants.checker import Verdict, text_of
 
 
@@ -75,9 +77,9 @@ class BucketAudit:
             debt = cython.declare(cython.double, self.raw_debt(group, t) if promoted else 0.0)
             if not promoted or debt <= self.eps:
                 v.checks += 1
-            else:
-                v.record(False, f"{text_of(where)}: {promoted} block(s) promoted to Reuse "
-                         f"while group '{group}' owed {debt:.6g} blocks (eps {self.eps:g})")
+            else:                # the text is made for the first violation only
+                v.record(False, functools.partial(_promoted_in_debt, where, promoted, group,
+                                                  debt, self.eps))
         v = verdicts.get("I1")
         if v is not None:
             charged = audit.get("charged")
@@ -85,9 +87,8 @@ class BucketAudit:
                     and audit.get("contract") == contract):
                 v.checks += 1
             else:
-                v.record(False, f"{text_of(where)}: materialized {num_materialized} "
-                         f"block(s) for {group}/{contract}; the policy charged {charged} to "
-                         f"{audit.get('group')}/{audit.get('contract')}")
+                v.record(False, functools.partial(_charged_otherwise, where, num_materialized,
+                                                  group, contract, charged, audit))
             materialized = self.materialized
             materialized[group] = materialized.get(group, 0) + num_materialized
             if charged:
@@ -116,3 +117,14 @@ class BucketAudit:
 
     def results(self) -> dict[str, Verdict]:
         return dict(self.verdicts)
+
+
+def _promoted_in_debt(where, promoted, group, debt, eps) -> str:
+    return (f"{text_of(where)}: {promoted} block(s) promoted to Reuse while group "
+            f"'{group}' owed {debt:.6g} blocks (eps {eps:g})")
+
+
+def _charged_otherwise(where, num_materialized, group, contract, charged, audit) -> str:
+    return (f"{text_of(where)}: materialized {num_materialized} block(s) for "
+            f"{group}/{contract}; the policy charged {charged} to "
+            f"{audit.get('group')}/{audit.get('contract')}")

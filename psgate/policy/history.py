@@ -40,7 +40,9 @@ COMPACT_MIN = 1024
 # Engines key a block that holds no trace hash (a full block of a prompt's tail and generated
 # tokens) from here up (psgate.trace.keys.OUTPUT_KEY_BIT): its low bits index no hash table.
 OPAQUE_KEYS_FROM = 1 << 62
-_OPAQUE = cython.declare(cython.longlong, OPAQUE_KEYS_FROM)     # the same, as a C constant
+# A slot stores its owner's namespace as an int32: keys whose namespace does not fit one
+# (possible with a small key_shift) are kept in the dict.
+_MAX_SLOT_NS = 2**31 - 1
 
 
 @cython.annotation_typing(False)     # the annotations are Python's; history.pxd types it
@@ -54,6 +56,9 @@ class PrefixHistory:
         self.bound = bound
         self.shift = key_shift
         self.mask = (1 << key_shift) - 1 if key_shift is not None else 0
+        # keys from 0 up to this have a slot: not opaque, their namespace an int32
+        self.slotted_below = (0 if key_shift is None
+                              else min(OPAQUE_KEYS_FROM, (_MAX_SLOT_NS + 1) << key_shift))
         self.slot_ns = array("i")         # per hash index: the namespace owning it, or -1
         self.slot_stamp = array("q")      # per hash index: its key's stamp, or -1
         self.other = {}                   # (group, key): stamp, for keys without a slot
@@ -87,13 +92,15 @@ class PrefixHistory:
 
     def _slot(self, key: int) -> int:
         """The slot index of key, claiming a free one; -1 when key has none."""
-        if self.shift is None or key < 0 or key >= _OPAQUE:
+        if key < 0 or key >= self.slotted_below:
             return -1
         shift = cython.declare(cython.int, self.shift)
         h = cython.declare(cython.Py_ssize_t, key & self.mask)
         ns = cython.declare(cython.longlong, key >> shift)
         if h >= len(self.slot_ns):
             self.grow_slots(h)
+        if h >= len(self.slot_ns) or h >= len(self.slot_stamp):
+            raise IndexError(f"slot {h} is beyond the history's slot arrays")
         sns = ints(self.slot_ns)
         o = cython.declare(cython.int, sns[h])
         if o == ns:
@@ -141,17 +148,17 @@ class PrefixHistory:
             return [other.get((g, k), -1) >= 0 for k in keys]
         shift = cython.declare(cython.int, self.shift)
         mask = cython.declare(cython.longlong, self.mask)
-        opaque = cython.declare(cython.longlong, _OPAQUE)
+        slotted_below = cython.declare(cython.longlong, self.slotted_below)
         sns = ints(self.slot_ns)
         sst = llongs(self.slot_stamp)
-        n = cython.declare(cython.Py_ssize_t, len(self.slot_ns))
+        n = cython.declare(cython.Py_ssize_t, min(len(self.slot_ns), len(self.slot_stamp)))
         k = cython.declare(cython.longlong)
         h = cython.declare(cython.longlong)
         o = cython.declare(cython.longlong)
         out = []
         for key in keys:
             k = key
-            if 0 <= k < opaque:
+            if 0 <= k < slotted_below:
                 h = k & mask
                 o = sns[h] if h < n else -1
                 if o == k >> shift:                   # k's namespace owns the slot
@@ -161,13 +168,16 @@ class PrefixHistory:
                     out.append(False)
                     continue
             out.append(self.stamp(g, k) >= 0)         # in the dict, if anywhere
+            sns = ints(self.slot_ns)                  # a call into Python: again
+            sst = llongs(self.slot_stamp)
+            n = min(len(self.slot_ns), len(self.slot_stamp))
         return out
 
     def touch_keys(self, g: int, keys: list[int]) -> None:
         """touch(g, k) for each int key in order, in one call."""
         qk = self.keys[g]
         qs = self.stamps[g]
-        opaque = cython.declare(cython.longlong, _OPAQUE)
+        slotted_below = cython.declare(cython.longlong, self.slotted_below)
         shift = cython.declare(cython.int, self.shift if self.shift is not None else 0)
         mask = cython.declare(cython.longlong, self.mask)
         k = cython.declare(cython.longlong)
@@ -178,10 +188,12 @@ class PrefixHistory:
         if slotted:
             for key in keys:
                 k = key
-                if 0 <= k < opaque and k & mask > top:
+                if 0 <= k < slotted_below and k & mask > top:
                     top = k & mask
             if top >= len(self.slot_ns):
                 self.grow_slots(top)
+            if top >= len(self.slot_ns) or top >= len(self.slot_stamp):
+                raise IndexError(f"slot {top} is beyond the history's slot arrays")
         sns = ints(self.slot_ns)
         sst = llongs(self.slot_stamp)
         bound = cython.declare(cython.longlong, self.bound)
@@ -194,9 +206,9 @@ class PrefixHistory:
         try:
             for key in keys:
                 k = key
-                if slotted and 0 <= k < opaque:
+                if 0 <= k < slotted_below:
                     h = k & mask
-                if slotted and 0 <= k < opaque and (sns[h] == k >> shift or sns[h] < 0):
+                if 0 <= k < slotted_below and (sns[h] == k >> shift or sns[h] < 0):
                     sns[h] = k >> shift
                     was = sst[h]
                     sst[h] = clock
@@ -293,10 +305,11 @@ class PrefixHistory:
 def _slot_stamp(hist: PrefixHistory, k: cython.longlong) -> cython.longlong:
     """k's stamp read from its slot where k's namespace owns one (a queued key that has a
     slot has claimed it); -2 where it does not: ask ``hist.stamp()``."""
-    if hist.shift is None or k < 0 or k >= _OPAQUE:
+    if k < 0 or k >= hist.slotted_below:
         return -2
     shift: cython.int = hist.shift
     h: cython.Py_ssize_t = k & hist.mask
-    if h < len(hist.slot_ns) and ints(hist.slot_ns)[h] == k >> shift:
+    if (h < len(hist.slot_ns) and h < len(hist.slot_stamp)
+            and ints(hist.slot_ns)[h] == k >> shift):
         return llongs(hist.slot_stamp)[h]
     return -2

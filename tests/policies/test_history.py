@@ -98,3 +98,29 @@ def test_the_installed_history_is_compiled_where_the_core_is():
     if core.quiet() is None:
         pytest.skip("the compiled core is not built here")
     assert history.__file__.endswith((".so", ".pyd"))
+
+
+@form
+def test_keys_whose_namespace_is_no_int32_are_kept_in_the_dict(form):
+    """A slot keeps its namespace as an int32: with a small key_shift, a key whose
+    namespace is larger is kept in the dict, by the batch forms and the single ones."""
+    hist = FORMS[form](8, 4)
+    g = hist.add_group()
+    big = [((1 << 31) << 4) | 1, ((1 << 40) << 4) | 1, (5 << 4) | 1]   # one hash, three ns
+    assert hist.contains_keys(g, big) == [False, False, False]
+    hist.touch_keys(g, big[:2])
+    assert [hist.contains(g, k) for k in big] == [True, True, False]
+    assert hist.contains_keys(g, big) == [True, True, False]
+    hist.touch(g, big[2])
+    assert hist.contains_keys(g, tuple(big)) == [True, True, True]
+    assert hist.items(g) == big
+    assert set(hist.other) == {(g, big[0]), (g, big[1])} and hist.slot_ns[1] == 5
+
+
+@form
+def test_a_policy_may_keep_attributes_on_the_history(form):
+    hist = FORMS[form](2, 32)
+    hist.owner_note = "mine"
+    g = hist.add_group()
+    hist.touch_keys(g, (1, 2))                       # any sequence of int keys
+    assert hist.owner_note == "mine" and hist.items(g) == [1, 2]

@@ -245,3 +245,14 @@ def test_gate_fails_when_i1_is_violated(tmp_path):
     inv = bad.receipt["runs"]["candidate"]["invariants"]["I1"]
     assert inv["hard"] and not inv["holds"] and "request B" in inv["first_violation"]
     assert (tmp_path / "bad" / "receipt.json").exists()
+
+
+def test_the_auditor_takes_what_its_python_form_takes():
+    """Compiled (a cdef class), BucketAudit still keeps a policy's own attributes and takes
+    counts that are not C integers, as the Python form does."""
+    audit = BucketAudit(C, 1e-9, ("I1", "I2"))
+    audit.tag = "mine"
+    audit.admitted("x", "g", "standard", 0.0, 2.0, {"charged": 2, "group": "g",
+                                                    "contract": "standard"})
+    assert audit.tag == "mine" and audit.verdicts["I1"].holds
+    assert audit.materialized == {"g": 2.0}

@@ -103,7 +103,10 @@ def main() -> None:
             return run
 
         # the installed loop (step_work.computed_until, compiled, requests untyped)
-        from psgate.engines.step_work import computed_until
+        from psgate.engines import step_work
+        if step_work.__file__.endswith(".py"):
+            sys.exit("psgate.engines.step_work is not compiled here: pip install -e . first")
+        computed_until = step_work.computed_until
         core_reqs = [interp.Req(1_000_000, 10**9) for _ in range(args.requests)]
         num_new = [1] * len(core_reqs)
 
