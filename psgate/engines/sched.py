@@ -207,7 +207,6 @@ class StepSimEngine(ReplayEngine):
         """One ``schedule()`` + model step + ``update_from_output``; False when nothing
         was scheduled and nothing preempted (only a later event can change that)."""
         sched = self.sched
-        bs = self.bs
         budget = sched.max_num_batched_tokens
         running, waiting = self.running, self.waiting
         # What the step computes, in scheduling order: requests and their new tokens; and
