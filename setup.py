@@ -32,7 +32,8 @@ class OptionalBuildExt(build_ext):
 # Modules in Cython's pure-Python mode (a .pxd beside each gives its C types). The core
 # cimports them: where one of them did not build, the core does not load either, and the
 # whole replay runs as Python.
-COMPILED_PY = ["psgate/engines/step_work.py", "psgate/invariants/checker.py",
+COMPILED_PY = ["psgate/engines/pool_work.py", "psgate/engines/step_work.py",
+               "psgate/invariants/checker.py",
                "psgate/invariants/prefixshield.py",
                "psgate/policy/field_decision.py", "psgate/policy/history.py",
                "psgate/policies/lru.py",

@@ -26,13 +26,14 @@ from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.invariants.checker cimport (InvariantChecker, cache_keys, evict_run, pin_hits,
                                        pin_new)
+from psgate.engines.pool_work cimport CachedHook, cache_blocks, drop_evicted, pin_allocated
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int *ptype)
     object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
 
-cdef class PrefixShieldView               # below, with prefixshield's paths
+cdef class PrefixShieldView(CachedHook)   # below, with prefixshield's paths
 
 
 cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
@@ -378,185 +379,6 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
 
 # -- the block pool (psgate/engines/pool.py, base.py, sim.py, sched.py) ----------------
 
-ctypedef struct PoolArrays:
-    # the pool's flat arrays (psgate.engines.pool); a call back into its Python
-    # (index_add, index_drop, a policy's on_cached) may resize them, so they are taken
-    # again after one
-    long long *key
-    int *ref
-    int *owner
-    int *slot_ns
-    int *slot_blk
-    unsigned char *slot_lost
-
-
-cdef int _pool_arrays(pool, PoolArrays *a) except -1:
-    a.key = llongs(pool.key)
-    a.ref = ints(pool.ref)
-    a.owner = ints(pool.owner)
-    a.slot_ns = ints(pool.slot_ns)
-    a.slot_blk = ints(pool.slot_blk)
-    a.slot_lost = byte_items(pool.slot_lost)
-    return 0
-
-
-def pool_lookup(pool, list evb, int ns, Py_ssize_t num):
-    """The longest run of cached prompt blocks among the first ``num`` of ``evb`` (trace
-    hash ids) in namespace ns, each the earliest copy: (hit blocks, how many of them are
-    unpinned). The lookup loops of SimEngine.try_admit and StepSimEngine.lookup."""
-    cdef int *slot_ns = ints(pool.slot_ns)
-    cdef int *slot_blk = ints(pool.slot_blk)
-    cdef int *ref = ints(pool.ref)
-    cdef dict other = pool.other
-    cdef long long base = (<long long>ns) << 32
-    cdef list hits = []
-    cdef Py_ssize_t pos, num_evictable = 0
-    cdef long long h
-    cdef int b
-    cdef object v
-    if num > len(evb):
-        num = len(evb)
-    for pos in range(num):
-        h = evb[pos]
-        if slot_ns[h] == ns:
-            b = slot_blk[h]
-            if b < 0:
-                break
-        else:
-            v = other.get(base | h)
-            if not v:
-                break
-            b = v[0]
-        hits.append(b)
-        if ref[b] == 0:
-            num_evictable += 1
-    return hits, num_evictable
-
-
-def pool_cache(pool, list blocks, list evb, Py_ssize_t start, Py_ssize_t stop, int ns,
-               int block_size, list cached_now, on_cached=None, preq=None):
-    """Blocks ``start``..``stop`` of a request (prompt positions) now hold their content:
-    each key set and indexed, (block, key) appended to ``cached_now`` and given to the
-    policy's ``on_cached`` hook if it has one; returns the tokens recomputed (content
-    that had been lost). The caching loops of SimEngine.try_admit and
-    StepSimEngine.allocate_slots."""
-    cdef PoolArrays a
-    cdef object index_add = pool.index_add
-    cdef long long base = (<long long>ns) << 32
-    cdef long long h, k
-    cdef int b, o
-    cdef Py_ssize_t pos, recompute = 0, num_prompt = 0
-    cdef PrefixShieldView view = None
-    if on_cached is not None and type(getattr(on_cached, "__self__", None)) is PrefixShieldView \
-            and on_cached.__name__ == "cached":       # prefixshield's own: called in C
-        view = on_cached.__self__
-        num_prompt = preq.num_prompt_blocks
-    _pool_arrays(pool, &a)
-    for pos in range(start, stop):
-        b = blocks[pos]
-        h = evb[pos]
-        k = base | h
-        a.key[b] = k
-        o = a.slot_ns[h]
-        if o == ns and a.slot_blk[h] < 0 and not a.slot_lost[h]:
-            a.slot_blk[h] = b
-        elif o < 0:
-            a.slot_ns[h] = ns
-            a.slot_blk[h] = b
-        else:
-            if index_add(k, b):
-                recompute += block_size
-            _pool_arrays(pool, &a)
-        cached_now.append((b, k))
-        if view is not None:
-            view._cached(b, pos, blocks[pos - 1] if pos else -1, k, num_prompt)
-        elif on_cached is not None:
-            on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
-            _pool_arrays(pool, &a)
-    return recompute
-
-
-def pool_free(pool, list blocks):
-    """ReplayEngine.free_blocks's walk: each block, last first, loses a reference; those
-    left with none are (uncached ones, cached ones), in walk order, and the uncached are
-    no longer charged: returns them with {owner group: how many}."""
-    cdef int *ref = ints(pool.ref)
-    cdef long long *key = llongs(pool.key)
-    cdef int *owner = ints(pool.owner)
-    cdef list uncached = [], freed = []
-    cdef dict num_by_owner = {}
-    cdef Py_ssize_t i
-    cdef int b, og
-    for i in range(len(blocks) - 1, -1, -1):
-        b = blocks[i]
-        ref[b] -= 1
-        if ref[b] == 0:
-            if key[b] == NO_KEY:
-                uncached.append(b)
-                og = owner[b]
-                num_by_owner[og] = num_by_owner.get(og, 0) + 1
-                owner[b] = -1
-            else:
-                freed.append(b)
-    return uncached, freed, num_by_owner
-
-
-def pool_evicted(pool, list victims, Py_ssize_t num_valid, list hash_names, list owners,
-                 list names, list gnames, dict num_by_owner):
-    """ReplayEngine.evicted_batch's loop for victims that were candidates: each one's
-    content dropped (its hash name and owner appended when the lists are given) and its
-    count added to num_by_owner. Returns the index of the first victim it did not take
-    (one that was not a candidate, or len(victims))."""
-    cdef PoolArrays a
-    cdef dict more = pool.more
-    cdef object index_drop = pool.index_drop
-    cdef Py_ssize_t nb = pool.num_blocks
-    cdef Py_ssize_t i, num = len(victims), run_n = 0
-    cdef int v, og, run_og = 0
-    cdef long long k, h
-    cdef bint named = hash_names is not None
-    cdef Py_ssize_t num_names = len(names) if named else 0
-    cdef Py_ssize_t num_gnames = len(gnames) if named else 0
-    _pool_arrays(pool, &a)
-    # victims come in runs of one owner: each run is counted here and added to
-    # num_by_owner when it ends (the dict's order is still each owner's first victim)
-    try:
-        for i in range(num):
-            v = victims[i]
-            if i >= num_valid or not 0 < v < nb:
-                return i
-            k = a.key[v]
-            if k == NO_KEY or a.ref[v] != 0:
-                return i
-            og = a.owner[v]
-            h = k & HASH_MASK_C
-            if named:
-                if (k >= OUT_BIT or h < num_names) and 0 <= og < num_gnames:
-                    hash_names.append(names[h] if k < OUT_BIT else "")
-                    owners.append(gnames[og])
-                else:       # outside the lists: Python's indexing (the fast one is unchecked)
-                    hash_names.append((<object>names)[h] if k < OUT_BIT else "")
-                    owners.append((<object>gnames)[og])
-            if k < OUT_BIT and a.slot_ns[h] == (k >> 32) and a.slot_blk[h] == v \
-                    and (not more or k not in more):
-                a.slot_blk[h] = -1
-                a.slot_lost[h] = 1
-            else:
-                index_drop(k, v)
-                _pool_arrays(pool, &a)
-            a.key[v] = NO_KEY
-            a.owner[v] = -1
-            if run_n and og != run_og:
-                num_by_owner[run_og] = num_by_owner.get(run_og, 0) + run_n
-                run_n = 0
-            run_og = og
-            run_n += 1
-        return num
-    finally:
-        if run_n:
-            num_by_owner[run_og] = num_by_owner.get(run_og, 0) + run_n
-
-
 cpdef list pool_new_blocks(eng, r, Py_ssize_t num_new):
     """ReplayEngine.get_new_blocks for a policy without reclaim_first/on_allocated hooks
     that evicts in batches: truly free blocks from the front of the queue, then the
@@ -583,7 +405,7 @@ cpdef list pool_new_blocks(eng, r, Py_ssize_t num_new):
             eng.evicted_batch(r, victims, decisions, num_evict)
         new += victims
     cdef int g = r.gid
-    pool_pinned(eng, new, g)
+    pin_allocated(eng, new, g)
     eng.occ_add(g, num_new)
     return new
 
@@ -601,7 +423,7 @@ cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
     cdef dict num_by_owner = {}
     names = eng.hashes.names
     gnames = eng.group_names
-    cdef Py_ssize_t stop = pool_evicted(eng, victims, num_valid, None, None, names, gnames,
+    cdef Py_ssize_t stop = drop_evicted(eng, victims, num_valid, None, None, names, gnames,
                                         num_by_owner)
     row = eng.evict_matrix[r.gid]
     for og, num in num_by_owner.items():
@@ -625,53 +447,6 @@ cdef long long OUT_BIT = 1LL << 62
 KEY_SHIFT = 32
 OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
-
-
-def pool_pinned(pool, list new, int g):
-    """ReplayEngine.get_new_blocks's loop over the blocks it hands out: each is pinned
-    by the request and owned by its group g."""
-    cdef int *ref = ints(pool.ref)
-    cdef int *owner = ints(pool.owner)
-    cdef Py_ssize_t n = len(pool.ref), b
-    for b in new:
-        if not 0 <= b < n:
-            raise IndexError(f"block {b} is outside the pool")
-        ref[b] = 1
-        owner[b] = g
-
-
-def pool_touch(pool, list hits, queues, on_touch):
-    """ReplayEngine.touch for a policy without an on_hit hook: each hit gains a
-    reference, and one that was a candidate leaves the policy's queue (unlinked here
-    from ``queues`` when on_touch does only that, else through on_touch)."""
-    cdef int *ref = ints(pool.ref)
-    cdef int *nxt = NULL
-    cdef int *prv = NULL
-    cdef int *where = NULL
-    cdef list sizes
-    cdef int b, p, n, q
-    cdef bint inline = queues is not None
-    if inline:
-        nxt = ints(queues.next)
-        prv = ints(queues.prev)
-        where = ints(queues.where)
-        sizes = queues.sizes
-    for b in hits:
-        if ref[b] == 0:
-            if inline and where[b] >= 0:
-                q = where[b]
-                p = prv[b]
-                n = nxt[b]
-                nxt[p] = n
-                prv[n] = p
-                where[b] = -1
-                sizes[q] -= 1
-            else:
-                on_touch(b)
-                ref = ints(pool.ref)
-                if inline:
-                    nxt, prv, where = ints(queues.next), ints(queues.prev), ints(queues.where)
-        ref[b] += 1
 
 
 # -- the step scheduler (psgate/engines/sched.py) --------------------------------------
@@ -740,34 +515,13 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
         new = pool_new_blocks(eng, r, num_new)
         blocks.extend(new)
     cdef list cached_now = []
-    cdef long long recompute = 0, k, index
-    cdef Py_ssize_t pos, start, stop, num_prompt
+    cdef long long recompute = 0, index
     cdef long long num_cached = r.num_cached_blocks
-    cdef long long *key
     cdef list evb
     if num_full > num_cached:
         preq.num_new_full_blocks = num_full - num_cached
-        on_cached = eng.on_cached_fn
-        evb = r.chain           # the prompt's trace hashes, then its answer's
-        num_prompt = len(evb)
-        start = num_cached
-        if start < num_prompt:
-            stop = num_full if num_full < num_prompt else num_prompt
-            recompute = pool_cache(eng, blocks, evb, start, stop, r.ns, bs, cached_now,
-                                   on_cached, preq)
-            start = stop
-        if start < num_full:
-            index_add = eng.index_add
-            index = preq.index
-            for pos in range(start, num_full):
-                b = blocks[pos]
-                k = OUT_BIT | (index << 24) | pos          # trace.keys.output_key
-                index_add(k, b)
-                key = llongs(eng.key)
-                key[b] = k
-                cached_now.append((b, k))
-                if on_cached is not None:
-                    on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+        recompute = cache_blocks(eng, blocks, r.chain, num_cached, num_full, r.ns, bs,
+                                 cached_now, eng.on_cached_fn, preq)
         r.num_cached_blocks = num_full
     hook = eng.end_admit_fn
     note = hook(preq, now) if hook is not None else None
@@ -1217,7 +971,7 @@ NS_PER_S = 1_000_000_000
 cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
 
 
-cdef class PrefixShieldView:
+cdef class PrefixShieldView(CachedHook):
     """prefixshield's per-request, per-block and per-victim paths over the policy's own
     state: its arrays are read and written in place, and its queues are SeqHeaps (C
     heaps with SeqQueues' API), so the Python methods and these interleave freely. What
@@ -1883,14 +1637,10 @@ cdef class PrefixShieldView:
         self.owner[b] = -1
         return 0
 
-    def cached(self, int block, req, Py_ssize_t pos, int parent, key=-1):
-        """PrefixShield.on_cached."""
-        self._cached(block, pos, parent, key, req.num_prompt_blocks)
-
-    cdef int _cached(self, int block, Py_ssize_t pos, int parent, object key,
-                     Py_ssize_t num_prompt_blocks) except -1:
-        """cached, with its request's prompt blocks looked up by the caller (pool_cache,
-        once per request). The admission's new blocks are kept here (the policy's
+    cdef int block_cached(self, int block, Py_ssize_t pos, int parent, object key,
+                          Py_ssize_t num_prompt_blocks) except -1:
+        """PrefixShield.on_cached (its ``cached``, CachedHook's), with its request's
+        prompt blocks looked up by the caller (pool_work.cache_blocks, once per batch). The admission's new blocks are kept here (the policy's
         new_blocks and num_new_output, which end_admit reads: the view's own)."""
         if not 0 <= block < self.n or parent >= self.n:
             raise IndexError(f"block {block} (parent {parent}) is outside the pool")

@@ -915,18 +915,19 @@ def test_the_core_refuses_arrays_of_another_item_type():
     items are not the C type a loop expects is refused, not misread."""
     from array import array
     from types import SimpleNamespace
+    from psgate.engines import pool_work
     from psgate.invariants import checker as checker_mod
-    mod = _compiled()
+    _compiled()
     pool = SimpleNamespace(ref=array("i", [1]) * 4, key=array("i", [0]) * 4,
                            owner=array("i", [0]) * 4)
     with pytest.raises(TypeError, match="expected an array of C long longs \\('q'\\), found 'i'"):
-        mod.pool_free(pool, [1])
+        pool_work.release(pool, [1])    # compiled (the core cimports it)
     pool.key = [0] * 4
     with pytest.raises(TypeError):
-        mod.pool_free(pool, [1])
+        pool_work.release(pool, [1])
     pool.key, pool.ref = array("q", [0]) * 4, array("q", [1]) * 4
     with pytest.raises(TypeError, match="expected an array of C ints \\('i'\\), found 'q'"):
-        mod.pool_free(pool, [1])
+        pool_work.release(pool, [1])
     checker = checker_mod.InvariantChecker(4, lambda k: checker_mod.NO_KEY)
     checker.key = array("i", [0]) * 4
     with pytest.raises(TypeError, match="expected an array of C long longs \\('q'\\), found 'i'"):

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 import orjson
 
 from psgate import core
+from psgate.engines import pool_work
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import BlockPool
 from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
@@ -316,21 +317,11 @@ class ReplayEngine(BlockPool):
     def touch(self, r: RequestState, hits: list[int]) -> None:
         """r takes its hits, as vLLM's ``touch``: a candidate leaves the policy's queue,
         every hit block gains a reference."""
-        policy, ref = self.policy, self.ref
-        preq = r.preq
         on_hit = self.on_hit_fn
-        if self.kernels is not None and on_hit is None:
-            self.kernels.pool_touch(self, hits, self.touch_queues, policy.on_touch)
+        if on_hit is not None and self.touch_hits_fn is not None and type(self.ref) is array:
+            self.touch_hits_fn(hits, self.ref, r.preq)
             return
-        if self.touch_hits_fn is not None and type(ref) is array:
-            self.touch_hits_fn(hits, ref, preq)
-            return
-        for pos, b in enumerate(hits):
-            if ref[b] == 0:
-                policy.on_touch(b)
-            ref[b] += 1
-            if on_hit is not None:
-                on_hit(b, preq, pos)
+        pool_work.touch(self, hits, self.touch_queues, self.policy.on_touch, on_hit, r.preq)
 
     def deliver(self, ev) -> None:
         """One trace event to a step engine (its arrivals wait for a scheduler step; a done
@@ -378,14 +369,8 @@ class ReplayEngine(BlockPool):
                     d = policy.select_victim(preq, now)
                     self.evict(d, r)
                     new.append(d.victim)
-        ref, owner = self.ref, self.owner
         g = r.gid
-        if self.kernels is not None and type(ref) is array:
-            self.kernels.pool_pinned(self, new, g)
-        else:
-            for b in new:
-                ref[b] = 1
-                owner[b] = g
+        pool_work.pin_allocated(self, new, g)
         policy.on_allocated(preq, new)
         self.occ_add(g, num_new)
         return new
@@ -435,59 +420,35 @@ class ReplayEngine(BlockPool):
         if self.checks_decisions and decisions:
             self.check_decisions(r, decisions)
         num_valid = self.checker.evicted_many(where, victims)
-        ref, key, owner = self.ref, self.key, self.owner
-        slot_ns, slot_blk, slot_lost, more = self.slot_ns, self.slot_blk, self.slot_lost, self.more
-        index_drop = self.index_drop
-        names, gnames = self.hashes.names, self.group_names
-        nb = self.num_blocks
         rec = self.recorder if decisions is not None else None
         batch_rec = getattr(rec, "eviction_batch", None)
-        if batch_rec is not None:
-            rec = None
-            hash_names: list[str] = []
-            owners: list[str] = []
-        now, preq = self.now, r.preq
+        named = rec is not None
+        hash_names: list[str] | None = [] if named else None
+        owners: list[str] | None = [] if named else None
         row = self.evict_matrix[r.gid]
         num_by_owner: dict[int, int] = {}
-        start = 0
+        if type(victims) is not list:
+            victims = list(victims)
         try:
-            if self.kernels is not None and rec is None and type(victims) is list:
-                start = self.kernels.pool_evicted(self, victims, num_valid,
-                                                  hash_names if batch_rec else None,
-                                                  owners if batch_rec else None, names,
-                                                  gnames, num_by_owner)
-            for i, v in enumerate(victims[start:] if start else victims, start):
-                k = key[v] if 0 < v < nb else NO_KEY
-                if i >= num_valid or k == NO_KEY or ref[v] != 0:
-                    if batch_rec is not None:       # the rows of the victims before it
-                        batch_rec(now, preq, decisions[:i], victims[:i], hash_names, owners)
-                    raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
-                                      f"{v}, which is not an eviction candidate (pinned or "
-                                      f"holding no content)")
-                og = owner[v]
-                if rec is not None:
-                    rec.eviction(now, preq, decisions[i], v,
-                                 names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "", gnames[og])
-                elif batch_rec is not None:
-                    hash_names.append(names[k & HASH_MASK] if k < OUTPUT_KEY_BIT else "")
-                    owners.append(gnames[og])
-                h = k & HASH_MASK                      # _drop_content, inline
-                if (k < OUTPUT_KEY_BIT and slot_ns[h] == k >> KEY_SHIFT and slot_blk[h] == v
-                        and (not more or k not in more)):
-                    slot_blk[h] = -1
-                    slot_lost[h] = 1
-                else:
-                    index_drop(k, v)
-                key[v] = NO_KEY
-                owner[v] = -1
-                num_by_owner[og] = num_by_owner.get(og, 0) + 1
+            stop = pool_work.drop_evicted(self, victims, num_valid, hash_names, owners,
+                                          self.hashes.names, self.group_names, num_by_owner)
         finally:                  # what was evicted counts, even when the run aborts here
             for og, num in num_by_owner.items():
                 self.occ_add(og, -num)
                 row[og] += num
                 self.num_evictions += num
-        if batch_rec is not None:
-            batch_rec(now, preq, decisions, victims, hash_names, owners)
+        now, preq = self.now, r.preq
+        done = stop == len(victims)
+        if batch_rec is not None:       # a stop: the rows of the victims before it
+            batch_rec(now, preq, decisions if done else decisions[:stop],
+                      victims if done else victims[:stop], hash_names, owners)
+        elif rec is not None:
+            for i in range(stop):
+                rec.eviction(now, preq, decisions[i], victims[i], hash_names[i], owners[i])
+        if not done:
+            raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
+                              f"{victims[stop]}, which is not an eviction candidate (pinned "
+                              f"or holding no content)")
         if len(victims) != num_asked:
             raise PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
                               f"{len(victims)} blocks where {num_asked} were asked for")
@@ -580,37 +541,12 @@ class ReplayEngine(BlockPool):
     def free_blocks(self, r: RequestState) -> None:
         """r's blocks go back in vLLM's ``free`` order (block_pool.py:774-803): walked last
         first, uncached ones to the front of the free queue, cached ones to the policy."""
-        if self.kernels is not None and self.on_released_fn is None:
-            uncached, freed, num_by_owner = self.kernels.pool_free(self, r.blocks)
-            self.free.extend(reversed(uncached))
-            for og, num in num_by_owner.items():
-                self.occ_add(og, -num)
-            self.policy.on_free(freed, self.now)
-            return
-        self.free_in_order(reversed(r.blocks))
-
-    def free_in_order(self, blocks) -> None:
-        """Blocks a request lets go of, in vLLM's ``free_blocks`` order (the first is
-        evicted first): unpinned uncached ones to the front of the free queue, unpinned
-        cached ones to the policy."""
-        ref, key, owner = self.ref, self.key, self.owner
-        uncached: list[int] = []
-        freed: list[int] = []
-        for b in blocks:
-            ref[b] -= 1
-            if ref[b] == 0:
-                (uncached if key[b] == NO_KEY else freed).append(b)
+        uncached, freed, num_by_owner = pool_work.release(self, r.blocks)
         self.free.extend(reversed(uncached))        # the front is the end
         if self.on_released_fn is not None:
             self.on_released_fn(uncached)
-        if uncached:
-            num_by_owner: dict[int, int] = {}
-            for b in uncached:
-                og = owner[b]
-                num_by_owner[og] = num_by_owner.get(og, 0) + 1
-                owner[b] = -1
-            for og, num in num_by_owner.items():
-                self.occ_add(og, -num)
+        for og, num in num_by_owner.items():
+            self.occ_add(og, -num)
         self.policy.on_free(freed, self.now)
 
     def finalize(self, r: RequestState) -> None:

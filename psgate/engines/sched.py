@@ -42,6 +42,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable
 
+from psgate.engines import pool_work
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
                                  policy_fault)
@@ -330,27 +331,11 @@ class StepSimEngine(ReplayEngine):
     def lookup(self, r: StepRequest) -> list[int]:
         """``get_computed_blocks``: the longest run of cached blocks, capped at
         ``num_tokens - 1`` tokens (kv_cache_manager.py:295)."""
-        hits: list[int] = []
         num = (r.num_tokens - 1) // self.bs
         evb = r.chain           # past the prompt: a resumed request's own answer
-        ns = r.ns
-        slot_ns, slot_blk = self.slot_ns, self.slot_blk
-        start = 0
-        if self.kernels is not None:
-            hits = self.kernels.pool_lookup(self, evb, ns, num)[0]
-            if len(hits) < min(num, len(evb)):
-                return hits
-            start = len(hits)
-        for pos in range(start, min(num, len(evb))):
-            h = evb[pos]
-            if slot_ns[h] == ns:                  # _first_copy, inline
-                b = slot_blk[h]
-            else:
-                v = self.other.get((ns << KEY_SHIFT) | h)
-                b = v[0] if v else -1
-            if b < 0:
-                return hits
-            hits.append(b)
+        hits = pool_work.lookup(self, evb, r.ns, num)[0]
+        if len(hits) < min(num, len(evb)):
+            return hits
         first = self.first_copy
         for pos in range(len(evb), num):
             b = first(output_key(r.preq.index, pos))
@@ -433,40 +418,9 @@ class StepSimEngine(ReplayEngine):
         recompute = 0
         if num_full > r.num_cached_blocks:
             preq.num_new_full_blocks = num_full - r.num_cached_blocks
-            key = self.key
-            on_cached = self.on_cached_fn
-            evb = r.chain
-            num_chain = len(evb)
-            base = r.ns << KEY_SHIFT
-            ns = r.ns
-            slot_ns, slot_blk, slot_lost = self.slot_ns, self.slot_blk, self.slot_lost
-            index_add = self.index_add
-            start = r.num_cached_blocks
-            if self.kernels is not None and start < num_chain:
-                stop = min(num_full, num_chain)
-                recompute = self.kernels.pool_cache(self, blocks, evb, start, stop, ns, bs,
-                                                    cached_now, on_cached, preq)
-                start = stop
-            for pos in range(start, num_full):
-                b = blocks[pos]
-                if pos < num_chain:
-                    h = evb[pos]
-                    k = base | h
-                    o = slot_ns[h]
-                    if o == ns and slot_blk[h] < 0 and not slot_lost[h]:   # _index_add, inline
-                        slot_blk[h] = b
-                    elif o < 0:
-                        slot_ns[h] = ns
-                        slot_blk[h] = b
-                    elif index_add(k, b):
-                        recompute += bs
-                else:
-                    k = output_key(r.preq.index, pos)
-                    index_add(k, b)
-                key[b] = k
-                cached_now.append((b, k))
-                if on_cached is not None:
-                    on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+            recompute = pool_work.cache_blocks(self, blocks, r.chain, r.num_cached_blocks,
+                                               num_full, r.ns, bs, cached_now,
+                                               self.on_cached_fn, preq)
             r.num_cached_blocks = num_full
         note = self.close_batch(r, recompute)
         self.check_allocation(r, hits, new, cached_now)

@@ -17,6 +17,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 
+from psgate.engines import pool_work
 from psgate.engines.base import (NS_PER_MS, NullRecorder, PolicyFault, ReplayEngine,
                                  RequestState, policy_fault)
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
@@ -148,35 +149,9 @@ class SimEngine(ReplayEngine):
         ev = r.ev
         bs = self.bs
         ns = r.ns
-        ref = self.ref
         max_hits = min((ev.prompt_tokens - 1) // bs, len(ev.blocks))
-        hits: list[int] = []
-        base = ns << KEY_SHIFT
         evb = ev.blocks
-        if len(self.slot_ns) < len(self.hashes.names):
-            self.grow_slots()
-        slot_ns, slot_blk, other = self.slot_ns, self.slot_blk, self.other
-        evictable_hits = 0
-        kernels = self.kernels
-        if kernels is not None:
-            hits, evictable_hits = kernels.pool_lookup(self, evb, ns, max_hits)
-            max_lookup = 0
-        else:
-            max_lookup = max_hits
-        for i in range(max_lookup):
-            h = evb[i]
-            if slot_ns[h] == ns:                  # copies_of(ns, h)[0], inline
-                b = slot_blk[h]
-                if b < 0:
-                    break
-            else:
-                v = other.get(base | h)
-                if v is None:
-                    break
-                b = v[0]
-            hits.append(b)
-            if ref[b] == 0:
-                evictable_hits += 1
+        hits, evictable_hits = pool_work.lookup(self, evb, ns, max_hits)
         num_hits = len(hits)
         num_new = r.num_total - num_hits
         preq = r.preq
@@ -192,37 +167,14 @@ class SimEngine(ReplayEngine):
         policy = self.policy
         policy.on_admit(preq, now)
         self.touch(r, hits)
+        kernels = self.kernels
         new = (self.get_new_blocks(r, num_new) if kernels is None
                else kernels.pool_new_blocks(self, r, num_new))
         blocks = hits + new
         r.blocks = blocks
-        key = self.key
         cached_now: list[tuple[int, int]] = []
-        recompute = 0
-        slot_lost = self.slot_lost
-        index_add = self.index_add
-        on_cached = self.on_cached_fn
-        start = num_hits
-        if kernels is not None:
-            recompute = kernels.pool_cache(self, blocks, evb, num_hits, num_full, ns, bs,
-                                           cached_now, on_cached, preq)
-            start = num_full
-        for pos in range(start, num_full):
-            b = blocks[pos]
-            h = evb[pos]
-            k = base | h
-            key[b] = k
-            o = slot_ns[h]
-            if o == ns and slot_blk[h] < 0 and not slot_lost[h]:    # _index_add, inline
-                slot_blk[h] = b
-            elif o < 0:
-                slot_ns[h] = ns
-                slot_blk[h] = b
-            elif index_add(k, b):
-                recompute += bs
-            cached_now.append((b, k))
-            if on_cached is not None:
-                on_cached(b, preq, pos, blocks[pos - 1] if pos else -1, k)
+        recompute = pool_work.cache_blocks(self, blocks, evb, num_hits, num_full, ns, bs,
+                                           cached_now, self.on_cached_fn, preq)
         note = policy.end_admit(preq, now)
         self.admitted(r, hits, new, cached_now, max_hits, recompute, note)
         return "ok"
