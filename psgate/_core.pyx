@@ -24,9 +24,8 @@ from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
-from psgate.invariants.checker cimport (InvariantChecker, cache_keys, evict_run, pin_hits,
-                                       pin_new)
-from psgate.engines.pool_work cimport CachedHook, cache_blocks, drop_evicted, pin_allocated
+from psgate.invariants.checker cimport InvariantChecker, cache_keys, pin_hits, pin_new
+from psgate.engines.pool_work cimport CachedHook, cache_blocks
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
@@ -379,69 +378,6 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
 
 # -- the block pool (psgate/engines/pool.py, base.py, sim.py, sched.py) ----------------
 
-cpdef list pool_new_blocks(eng, r, Py_ssize_t num_new):
-    """ReplayEngine.get_new_blocks for a policy without reclaim_first/on_allocated hooks
-    that evicts in batches: truly free blocks from the front of the queue, then the
-    policy's victims (checked, and their content dropped, here when no ledger records
-    them), each pinned by r and charged to its group. Anything else, get_new_blocks."""
-    free = eng.free
-    if not (eng.plain_allocation and eng.batch_evictions and type(free) is carray.array
-            and free.typecode == "i"):
-        return eng.get_new_blocks(r, num_new)
-    cdef carray.array fa = free
-    cdef int *fv = fa.data.as_ints
-    cdef Py_ssize_t num_free = len(free), take = num_new if num_new < num_free else num_free
-    cdef Py_ssize_t i, num_evict = num_new - take
-    cdef list new = [fv[num_free - 1 - i] for i in range(take)]    # the front is the end
-    if take:
-        del free[num_free - take:]
-    if num_evict:
-        preq = r.preq
-        decisions = [] if eng.records else None
-        victims = eng.policy.evict_batch(preq, eng.now, num_evict, decisions)
-        if decisions is None and type(victims) is list:
-            _evicted_batch(eng, r, victims, num_evict)
-        else:
-            eng.evicted_batch(r, victims, decisions, num_evict)
-        new += victims
-    cdef int g = r.gid
-    pin_allocated(eng, new, g)
-    eng.occ_add(g, num_new)
-    return new
-
-
-cdef int _evicted_batch(eng, r, list victims, Py_ssize_t num_asked) except -1:
-    """ReplayEngine.evicted_batch with no ledger: the checker's evicted_many, then each
-    victim's content dropped and counted. A victim that was no candidate is the Python
-    form's PolicyFault, with what was evicted before it counted."""
-    cdef InvariantChecker checker = eng.checker
-    num_ok, start = evict_run(checker, victims, 0)
-    checker.verdicts["no_pinned_eviction"].checks += num_ok
-    cdef Py_ssize_t num_valid = num_ok
-    if start < len(victims):        # the rest in the Python form (it records a violation)
-        num_valid += checker.evicted_many(eng.where_fn(r), victims[start:])
-    cdef dict num_by_owner = {}
-    names = eng.hashes.names
-    gnames = eng.group_names
-    cdef Py_ssize_t stop = drop_evicted(eng, victims, num_valid, None, None, names, gnames,
-                                        num_by_owner)
-    row = eng.evict_matrix[r.gid]
-    for og, num in num_by_owner.items():
-        eng.occ_add(og, -num)
-        row[og] += num
-        eng.num_evictions += num
-    if stop < len(victims):
-        from psgate.engines.base import PolicyFault
-        raise PolicyFault(f"{eng.where(r)}: policy '{eng.policy.name}' chose block "
-                          f"{victims[stop]}, which is not an eviction candidate "
-                          f"(pinned or holding no content)")
-    if len(victims) != num_asked:
-        from psgate.engines.base import PolicyFault
-        raise PolicyFault(f"{eng.where(r)}: policy '{eng.policy.name}' evicted "
-                          f"{len(victims)} blocks where {num_asked} were asked for")
-    return 0
-
-
 # The key layout these loops assume (psgate/trace/keys.py); psgate.core checks it.
 cdef long long OUT_BIT = 1LL << 62
 KEY_SHIFT = 32
@@ -512,7 +448,7 @@ def step_allocate(eng, r, long long num_new_tokens, list hits):
         r.num_cached_blocks = num_hits
     cdef list new = []
     if num_new:
-        new = pool_new_blocks(eng, r, num_new)
+        new = eng.get_new_blocks(r, num_new)
         blocks.extend(new)
     cdef list cached_now = []
     cdef long long recompute = 0, index

@@ -175,12 +175,9 @@ class ReplayEngine(BlockPool):
         self.on_admit_fn = None if cls.on_admit is EvictionPolicy.on_admit else policy.on_admit
         self.end_admit_fn = (None if cls.end_admit is EvictionPolicy.end_admit
                              else policy.end_admit)
-        # get_new_blocks without a policy's reclaim_first/on_allocated: the compiled
-        # core's pool_new_blocks may take it whole.
+        # get_new_blocks without a policy's reclaim_first/on_allocated: neither is called.
         self.plain_allocation = (cls.reclaim_first is EvictionPolicy.reclaim_first
-                                 and cls.on_allocated is EvictionPolicy.on_allocated
-                                 and type(self).get_new_blocks is ReplayEngine.get_new_blocks
-                                 and type(self).evicted_batch is ReplayEngine.evicted_batch)
+                                 and cls.on_allocated is EvictionPolicy.on_allocated)
         # A recorder that reads the pool at each eviction (``sequential``) needs it as it
         # was just before that one: one select_victim/on_evict at a time then.
         self.batch_evictions = (cls.batches_evictions()
@@ -341,20 +338,14 @@ class ReplayEngine(BlockPool):
         each is pinned by r and charged to its group."""
         policy = self.policy
         preq = r.preq
-        free = self.free
-        reclaim = policy.reclaim_first(preq, num_new)
+        plain = self.plain_allocation
+        reclaim = 0 if plain else policy.reclaim_first(preq, num_new)
         if type(reclaim) is not int or not 0 <= reclaim <= num_new:
             raise PolicyFault(f"{self.where_fn(r)()}: policy '{policy.name}' asked "
                               f"reclaim_first={reclaim!r:.40} for a batch of {num_new} "
                               f"blocks, expected 0..{num_new}")
-        take = min(num_new - reclaim, len(free))
-        if take:                                  # the front of the stack is its end
-            new = free[-take:].tolist()
-            new.reverse()
-            del free[-take:]
-        else:
-            new = []
-        num_evict = num_new - take
+        new = pool_work.take_free(self, num_new - reclaim)
+        num_evict = num_new - len(new)
         if num_evict:
             now = self.now
             if self.batch_evictions:
@@ -371,7 +362,8 @@ class ReplayEngine(BlockPool):
                     new.append(d.victim)
         g = r.gid
         pool_work.pin_allocated(self, new, g)
-        policy.on_allocated(preq, new)
+        if not plain:
+            policy.on_allocated(preq, new)
         self.occ_add(g, num_new)
         return new
 

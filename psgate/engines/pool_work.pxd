@@ -13,6 +13,7 @@ cpdef long long cache_blocks(pool, list blocks, list evb, Py_ssize_t start, Py_s
                              int ns, long long block_size, list cached_now, on_cached,
                              preq) except? -1
 cpdef void touch(pool, list hits, queues, on_touch, on_hit, preq) except *
+cpdef list take_free(pool, Py_ssize_t num)
 cpdef void pin_allocated(pool, list new, int g) except *
 cpdef tuple release(pool, list blocks)
 cpdef Py_ssize_t drop_evicted(pool, list victims, Py_ssize_t num_valid, hash_names, owners,

@@ -7,6 +7,7 @@
                              and is given to the policy's on_cached; -> tokens recomputed
     touch(hits):             each hit gains a reference; one that was a candidate leaves
                              the policy's queue (vLLM's touch)
+    take_free(num):          up to num truly free blocks, from the free queue's front
     pin_allocated(new, g):   each new block pinned by its request, owned by group g
     release(blocks):         last first, each loses a reference; unpinned ones are
                              (uncached -> free queue, cached -> the policy)
@@ -210,6 +211,21 @@ def touch(pool, hits: list, queues, on_touch, on_hit, preq) -> cython.void:
             ref = ints(pool.ref)
             if linked:
                 nxt, prv, where = ints(queues.next), ints(queues.prev), ints(queues.where)
+
+
+def take_free(pool, num: cython.Py_ssize_t) -> list:
+    """Up to ``num`` truly free blocks from the front of the free queue (the end of
+    ``pool.free``, a stack), front first: vLLM's ``popleft_n``."""
+    free = pool.free
+    fv: cython.p_int = ints(free)
+    num_free: cython.Py_ssize_t = len(free)
+    take: cython.Py_ssize_t = num if num < num_free else num_free
+    i: cython.Py_ssize_t
+    if take <= 0:
+        return []
+    new: list = [fv[num_free - 1 - i] for i in range(take)]
+    del free[num_free - take:]
+    return new
 
 
 def pin_allocated(pool, new: list, g: cython.int) -> cython.void:

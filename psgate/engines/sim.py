@@ -167,9 +167,7 @@ class SimEngine(ReplayEngine):
         policy = self.policy
         policy.on_admit(preq, now)
         self.touch(r, hits)
-        kernels = self.kernels
-        new = (self.get_new_blocks(r, num_new) if kernels is None
-               else kernels.pool_new_blocks(self, r, num_new))
+        new = self.get_new_blocks(r, num_new)
         blocks = hits + new
         r.blocks = blocks
         cached_now: list[tuple[int, int]] = []
