@@ -376,8 +376,6 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
     return seq
 
 
-# -- the block pool (psgate/engines/pool.py, base.py, sim.py, sched.py) ----------------
-
 # The key layout these loops assume (psgate/trace/keys.py); psgate.core checks it.
 cdef long long OUT_BIT = 1LL << 62
 KEY_SHIFT = 32
@@ -385,110 +383,7 @@ OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
 
 
-# -- the step scheduler (psgate/engines/sched.py) --------------------------------------
-
-# The request states of psgate/engines/sched.py (WAITING, RUNNING, PREEMPTED).
-STEP_STATES = (1, 2, 3)
-cdef int S_RUNNING = 2, S_PREEMPTED = 3
-
-
-def step_allocate(eng, r, long long num_new_tokens, list hits):
-    """StepSimEngine.allocate_slots: ``allocate_slots`` for ``num_new_tokens`` more tokens
-    (``hits`` for a request being scheduled from the waiting queue), the blocks they fill
-    cached, the batch's invariant checks and ledger row; the policy's hooks are called
-    as the Python form calls them. False, with nothing changed, when the blocks are not
-    there."""
-    cdef long long bs = eng.bs
-    cdef list blocks = r.blocks
-    cdef long long num_computed = r.num_computed, num_tokens = r.num_tokens
-    cdef long long need_slot, num_new, num_full, num_free, watermark = 0
-    cdef Py_ssize_t num_hits = 0, evictable = 0, num_held, b
-    cdef int status = r.status
-    cdef int *ref
-    if hits is None:        # running: most steps are a decode that needs nothing new
-        need_slot = num_computed + num_new_tokens
-        if ((need_slot + bs - 1) // bs <= len(blocks)
-                and (need_slot if need_slot < num_tokens else num_tokens) // bs
-                <= r.num_cached_blocks):
-            return True
-    else:
-        num_hits = len(hits)
-        ref = ints(eng.ref)
-        for b in hits:
-            if ref[b] == 0:
-                evictable += 1
-    policy = eng.policy
-    free = eng.free
-    num_free = len(free) + <Py_ssize_t>policy.num_candidates
-    if status != S_RUNNING and eng.running:
-        watermark = eng.watermark_blocks
-    num_held = len(blocks) + num_hits
-    if status != S_RUNNING:          # the whole sequence must fit (scheduler_reserve_full_isl)
-        num_new = (num_tokens + bs - 1) // bs - num_held
-        if (num_new if num_new > 0 else 0) + evictable + watermark > num_free:
-            return False
-    need_slot = num_computed + num_hits * bs + num_new_tokens
-    num_new = (need_slot + bs - 1) // bs - num_held
-    if num_new < 0:
-        num_new = 0
-    if num_new + evictable + watermark > num_free:
-        return False
-    num_full = (need_slot if need_slot < num_tokens else num_tokens) // bs
-    if not (num_hits or num_new or num_full > r.num_cached_blocks):
-        return True         # nothing to take, allocate or cache: no batch at all
-    now = eng.now
-    preq = r.preq
-    preq.num_new_full_blocks = 0
-    hook = eng.on_admit_fn
-    if hook is not None:
-        hook(preq, now)
-    if num_hits:
-        eng.touch(r, hits)
-        blocks.extend(hits)
-        r.num_cached_blocks = num_hits
-    cdef list new = []
-    if num_new:
-        new = eng.get_new_blocks(r, num_new)
-        blocks.extend(new)
-    cdef list cached_now = []
-    cdef long long recompute = 0, index
-    cdef long long num_cached = r.num_cached_blocks
-    cdef list evb
-    if num_full > num_cached:
-        preq.num_new_full_blocks = num_full - num_cached
-        recompute = cache_blocks(eng, blocks, r.chain, num_cached, num_full, r.ns, bs,
-                                 cached_now, eng.on_cached_fn, preq)
-        r.num_cached_blocks = num_full
-    hook = eng.end_admit_fn
-    note = hook(preq, now) if hook is not None else None
-    if status == S_PREEMPTED:
-        # A resumed request's lookup: the ledger marks it, as a request's first row
-        # needs no mark, so that explain knows its hits are a new lookup.
-        note = {**(note or {}), "resumed": True}
-    if recompute and not r.started:
-        r.outcome.recompute_tokens += recompute
-    cdef list keys = []
-    cdef long long base
-    if num_hits:            # the content each hit must hold: its trace block, then output
-        evb = r.chain
-        base = (<long long>r.ns) << 32
-        index = preq.index
-        for pos in range(num_hits):
-            keys.append(base | <long long>evb[pos] if pos < len(evb)
-                        else OUT_BIT | (index << 24) | pos)
-    else:
-        hits = keys
-    if not batch_checked(eng, keys, hits, (num_tokens - 1) // bs, new, cached_now):
-        eng.check_allocation(r, hits, new, cached_now)   # the hard checks and the auditors
-    elif eng.auditors:
-        eng.audit_batch(r, cached_now, preq.num_new_full_blocks)
-    if eng.records:
-        eng.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
-                               note)
-    if num_hits and eng.records_hits:
-        eng.record_hits(r, hits)
-    return True
-
+# -- an allocation batch's checks (psgate/engines/base.py) -------------------------------
 
 cdef int _unpin(object ref_array, list blocks) except -1:
     """Each block one reference less (undoing pin_hits or pin_new)."""

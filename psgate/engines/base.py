@@ -533,7 +533,13 @@ class ReplayEngine(BlockPool):
     def free_blocks(self, r: RequestState) -> None:
         """r's blocks go back in vLLM's ``free`` order (block_pool.py:774-803): walked last
         first, uncached ones to the front of the free queue, cached ones to the policy."""
-        uncached, freed, num_by_owner = pool_work.release(self, r.blocks)
+        self.free_in_order(r.blocks[::-1])
+
+    def free_in_order(self, blocks: list[int]) -> None:
+        """Blocks a request lets go of, in vLLM's ``free_blocks`` order (the first is
+        evicted first): unpinned uncached ones to the front of the free queue, unpinned
+        cached ones to the policy."""
+        uncached, freed, num_by_owner = pool_work.release(self, blocks)
         self.free.extend(reversed(uncached))        # the front is the end
         if self.on_released_fn is not None:
             self.on_released_fn(uncached)

@@ -275,7 +275,7 @@ class HybridStepEngine(StepSimEngine):
             blocks = [b for b in lane.blocks if b]
             if blocks:
                 held = True
-                self.free_in_order(reversed(blocks))
+                self.free_in_order(blocks[::-1])
                 self.checker.released(where, blocks)
             lane.blocks = []
             lane.num_cached_blocks = 0

@@ -9,8 +9,8 @@
                              the policy's queue (vLLM's touch)
     take_free(num):          up to num truly free blocks, from the free queue's front
     pin_allocated(new, g):   each new block pinned by its request, owned by group g
-    release(blocks):         last first, each loses a reference; unpinned ones are
-                             (uncached -> free queue, cached -> the policy)
+    release(blocks):         in vLLM's free order, each loses a reference; unpinned
+                             ones are (uncached -> free queue, cached -> the policy)
     drop_evicted(victims):   each victim's content dropped from the index, counted per
                              owner; stops at the first one that is no candidate
 
@@ -245,9 +245,10 @@ def pin_allocated(pool, new: list, g: cython.int) -> cython.void:
 
 
 def release(pool, blocks: list) -> tuple:
-    """vLLM's ``free_blocks`` walk over a request's ``blocks``, last first: each loses a
-    reference; those left with none are (uncached, cached) in walk order. The uncached
-    are no longer charged to anyone: returns them with {owner group: how many}."""
+    """vLLM's ``free_blocks`` walk over ``blocks`` in the order given (a request's own
+    blocks last first): each loses a reference; those left with none are (uncached,
+    cached) in walk order. The uncached are no longer charged to anyone: returns them
+    with {owner group: how many}."""
     no_key: cython.longlong = NO_KEY
     ref: cython.p_int = ints(pool.ref)
     key: cython.p_longlong = llongs(pool.key)
@@ -259,7 +260,7 @@ def release(pool, blocks: list) -> tuple:
     i: cython.Py_ssize_t
     b: cython.int
     og: cython.int
-    for i in range(len(blocks) - 1, -1, -1):
+    for i in range(len(blocks)):
         b = blocks[i]
         if not 0 <= b < num_blocks:
             raise IndexError(f"block {b} is outside the pool of {num_blocks}")

@@ -47,13 +47,13 @@ from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, Ru
 from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
                                  policy_fault)
 from psgate.engines.step_cost import SchedulerParams, StepCostModel
-from psgate.engines.step_work import (StepTally, computed_until, recomputed_tokens,
+from psgate.engines.step_work import (PREEMPTED, RUNNING, WAITING, StepTally,
+                                      allocate_slots, computed_until, recomputed_tokens,
                                       schedule_running)
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
 
-WAITING, RUNNING, PREEMPTED = 1, 2, 3
 
 
 class StepRequest(RequestState):
@@ -197,11 +197,11 @@ class StepSimEngine(ReplayEngine):
         self.finalize(r)
 
     def allocator(self):
-        """``allocate_slots`` as the replay calls it: compiled where the core is bound
-        (``psgate._core.step_allocate`` over this engine), else the method."""
-        if self.kernels is None:
+        """``allocate_slots`` as the replay calls it: ``step_work.allocate_slots`` over
+        this engine (a C call from the compiled step pass), or a subclass's own method."""
+        if type(self).allocate_slots is not StepSimEngine.allocate_slots:
             return self.allocate_slots
-        return functools.partial(self.kernels.step_allocate, self)
+        return functools.partial(allocate_slots, self)
 
     # -- one step -----------------------------------------------------------------
     def _step(self) -> bool:
@@ -372,64 +372,8 @@ class StepSimEngine(ReplayEngine):
     def allocate_slots(self, r: StepRequest, num_new_tokens: int, hits: list[int] | None) -> bool:
         """``allocate_slots`` for ``num_new_tokens`` more tokens (``hits`` for a request
         being scheduled from the waiting queue); False, with nothing changed, when the
-        blocks are not there."""
-        bs = self.bs
-        blocks = r.blocks
-        if hits is None:        # running: most steps are a decode that needs nothing new
-            need_slot = r.num_computed + num_new_tokens
-            if (-(-need_slot // bs) <= len(blocks)
-                    and min(need_slot, r.num_tokens) // bs <= r.num_cached_blocks):
-                return True
-            hits = []
-        ref = self.ref
-        policy = self.policy
-        num_hits = len(hits)
-        evictable = 0
-        for b in hits:
-            if ref[b] == 0:
-                evictable += 1
-        num_free = len(self.free) + policy.num_candidates
-        watermark = self.watermark_blocks if (r.status != RUNNING and self.running) else 0
-        num_held = len(blocks) + num_hits
-        if r.status != RUNNING:          # the whole sequence must fit (scheduler_reserve_full_isl)
-            if max(-(-r.num_tokens // bs) - num_held, 0) + evictable + watermark > num_free:
-                return False
-        total_computed = r.num_computed + num_hits * bs
-        need_slot = total_computed + num_new_tokens
-        num_new = max(-(-need_slot // bs) - num_held, 0)
-        if num_new + evictable + watermark > num_free:
-            return False
-
-        num_full = min(need_slot, r.num_tokens) // bs
-        if not (hits or num_new or num_full > r.num_cached_blocks):
-            return True         # nothing to take, allocate or cache: no batch at all
-        now = self.now
-        preq = r.preq
-        self.open_batch(preq)
-        if hits:
-            self.touch(r, hits)
-            blocks.extend(hits)
-            r.num_cached_blocks = num_hits
-        new: list[int] = []
-        if num_new:
-            new = self.get_new_blocks(r, num_new)
-            blocks.extend(new)
-        cached_now: list[tuple[int, int]] = []
-        recompute = 0
-        if num_full > r.num_cached_blocks:
-            preq.num_new_full_blocks = num_full - r.num_cached_blocks
-            recompute = pool_work.cache_blocks(self, blocks, r.chain, r.num_cached_blocks,
-                                               num_full, r.ns, bs, cached_now,
-                                               self.on_cached_fn, preq)
-            r.num_cached_blocks = num_full
-        note = self.close_batch(r, recompute)
-        self.check_allocation(r, hits, new, cached_now)
-        if self.records:
-            self.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks,
-                                    note)
-        if hits and self.records_hits:
-            self.record_hits(r, hits)
-        return True
+        blocks are not there (``step_work.allocate_slots``)."""
+        return allocate_slots(self, r, num_new_tokens, hits)
 
     def open_batch(self, preq) -> None:
         """An allocation batch begins: nothing cached by it yet; the policy's on_admit."""

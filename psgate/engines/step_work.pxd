@@ -1,5 +1,8 @@
 # C declarations for step_work.py (Cython's pure-Python mode): the tally's fields and its
-# add, which the compiled core calls as a C method.
+# add, and the types of the step's loops.
+
+from psgate.engines.pool_work cimport cache_blocks
+from psgate.flat cimport ints
 
 cdef class StepTally:
     cdef public long long num_prefill_tokens
@@ -12,6 +15,7 @@ cdef class StepTally:
 
 cpdef long long recomputed_tokens(long long num_lost, long long num_hit)
 
+cpdef bint allocate_slots(eng, r, long long num_new_tokens, hits) except -1
 cpdef Py_ssize_t computed_until(list scheduled, list num_new, Py_ssize_t i) except -1
 cpdef tuple schedule_running(eng, allocate, list running, long long budget, long long thr,
                              bint fast, list scheduled, list num_new, StepTally work)

@@ -11,8 +11,9 @@ engine that models or observes steps.
 The step scheduler (``sched.py``), vllm-sched (from vLLM's own ``SchedulerOutput``) and
 the real-engine observer (around vLLM's ``schedule()``) all tally through
 :class:`StepTally`, so the cost model's inputs cannot drift between them. The step
-scheduler's two per-step loops live here too: its pass over the running requests
-(:func:`schedule_running`) and update_from_output's common case (:func:`computed_until`).
+scheduler's per-step work lives here too: its pass over the running requests
+(:func:`schedule_running`), vLLM's ``allocate_slots`` for one request
+(:func:`allocate_slots`) and update_from_output's common case (:func:`computed_until`).
 This module is written in Cython's pure-Python mode: ``pip install`` compiles it
 (``step_work.pxd`` declares the C fields and signatures), and without a compiler it runs
 as plain Python.
@@ -24,6 +25,15 @@ except ImportError:
     from psgate import cython_shadow as cython
 
 from psgate.engines.step_cost import StepWork
+
+if not cython.compiled:     # compiled, step_work.pxd cimports them
+    from psgate.engines.pool_work import cache_blocks
+    from psgate.flat import ints
+
+# A step request's states (vLLM's RequestStatus, as far as the scheduler tells them apart).
+WAITING = 1
+RUNNING = 2
+PREEMPTED = 3
 
 
 @cython.cclass
@@ -135,3 +145,85 @@ def schedule_running(eng, allocate, running: list, budget: cython.longlong,
         i += 1
         work.add(n, before, r.num_tokens, r.num_output)
     return budget, preempted
+
+
+def allocate_slots(eng, r, num_new_tokens: cython.longlong, hits) -> cython.bint:
+    """vLLM's ``KVCacheManager.allocate_slots`` for ``num_new_tokens`` more tokens of the
+    step engine ``eng``'s request ``r``; ``hits`` is the lookup of a request scheduled from
+    the waiting queue, None for a running one. False, with nothing changed, when the
+    blocks are not there. Otherwise one allocation batch: the hits taken, the new blocks
+    allocated (evicting), the blocks filled now cached, the batch checked and recorded.
+
+        a waiting or preempted request: its whole sequence must fit beside the hits'
+            candidates and the watermark (scheduler_reserve_full_isl)
+        num_new = blocks for computed + hits + new tokens, less the blocks held
+        num_new + hits that are candidates + watermark must fit in free + candidates
+    """
+    running: cython.int = RUNNING
+    bs: cython.longlong = eng.bs
+    blocks: list = r.blocks
+    num_computed: cython.longlong = r.num_computed
+    num_tokens: cython.longlong = r.num_tokens
+    status: cython.int = r.status
+    need_slot: cython.longlong
+    if hits is None:        # running: most steps are a decode that needs nothing new
+        need_slot = num_computed + num_new_tokens
+        if ((need_slot + bs - 1) // bs <= len(blocks)
+                and min(need_slot, num_tokens) // bs <= r.num_cached_blocks):
+            return True
+        hits = []
+    num_hits: cython.Py_ssize_t = len(hits)
+    num_blocks: cython.Py_ssize_t = len(eng.ref)
+    ref: cython.p_int = ints(eng.ref)
+    evictable: cython.longlong = 0
+    i: cython.Py_ssize_t
+    b: cython.Py_ssize_t
+    for i in range(num_hits):
+        b = hits[i]
+        if not 0 <= b < num_blocks:
+            raise IndexError(f"hit block {b} is outside the pool of {num_blocks}")
+        if ref[b] == 0:
+            evictable += 1
+    num_free: cython.longlong = len(eng.free) + eng.policy.num_candidates
+    watermark: cython.longlong = 0
+    if status != running and eng.running:
+        watermark = eng.watermark_blocks
+    num_held: cython.longlong = len(blocks) + num_hits
+    num_new: cython.longlong
+    if status != running:
+        num_new = (num_tokens + bs - 1) // bs - num_held
+        if max(num_new, 0) + evictable + watermark > num_free:
+            return False
+    need_slot = num_computed + num_hits * bs + num_new_tokens
+    num_new = max((need_slot + bs - 1) // bs - num_held, 0)
+    if num_new + evictable + watermark > num_free:
+        return False
+    num_full: cython.longlong = min(need_slot, num_tokens) // bs
+    if not (num_hits or num_new or num_full > r.num_cached_blocks):
+        return True         # nothing to take, allocate or cache: no batch at all
+    now = eng.now
+    preq = r.preq
+    eng.open_batch(preq)
+    if num_hits:
+        eng.touch(r, hits)
+        blocks.extend(hits)
+        r.num_cached_blocks = num_hits
+    new: list = []
+    if num_new:
+        new = eng.get_new_blocks(r, num_new)
+        blocks.extend(new)
+    cached_now: list = []
+    recompute: cython.longlong = 0
+    num_cached: cython.longlong = r.num_cached_blocks
+    if num_full > num_cached:
+        preq.num_new_full_blocks = num_full - num_cached
+        recompute = cache_blocks(eng, blocks, r.chain, num_cached, num_full, r.ns, bs,
+                                 cached_now, eng.on_cached_fn, preq)
+        r.num_cached_blocks = num_full
+    note = eng.close_batch(r, recompute)
+    eng.check_allocation(r, hits, new, cached_now)
+    if eng.records:
+        eng.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks, note)
+    if num_hits and eng.records_hits:
+        eng.record_hits(r, hits)
+    return True
