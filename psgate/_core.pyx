@@ -24,7 +24,6 @@ from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
-from psgate.invariants.checker cimport InvariantChecker, cache_keys, pin_hits, pin_new
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
 
 cdef extern from "Python.h":
@@ -381,52 +380,6 @@ cdef long long OUT_BIT = 1LL << 62
 KEY_SHIFT = 32
 OUTPUT_KEY_BIT = OUT_BIT
 NO_KEY_VALUE = NO_KEY
-
-
-# -- an allocation batch's checks (psgate/engines/base.py) -------------------------------
-
-cdef int _unpin(object ref_array, list blocks) except -1:
-    """Each block one reference less (undoing pin_hits or pin_new)."""
-    cdef int *ref = ints(ref_array)
-    cdef Py_ssize_t b
-    for b in blocks:
-        ref[b] -= 1
-    return 0
-
-
-def batch_checked(eng, list keys, list hits, Py_ssize_t max_hits, list new, list cached_now):
-    """ReplayEngine.check_batch's hard checks when every one passes: InvariantChecker.admitted
-    and check_accounting over ``keys`` (the content each hit must hold), the hits, the new
-    blocks and the blocks cached now. False, with nothing changed, where any check would
-    fail: the Python form then runs and records it. The policy's auditors (I1, I2) are the
-    caller's, after this."""
-    cdef InvariantChecker checker = eng.checker
-    if checker.paranoid or checker.parent_table is None:
-        return False
-    cdef Py_ssize_t num_hits = len(hits), num_new = len(new), num_unpinned, bad, num_bad
-    cdef Py_ssize_t resident, usable = checker.num_usable
-    if num_hits > max_hits or num_hits > len(keys):
-        return False
-    num_unpinned, bad = pin_hits(checker, keys, hits)
-    num_bad = pin_new(checker, new)[0]
-    resident = checker.num_resident + num_new
-    if (bad >= 0 or num_bad or resident > usable or len(eng.free) != usable - resident
-            or <Py_ssize_t>eng.policy.num_candidates
-            != checker.num_candidates - num_unpinned):
-        _unpin(checker.ref, new)    # undo: the Python form checks it all again
-        _unpin(checker.ref, hits)
-        return False
-    checker.num_candidates -= num_unpinned
-    checker.num_resident = resident
-    verdicts = checker.verdicts
-    verdicts["hits_contiguous_in_namespace"].checks += 1
-    verdicts["capacity_and_accounting"].checks += num_new + 1
-    if cached_now:
-        checker.grow_slots()
-        cache_keys(checker, cached_now)
-    if checker.num_orphans > checker.max_orphans:
-        checker.max_orphans = checker.num_orphans
-    return True
 
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------

@@ -375,18 +375,13 @@ class ReplayEngine(BlockPool):
         hybrid model's batch gives its first KV-cache group as above (with the new blocks)
         and every later group's (keys, hits, cached_now) in ``more_groups``: each group's
         hits are held to its own content, the accounting and the auditors run once."""
-        if more_groups or self.kernels is None or not self.kernels.batch_checked(
-                self, keys, hits, max_hits, new, cached_now):
-            # the Python form: every check again, recording any that fails (the compiled
-            # one passes only batches whose checks all hold, and changes nothing otherwise)
-            where = self.where_fn(r)
-            policy = self.policy
-            self.checker.admitted(where, keys, hits, max_hits, new, cached_now)
-            for group_keys, group_hits, group_cached in more_groups:
-                self.checker.admitted(where, group_keys, group_hits, max_hits, [],
-                                      group_cached)
-            self.checker.check_accounting(where, len(self.free), policy.num_candidates, self,
-                                          policy)
+        where = self.where_fn(r)
+        policy = self.policy
+        checker = self.checker
+        checker.admitted(where, keys, hits, max_hits, new, cached_now)
+        for group_keys, group_hits, group_cached in more_groups:
+            checker.admitted(where, group_keys, group_hits, max_hits, [], group_cached)
+        checker.check_accounting(where, len(self.free), policy.num_candidates, self, policy)
         if self.auditors:
             if more_groups:
                 cached_now = cached_now + [c for _, _, part in more_groups for c in part]

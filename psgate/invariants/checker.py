@@ -23,6 +23,7 @@ try:
 except ImportError:
     from psgate import cython_shadow as cython
 
+import functools
 from array import array
 from dataclasses import dataclass
 
@@ -64,6 +65,25 @@ class Verdict:
 def text_of(where) -> str:
     """Event locations are strings or, on hot paths, callables formatted only on failure."""
     return where() if callable(where) else where
+
+
+def _hits_text(where, hits, max_hits, bad) -> str:
+    if bad < 0:
+        return f"{text_of(where)}: hit {len(hits)} blocks (at most {max_hits} allowed)"
+    return (f"{text_of(where)}: hit position {bad} is block {hits[bad]}, which does not "
+            f"hold this request's block in its namespace")
+
+
+def _new_block_text(where, block, was_pinned) -> str:
+    return (f"{text_of(where)}: block {block} was allocated while "
+            f"{'pinned' if was_pinned else 'holding cached content'}")
+
+
+def _accounting_text(where, resident, num_usable, num_truly_free, num_candidates,
+                     expected_candidates) -> str:
+    return (f"{text_of(where)}: occupancy {resident} of {num_usable} usable; the engine has "
+            f"{num_truly_free} truly free blocks (expected {num_usable - resident}) and the "
+            f"policy {num_candidates} candidates (expected {expected_candidates})")
 
 
 @cython.annotation_typing(False)     # its methods' annotations document, compiled too
@@ -198,17 +218,14 @@ class InvariantChecker:
         v = self.verdicts["hits_contiguous_in_namespace"]
         if bad < 0 and len(hits) <= max_hits:
             v.checks += 1
-        else:
-            v.record(False, lambda: f"{text_of(where)}: hit {len(hits)} blocks (at most "
-                     f"{max_hits} allowed)" if bad < 0 else
-                     f"{text_of(where)}: hit position {bad} is block {hits[bad]}, which does "
-                     f"not hold this request's block in its namespace")
+        else:       # the text is made for a first violation only (no closure per call)
+            v.record(False, functools.partial(_hits_text, where, hits, max_hits, bad))
         num_bad, bad, was_pinned = pin_new(self, new_blocks)
         acc = self.verdicts["capacity_and_accounting"]
         acc.checks += len(new_blocks) - num_bad
         for _ in range(num_bad):
-            acc.record(False, lambda: f"{text_of(where)}: block {new_blocks[bad]} was "
-                       f"allocated while {'pinned' if was_pinned else 'holding cached content'}")
+            acc.record(False, functools.partial(_new_block_text, where, new_blocks[bad],
+                                                was_pinned))
         self.num_resident += len(new_blocks)
         if cached:
             if type(cached) is not list:
@@ -253,12 +270,13 @@ class InvariantChecker:
         """After a mutation: capacity holds and every party counts the same blocks."""
         v = self.verdicts["capacity_and_accounting"]
         resident = self.num_resident
-        ok = (resident <= self.num_usable and num_truly_free == self.num_usable - resident
-              and num_candidates == self.num_candidates)
-        v.record(ok, lambda: f"{text_of(where)}: occupancy {resident} of {self.num_usable} "
-                 f"usable; the engine has {num_truly_free} truly free blocks (expected "
-                 f"{self.num_usable - resident}) and the policy {num_candidates} candidates "
-                 f"(expected {self.num_candidates})")
+        if (resident <= self.num_usable and num_truly_free == self.num_usable - resident
+                and num_candidates == self.num_candidates):
+            v.checks += 1
+        else:
+            v.record(False, functools.partial(_accounting_text, where, resident,
+                                              self.num_usable, num_truly_free,
+                                              num_candidates, self.num_candidates))
         if self.paranoid and engine is not None:
             self._recount(where, engine, policy)
 
