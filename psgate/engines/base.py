@@ -21,6 +21,7 @@ import orjson
 
 from psgate import core
 from psgate.engines import pool_work
+from psgate.engines.pool_work import PolicyFault
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import BlockPool
 from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
@@ -63,10 +64,6 @@ class RequestState:
         self.outcome = outcome
         self.wait_start_ns = -1
         self.chain = ev.chain       # read per allocation: built once
-
-
-class PolicyFault(Exception):
-    """The policy chose a block that is not a candidate; the run cannot go on."""
 
 
 def policy_fault(policy: EvictionPolicy, exc: BaseException) -> str | None:
@@ -332,60 +329,9 @@ class ReplayEngine(BlockPool):
         if self.progress is not None:
             self.progress(ev.line)
 
-    def get_new_blocks(self, r: RequestState, num_new: int) -> list[int]:
-        """``num_new`` blocks for r, as vLLM's ``get_new_blocks`` pops them
-        (block_pool.py): truly free ones from the front first, then the policy's victims;
-        each is pinned by r and charged to its group."""
-        policy = self.policy
-        preq = r.preq
-        plain = self.plain_allocation
-        reclaim = 0 if plain else policy.reclaim_first(preq, num_new)
-        if type(reclaim) is not int or not 0 <= reclaim <= num_new:
-            raise PolicyFault(f"{self.where_fn(r)()}: policy '{policy.name}' asked "
-                              f"reclaim_first={reclaim!r:.40} for a batch of {num_new} "
-                              f"blocks, expected 0..{num_new}")
-        new = pool_work.take_free(self, num_new - reclaim)
-        num_evict = num_new - len(new)
-        if num_evict:
-            now = self.now
-            if self.batch_evictions:
-                decisions = [] if self.records else None
-                victims = policy.evict_batch(preq, now, num_evict, decisions)
-                self.evicted_batch(r, victims, decisions, num_evict)
-                new += victims
-            elif self.batch_records:
-                new += self.evict_each(r, num_evict)
-            else:
-                for _ in range(num_evict):
-                    d = policy.select_victim(preq, now)
-                    self.evict(d, r)
-                    new.append(d.victim)
-        g = r.gid
-        pool_work.pin_allocated(self, new, g)
-        if not plain:
-            policy.on_allocated(preq, new)
-        self.occ_add(g, num_new)
-        return new
+    get_new_blocks = pool_work.get_new_blocks
 
-    def check_batch(self, r: RequestState, keys: list[int], hits: list[int], max_hits: int,
-                    new: list[int], cached_now: list[tuple[int, int]], num_new_full: int,
-                    more_groups: tuple = ()) -> None:
-        """After one allocation batch of r (``keys``: the content its hits must hold): the
-        hard invariants, then the policy's own auditors. Every engine on this pool. A
-        hybrid model's batch gives its first KV-cache group as above (with the new blocks)
-        and every later group's (keys, hits, cached_now) in ``more_groups``: each group's
-        hits are held to its own content, the accounting and the auditors run once."""
-        where = self.where_fn(r)
-        policy = self.policy
-        checker = self.checker
-        checker.admitted(where, keys, hits, max_hits, new, cached_now)
-        for group_keys, group_hits, group_cached in more_groups:
-            checker.admitted(where, group_keys, group_hits, max_hits, [], group_cached)
-        checker.check_accounting(where, len(self.free), policy.num_candidates, self, policy)
-        if self.auditors:
-            if more_groups:
-                cached_now = cached_now + [c for _, _, part in more_groups for c in part]
-            self.audit_batch(r, cached_now, num_new_full)
+    check_batch = pool_work.check_batch
 
     def audit_batch(self, r: RequestState, cached_now: list[tuple[int, int]],
                     num_new_full: int) -> None:
@@ -399,46 +345,7 @@ class ReplayEngine(BlockPool):
             auditor.admitted(where, ev.group, ev.contract, self.now / 1e9, num_new_full,
                              audit, num_output)
 
-    def evicted_batch(self, r: RequestState, victims: list[int], decisions: list | None,
-                 num_asked: int) -> None:
-        """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
-        in order as _evict would, record it, and drop its content."""
-        where = self.where_fn(r)
-        if self.checks_decisions and decisions:
-            self.check_decisions(r, decisions)
-        num_valid = self.checker.evicted_many(where, victims)
-        rec = self.recorder if decisions is not None else None
-        batch_rec = getattr(rec, "eviction_batch", None)
-        named = rec is not None
-        hash_names: list[str] | None = [] if named else None
-        owners: list[str] | None = [] if named else None
-        row = self.evict_matrix[r.gid]
-        num_by_owner: dict[int, int] = {}
-        if type(victims) is not list:
-            victims = list(victims)
-        try:
-            stop = pool_work.drop_evicted(self, victims, num_valid, hash_names, owners,
-                                          self.hashes.names, self.group_names, num_by_owner)
-        finally:                  # what was evicted counts, even when the run aborts here
-            for og, num in num_by_owner.items():
-                self.occ_add(og, -num)
-                row[og] += num
-                self.num_evictions += num
-        now, preq = self.now, r.preq
-        done = stop == len(victims)
-        if batch_rec is not None:       # a stop: the rows of the victims before it
-            batch_rec(now, preq, decisions if done else decisions[:stop],
-                      victims if done else victims[:stop], hash_names, owners)
-        elif rec is not None:
-            for i in range(stop):
-                rec.eviction(now, preq, decisions[i], victims[i], hash_names[i], owners[i])
-        if not done:
-            raise PolicyFault(f"{where()}: policy '{self.policy.name}' chose block "
-                              f"{victims[stop]}, which is not an eviction candidate (pinned "
-                              f"or holding no content)")
-        if len(victims) != num_asked:
-            raise PolicyFault(f"{where()}: policy '{self.policy.name}' evicted "
-                              f"{len(victims)} blocks where {num_asked} were asked for")
+    evicted_batch = pool_work.evicted_batch
 
     def evict_each(self, r: RequestState, num_evict: int) -> list[int]:
         """``num_evict`` victims of a policy that evicts one at a time: select_victim, the

@@ -15,7 +15,10 @@
                              owner; stops at the first one that is no candidate
 
 Every engine on psgate's own pool (the service model ``sim.py`` and the step scheduler
-``sched.py``) runs these, and so does the compiled core's allocation path. The module is
+``sched.py``) runs these. An allocation batch's engine-level steps are here too, written
+as functions of the engine that :class:`~psgate.engines.base.ReplayEngine` takes as its
+methods (compiled, they bind as Python functions do, so a subclass may still override
+them): ``get_new_blocks``, ``evicted_batch`` and ``check_batch``. The module is
 written in Cython's pure-Python mode and is their only source: ``pip install`` compiles
 it (``pool_work.pxd`` gives the types, so the loops index the arrays as C arrays), and
 without a compiler it runs as written. Compiled, the pool's per-block state must be the
@@ -344,3 +347,106 @@ def drop_evicted(pool, victims: list, num_valid: cython.Py_ssize_t, hash_names, 
     finally:
         if run_n:
             num_by_owner[run_og] = num_by_owner.get(run_og, 0) + run_n
+
+
+# -- an allocation batch, as the engines' methods (ReplayEngine binds these) ------------
+
+class PolicyFault(Exception):
+    """The policy chose a block that is not a candidate; the run cannot go on."""
+
+
+def get_new_blocks(eng, r, num_new: cython.Py_ssize_t) -> list:
+    """``num_new`` blocks for r, as vLLM's ``get_new_blocks`` pops them
+    (block_pool.py): truly free ones from the front first, then the policy's victims;
+    each is pinned by r and charged to its group."""
+    policy = eng.policy
+    preq = r.preq
+    plain: cython.bint = eng.plain_allocation
+    reclaim: object = 0 if plain else policy.reclaim_first(preq, num_new)
+    if type(reclaim) is not int or not 0 <= reclaim <= num_new:
+        raise PolicyFault(f"{eng.where_fn(r)()}: policy '{policy.name}' asked "
+                          f"reclaim_first={reclaim!r:.40} for a batch of {num_new} "
+                          f"blocks, expected 0..{num_new}")
+    new: list = take_free(eng, num_new - reclaim)
+    num_evict: cython.Py_ssize_t = num_new - len(new)
+    if num_evict:
+        now = eng.now
+        if eng.batch_evictions:
+            decisions = [] if eng.records else None
+            victims = policy.evict_batch(preq, now, num_evict, decisions)
+            eng.evicted_batch(r, victims, decisions, num_evict)
+            new += victims
+        elif eng.batch_records:
+            new += eng.evict_each(r, num_evict)
+        else:
+            for _ in range(num_evict):
+                d = policy.select_victim(preq, now)
+                eng.evict(d, r)
+                new.append(d.victim)
+    g = r.gid
+    pin_allocated(eng, new, g)
+    if not plain:
+        policy.on_allocated(preq, new)
+    eng.occ_add(g, num_new)
+    return new
+
+
+def evicted_batch(eng, r, victims, decisions, num_asked: cython.Py_ssize_t) -> cython.void:
+    """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
+    in order as _evict would, record it, and drop its content."""
+    where = eng.where_fn(r)
+    if eng.checks_decisions and decisions:
+        eng.check_decisions(r, decisions)
+    num_valid = eng.checker.evicted_many(where, victims)
+    rec = eng.recorder if decisions is not None else None
+    batch_rec = getattr(rec, "eviction_batch", None)
+    named = rec is not None
+    hash_names = [] if named else None
+    owners = [] if named else None
+    row = eng.evict_matrix[r.gid]
+    num_by_owner: dict = {}
+    if type(victims) is not list:
+        victims = list(victims)
+    try:
+        stop = drop_evicted(eng, victims, num_valid, hash_names, owners, eng.hashes.names,
+                            eng.group_names, num_by_owner)
+    finally:                  # what was evicted counts, even when the run aborts here
+        for og, num in num_by_owner.items():
+            eng.occ_add(og, -num)
+            row[og] += num
+            eng.num_evictions += num
+    now, preq = eng.now, r.preq
+    done = stop == len(victims)
+    if batch_rec is not None:       # a stop: the rows of the victims before it
+        batch_rec(now, preq, decisions if done else decisions[:stop],
+                  victims if done else victims[:stop], hash_names, owners)
+    elif rec is not None:
+        for i in range(stop):
+            rec.eviction(now, preq, decisions[i], victims[i], hash_names[i], owners[i])
+    if not done:
+        raise PolicyFault(f"{where()}: policy '{eng.policy.name}' chose block "
+                          f"{victims[stop]}, which is not an eviction candidate (pinned "
+                          f"or holding no content)")
+    if len(victims) != num_asked:
+        raise PolicyFault(f"{where()}: policy '{eng.policy.name}' evicted "
+                          f"{len(victims)} blocks where {num_asked} were asked for")
+
+
+def check_batch(eng, r, keys, hits, max_hits: cython.Py_ssize_t, new, cached_now,
+                num_new_full: cython.Py_ssize_t, more_groups=()) -> cython.void:
+    """After one allocation batch of r (``keys``: the content its hits must hold): the
+    hard invariants, then the policy's own auditors. Every engine on this pool. A
+    hybrid model's batch gives its first KV-cache group as above (with the new blocks)
+    and every later group's (keys, hits, cached_now) in ``more_groups``: each group's
+    hits are held to its own content, the accounting and the auditors run once."""
+    where = eng.where_fn(r)
+    policy = eng.policy
+    checker = eng.checker
+    checker.admitted(where, keys, hits, max_hits, new, cached_now)
+    for group_keys, group_hits, group_cached in more_groups:
+        checker.admitted(where, group_keys, group_hits, max_hits, [], group_cached)
+    checker.check_accounting(where, len(eng.free), policy.num_candidates, eng, policy)
+    if eng.auditors:
+        if more_groups:
+            cached_now = cached_now + [c for _, _, part in more_groups for c in part]
+        eng.audit_batch(r, cached_now, num_new_full)

@@ -42,7 +42,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable
 
-from psgate.engines import pool_work
+from psgate.engines import pool_work, step_work
 from psgate.engines.results import CANCELLED, COMPLETED, DROPPED, UNFINISHED, RunResult
 from psgate.engines.base import (NS_PER_MS, PolicyFault, ReplayEngine, RequestState,
                                  policy_fault)
@@ -375,34 +375,6 @@ class StepSimEngine(ReplayEngine):
         blocks are not there (``step_work.allocate_slots``)."""
         return allocate_slots(self, r, num_new_tokens, hits)
 
-    def open_batch(self, preq) -> None:
-        """An allocation batch begins: nothing cached by it yet; the policy's on_admit."""
-        preq.num_new_full_blocks = 0
-        if self.on_admit_fn is not None:
-            self.on_admit_fn(preq, self.now)
-
-    def close_batch(self, r: StepRequest, recompute: int) -> dict | None:
-        """An allocation batch ends: the policy's end_admit note for the ledger row, and
-        trace content the request computes again at its first scheduling."""
-        preq = r.preq
-        note = self.end_admit_fn(preq, self.now) if self.end_admit_fn is not None else None
-        if r.status == PREEMPTED:
-            # A resumed request's lookup: the ledger marks it, as a request's first row
-            # needs no mark, so that explain knows its hits are a new lookup.
-            note = {**(note or {}), "resumed": True}
-        if recompute and not r.started:
-            r.outcome.recompute_tokens += recompute
-        return note
-
-    def check_allocation(self, r: StepRequest, hits: list[int], new: list[int],
-                 cached_now: list[tuple[int, int]]) -> None:
-        """check_batch, with the keys a step request's hits must hold (past its trace
-        blocks and answer, its own output blocks)."""
-        base = r.ns << KEY_SHIFT
-        evb = r.chain
-        num_hits = len(hits)
-        keys = [base | h for h in (evb[:num_hits] if num_hits < len(evb) else evb)]
-        if num_hits > len(evb):
-            keys += [output_key(r.preq.index, pos) for pos in range(len(evb), num_hits)]
-        self.check_batch(r, keys, hits, (r.num_tokens - 1) // self.bs, new, cached_now,
-                          r.preq.num_new_full_blocks)
+    open_batch = step_work.open_batch
+    close_batch = step_work.close_batch
+    check_allocation = step_work.check_allocation

@@ -16,6 +16,9 @@ cdef class StepTally:
 cpdef long long recomputed_tokens(long long num_lost, long long num_hit)
 
 cpdef bint allocate_slots(eng, r, long long num_new_tokens, hits) except -1
+cpdef void open_batch(eng, preq) except *
+cpdef object close_batch(eng, r, long long recompute)
+cpdef void check_allocation(eng, r, hits, new, cached_now) except *
 cpdef Py_ssize_t computed_until(list scheduled, list num_new, Py_ssize_t i) except -1
 cpdef tuple schedule_running(eng, allocate, list running, long long budget, long long thr,
                              bint fast, list scheduled, list num_new, StepTally work)

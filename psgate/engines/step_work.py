@@ -25,6 +25,7 @@ except ImportError:
     from psgate import cython_shadow as cython
 
 from psgate.engines.step_cost import StepWork
+from psgate.trace.keys import KEY_SHIFT, OUTPUT_KEY_BIT
 
 if not cython.compiled:     # compiled, step_work.pxd cimports them
     from psgate.engines.pool_work import cache_blocks
@@ -203,7 +204,7 @@ def allocate_slots(eng, r, num_new_tokens: cython.longlong, hits) -> cython.bint
         return True         # nothing to take, allocate or cache: no batch at all
     now = eng.now
     preq = r.preq
-    eng.open_batch(preq)
+    open_batch(eng, preq)
     if num_hits:
         eng.touch(r, hits)
         blocks.extend(hits)
@@ -220,10 +221,59 @@ def allocate_slots(eng, r, num_new_tokens: cython.longlong, hits) -> cython.bint
         recompute = cache_blocks(eng, blocks, r.chain, num_cached, num_full, r.ns, bs,
                                  cached_now, eng.on_cached_fn, preq)
         r.num_cached_blocks = num_full
-    note = eng.close_batch(r, recompute)
-    eng.check_allocation(r, hits, new, cached_now)
+    note = close_batch(eng, r, recompute)
+    check_allocation(eng, r, hits, new, cached_now)
     if eng.records:
         eng.recorder.admission(now, preq, num_hits, len(new), preq.num_new_full_blocks, note)
     if num_hits and eng.records_hits:
         eng.record_hits(r, hits)
     return True
+
+
+# An allocation batch's steps, as the step engine's methods (StepSimEngine binds these;
+# the hybrid engine's allocate_slots calls them too).
+
+def open_batch(eng, preq) -> cython.void:
+    """An allocation batch begins: nothing cached by it yet; the policy's on_admit."""
+    preq.num_new_full_blocks = 0
+    if eng.on_admit_fn is not None:
+        eng.on_admit_fn(preq, eng.now)
+
+
+def close_batch(eng, r, recompute: cython.longlong):
+    """An allocation batch ends: the policy's end_admit note for the ledger row, and
+    trace content the request computes again at its first scheduling."""
+    preq = r.preq
+    note = eng.end_admit_fn(preq, eng.now) if eng.end_admit_fn is not None else None
+    if r.status == PREEMPTED:
+        # A resumed request's lookup: the ledger marks it, as a request's first row
+        # needs no mark, so that explain knows its hits are a new lookup.
+        note = {**(note or {}), "resumed": True}
+    if recompute and not r.started:
+        r.outcome.recompute_tokens += recompute
+    return note
+
+
+def check_allocation(eng, r, hits, new, cached_now) -> cython.void:
+    """check_batch, with the keys a step request's hits must hold: its chain's trace
+    hashes in its namespace, and past them its own output blocks."""
+    shift: cython.int = KEY_SHIFT
+    out_bit: cython.longlong = OUTPUT_KEY_BIT
+    evb: list = r.chain
+    num_chain: cython.Py_ssize_t = len(evb)
+    num_hits: cython.Py_ssize_t = len(hits)
+    base: cython.longlong = cython.cast(cython.longlong, r.ns) << shift
+    index: cython.longlong = -1
+    pos: cython.Py_ssize_t
+    h: cython.longlong
+    keys: list = []
+    for pos in range(num_hits):
+        if pos < num_chain:
+            h = evb[pos]
+            keys.append(base | h)
+        else:                       # trace.keys.output_key
+            if index < 0:
+                index = r.preq.index
+            keys.append(out_bit | (index << 24) | pos)
+    eng.check_batch(r, keys, hits, (r.num_tokens - 1) // eng.bs, new, cached_now,
+                    r.preq.num_new_full_blocks)
