@@ -14,7 +14,8 @@ Facts checked against vLLM 0.32's ``BlockPool`` (block_pool.py):
 The state is flat arrays (a few bytes a block), not objects, and the content index keeps
 one slot per trace hash, so a lookup is two array reads and no dict. Every engine built on
 psgate's bookkeeping (the service model, the step scheduler, and the vLLM engines, which
-mirror vLLM's pool into these arrays for the invariant checker) inherits this class.
+mirror vLLM's pool into these arrays for the invariant checker) inherits this class. The
+loops over these arrays are in ``pool_work.py``, compiled where a compiler was.
 """
 
 from __future__ import annotations

@@ -223,7 +223,6 @@ def take_free(pool, num: cython.Py_ssize_t) -> list:
     fv: cython.p_int = ints(free)
     num_free: cython.Py_ssize_t = len(free)
     take: cython.Py_ssize_t = num if num < num_free else num_free
-    i: cython.Py_ssize_t
     if take <= 0:
         return []
     new: list = [fv[num_free - 1 - i] for i in range(take)]
