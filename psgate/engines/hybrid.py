@@ -77,7 +77,8 @@ class HybridStepEngine(StepSimEngine):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.kv_groups = groups = self.sched.kv_groups
-        # one group at a time through the Python pool: the compiled loops hold one table
+        # a policy's compiled touch (touch_hits) takes one table's hits; this engine tells
+        # the policy of each group's hits itself (_touch_lane)
         self.kernels = None
         self.touch_hits_fn = None
         sched = self.sched
