@@ -21,7 +21,7 @@ import orjson
 
 from psgate import core
 from psgate.engines import pool_work
-from psgate.engines.pool_work import PolicyFault
+from psgate.engines.pool_work import PolicyFault, Where
 from psgate.engines.cost import CostModel
 from psgate.engines.pool import BlockPool
 from psgate.engines.results import (REJECTED, UNFINISHED, OutcomeSink, RequestOutcome,
@@ -104,6 +104,19 @@ class NullRecorder:
 class ReplayEngine(BlockPool):
     """One trace under one policy on psgate's block pool; a subclass schedules and
     ``run()`` returns a :class:`RunResult`."""
+
+    # An allocation batch's steps (psgate.engines.pool_work), bound as methods below. They
+    # call one another as C functions, so a subclass overriding one alone would be
+    # bypassed by the others: none may.
+    BATCH_STEPS = ("touch", "get_new_blocks", "evicted_batch", "check_batch")
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        for name in ReplayEngine.BATCH_STEPS:
+            if getattr(cls, name) is not getattr(ReplayEngine, name):
+                raise TypeError(f"{cls.__name__} overrides {name}, one of an allocation "
+                                f"batch's steps (psgate.engines.pool_work), which call one "
+                                f"another directly")
 
     name = "sim"
 
@@ -234,8 +247,8 @@ class ReplayEngine(BlockPool):
         return f"{self.trace_path}:{r.ev.line} (request {r.ev.id}, {self.label})"
 
     def where_fn(self, r: RequestState):
-        """_where(r), formatted only if a check fails."""
-        return lambda: self.where(r)
+        """where(r), formatted only if a check fails."""
+        return Where(self, r)
 
     def num_candidates(self) -> int:
         return self.policy.num_candidates
@@ -308,14 +321,7 @@ class ReplayEngine(BlockPool):
         for pos, b in enumerate(hits):
             hit(now, preq, pos, b, names[evb[pos]] if pos < len(evb) else "", gnames[owner[b]])
 
-    def touch(self, r: RequestState, hits: list[int]) -> None:
-        """r takes its hits, as vLLM's ``touch``: a candidate leaves the policy's queue,
-        every hit block gains a reference."""
-        on_hit = self.on_hit_fn
-        if on_hit is not None and self.touch_hits_fn is not None and type(self.ref) is array:
-            self.touch_hits_fn(hits, self.ref, r.preq)
-            return
-        pool_work.touch(self, hits, self.touch_queues, self.policy.on_touch, on_hit, r.preq)
+    touch = pool_work.take_hits
 
     def deliver(self, ev) -> None:
         """One trace event to a step engine (its arrivals wait for a scheduler step; a done
@@ -437,17 +443,7 @@ class ReplayEngine(BlockPool):
         first, uncached ones to the front of the free queue, cached ones to the policy."""
         self.free_in_order(r.blocks[::-1])
 
-    def free_in_order(self, blocks: list[int]) -> None:
-        """Blocks a request lets go of, in vLLM's ``free_blocks`` order (the first is
-        evicted first): unpinned uncached ones to the front of the free queue, unpinned
-        cached ones to the policy."""
-        uncached, freed, num_by_owner = pool_work.release(self, blocks)
-        self.free.extend(reversed(uncached))        # the front is the end
-        if self.on_released_fn is not None:
-            self.on_released_fn(uncached)
-        for og, num in num_by_owner.items():
-            self.occ_add(og, -num)
-        self.policy.on_free(freed, self.now)
+    free_in_order = pool_work.free_in_order
 
     def finalize(self, r: RequestState) -> None:
         if r.outcome.state != REJECTED:

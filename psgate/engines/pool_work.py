@@ -17,8 +17,11 @@
 Every engine on psgate's own pool (the service model ``sim.py`` and the step scheduler
 ``sched.py``) runs these. An allocation batch's engine-level steps are here too, written
 as functions of the engine that :class:`~psgate.engines.base.ReplayEngine` takes as its
-methods (compiled, they bind as Python functions do, so a subclass may still override
-them): ``get_new_blocks``, ``evicted_batch`` and ``check_batch``. The module is
+methods (compiled, they bind as Python functions do): ``free_in_order``, ``touch``
+(``take_hits``),
+``get_new_blocks``, ``evicted_batch`` and ``check_batch``. They call one another as C
+functions, so an engine cannot override one of them alone: ``ReplayEngine`` refuses a
+subclass that tries. The module is
 written in Cython's pure-Python mode and is their only source: ``pip install`` compiles
 it (``pool_work.pxd`` gives the types, so the loops index the arrays as C arrays), and
 without a compiler it runs as written. Compiled, the pool's per-block state must be the
@@ -34,7 +37,9 @@ except ImportError:
 if not cython.compiled:     # compiled, pool_work.pxd cimports them
     from psgate.flat import byte_items, ints, llongs
 
-from psgate.invariants.checker import NO_KEY
+from array import array
+
+from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT
 
 
@@ -354,6 +359,46 @@ class PolicyFault(Exception):
     """The policy chose a block that is not a candidate; the run cannot go on."""
 
 
+@cython.cclass
+class Where:
+    """Where an event of request ``r`` happened, the engine's ``where(r)``, formatted only
+    when a check fails: the checker takes a callable for its ``where``."""
+
+    def __init__(self, eng, r):
+        self.eng = eng
+        self.r = r
+
+    def __call__(self):
+        return self.eng.where(self.r)
+
+
+def free_in_order(eng, blocks: list) -> cython.void:
+    """Blocks a request lets go of, in vLLM's ``free_blocks`` order (the first is
+    evicted first): unpinned uncached ones to the front of the free queue, unpinned
+    cached ones to the policy."""
+    uncached: list
+    freed: list
+    num_by_owner: dict
+    uncached, freed, num_by_owner = release(eng, blocks)
+    eng.free.extend(reversed(uncached))        # the front is the end
+    if eng.on_released_fn is not None:
+        eng.on_released_fn(uncached)
+    for og, num in num_by_owner.items():
+        eng.occ_add(og, -num)
+    eng.policy.on_free(freed, eng.now)
+
+
+def take_hits(eng, r, hits: list) -> cython.void:
+    """r takes its hits, as vLLM's ``touch``: a candidate leaves the policy's queue,
+    every hit block gains a reference (the policy's compiled ``touch_hits`` where it
+    gives one and wants on_hit)."""
+    on_hit = eng.on_hit_fn
+    if on_hit is not None and eng.touch_hits_fn is not None and type(eng.ref) is array:
+        eng.touch_hits_fn(hits, eng.ref, r.preq)
+        return
+    touch(eng, hits, eng.touch_queues, eng.policy.on_touch, on_hit, r.preq)
+
+
 def get_new_blocks(eng, r, num_new: cython.Py_ssize_t) -> list:
     """``num_new`` blocks for r, as vLLM's ``get_new_blocks`` pops them
     (block_pool.py): truly free ones from the front first, then the policy's victims;
@@ -363,7 +408,7 @@ def get_new_blocks(eng, r, num_new: cython.Py_ssize_t) -> list:
     plain: cython.bint = eng.plain_allocation
     reclaim: object = 0 if plain else policy.reclaim_first(preq, num_new)
     if type(reclaim) is not int or not 0 <= reclaim <= num_new:
-        raise PolicyFault(f"{eng.where_fn(r)()}: policy '{policy.name}' asked "
+        raise PolicyFault(f"{Where(eng, r)()}: policy '{policy.name}' asked "
                           f"reclaim_first={reclaim!r:.40} for a batch of {num_new} "
                           f"blocks, expected 0..{num_new}")
     new: list = take_free(eng, num_new - reclaim)
@@ -373,7 +418,7 @@ def get_new_blocks(eng, r, num_new: cython.Py_ssize_t) -> list:
         if eng.batch_evictions:
             decisions = [] if eng.records else None
             victims = policy.evict_batch(preq, now, num_evict, decisions)
-            eng.evicted_batch(r, victims, decisions, num_evict)
+            evicted_batch(eng, r, victims, decisions, num_evict)
             new += victims
         elif eng.batch_records:
             new += eng.evict_each(r, num_evict)
@@ -393,10 +438,11 @@ def get_new_blocks(eng, r, num_new: cython.Py_ssize_t) -> list:
 def evicted_batch(eng, r, victims, decisions, num_asked: cython.Py_ssize_t) -> cython.void:
     """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
     in order as _evict would, record it, and drop its content."""
-    where = eng.where_fn(r)
+    where = Where(eng, r)
     if eng.checks_decisions and decisions:
         eng.check_decisions(r, decisions)
-    num_valid = eng.checker.evicted_many(where, victims)
+    checker: InvariantChecker = eng.checker
+    num_valid = checker.evicted_many(where, victims)
     rec = eng.recorder if decisions is not None else None
     batch_rec = getattr(rec, "eviction_batch", None)
     named = rec is not None
@@ -438,9 +484,9 @@ def check_batch(eng, r, keys, hits, max_hits: cython.Py_ssize_t, new, cached_now
     hybrid model's batch gives its first KV-cache group as above (with the new blocks)
     and every later group's (keys, hits, cached_now) in ``more_groups``: each group's
     hits are held to its own content, the accounting and the auditors run once."""
-    where = eng.where_fn(r)
+    where = Where(eng, r)
     policy = eng.policy
-    checker = eng.checker
+    checker: InvariantChecker = eng.checker
     checker.admitted(where, keys, hits, max_hits, new, cached_now)
     for group_keys, group_hits, group_cached in more_groups:
         checker.admitted(where, group_keys, group_hits, max_hits, [], group_cached)

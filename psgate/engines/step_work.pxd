@@ -1,7 +1,7 @@
 # C declarations for step_work.py (Cython's pure-Python mode): the tally's fields and its
 # add, and the types of the step's loops.
 
-from psgate.engines.pool_work cimport cache_blocks
+from psgate.engines.pool_work cimport cache_blocks, check_batch, get_new_blocks, take_hits
 from psgate.flat cimport ints
 
 cdef class StepTally:

@@ -28,7 +28,7 @@ from psgate.engines.step_cost import StepWork
 from psgate.trace.keys import KEY_SHIFT, OUTPUT_KEY_BIT
 
 if not cython.compiled:     # compiled, step_work.pxd cimports them
-    from psgate.engines.pool_work import cache_blocks
+    from psgate.engines.pool_work import cache_blocks, check_batch, get_new_blocks, take_hits
     from psgate.flat import ints
 
 # A step request's states (vLLM's RequestStatus, as far as the scheduler tells them apart).
@@ -206,12 +206,12 @@ def allocate_slots(eng, r, num_new_tokens: cython.longlong, hits) -> cython.bint
     preq = r.preq
     open_batch(eng, preq)
     if num_hits:
-        eng.touch(r, hits)
+        take_hits(eng, r, hits)
         blocks.extend(hits)
         r.num_cached_blocks = num_hits
     new: list = []
     if num_new:
-        new = eng.get_new_blocks(r, num_new)
+        new = get_new_blocks(eng, r, num_new)
         blocks.extend(new)
     cached_now: list = []
     recompute: cython.longlong = 0
@@ -275,5 +275,5 @@ def check_allocation(eng, r, hits, new, cached_now) -> cython.void:
             if index < 0:
                 index = r.preq.index
             keys.append(out_bit | (index << 24) | pos)
-    eng.check_batch(r, keys, hits, (r.num_tokens - 1) // eng.bs, new, cached_now,
-                    r.preq.num_new_full_blocks)
+    check_batch(eng, r, keys, hits, (r.num_tokens - 1) // eng.bs, new, cached_now,
+                r.preq.num_new_full_blocks)

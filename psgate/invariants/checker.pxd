@@ -25,6 +25,10 @@ cdef class InvariantChecker:
     cdef public Py_ssize_t orphans_created
     cdef public dict verdicts
 
+    cpdef admitted(self, where, ns_keys, hits, max_hits, new_blocks, cached)
+    cpdef evicted_many(self, where, blocks)
+    cpdef check_accounting(self, where, num_truly_free, num_candidates, engine=*, policy=*)
+
 
 cpdef tuple pin_hits(InvariantChecker checker, list ns_keys, list hits)
 cpdef tuple pin_new(InvariantChecker checker, list new_blocks)

@@ -79,6 +79,10 @@ def _new_block_text(where, block, was_pinned) -> str:
             f"{'pinned' if was_pinned else 'holding cached content'}")
 
 
+def _evicted_text(where, block, which) -> str:
+    return f"{text_of(where)}: evicted block {block}, which {which}"
+
+
 def _accounting_text(where, resident, num_usable, num_truly_free, num_candidates,
                      expected_candidates) -> str:
     return (f"{text_of(where)}: occupancy {resident} of {num_usable} usable; the engine has "
@@ -250,12 +254,12 @@ class InvariantChecker:
             return num_ok
         b = blocks[stop]                 # the first that was no candidate
         if not 0 < b < self.num_blocks:
-            v.record(False, lambda: f"{text_of(where)}: evicted block {b}, which is not "
-                     f"a usable block of the pool")
+            v.record(False, functools.partial(_evicted_text, where, b,
+                                              "is not a usable block of the pool"))
             return num_ok
-        v.record(False, lambda: f"{text_of(where)}: evicted block {b}, which was "
-                 + ("pinned by a running request" if self.ref[b]
-                    else "not holding cached content"))
+        v.record(False, functools.partial(_evicted_text, where, b,
+                                          "was pinned by a running request" if self.ref[b]
+                                          else "was not holding cached content"))
         k = self.key[b]
         if k != NO_KEY:
             self.drop_copy(k)
