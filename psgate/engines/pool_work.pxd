@@ -32,5 +32,5 @@ cpdef list take_free(pool, Py_ssize_t num)
 cpdef void pin_allocated(pool, list new, int g) except *
 cpdef tuple release(pool, list blocks)
 cpdef Py_ssize_t drop_evicted(pool, list victims, Py_ssize_t num_valid, hash_names, owners,
-                              list names, list gnames,
-                              dict num_by_owner) except -1
+                              list names, list gnames, dict num_by_owner,
+                              on_row=*) except -1

@@ -37,6 +37,7 @@ except ImportError:
 if not cython.compiled:     # compiled, pool_work.pxd cimports them
     from psgate.flat import byte_items, ints, llongs
 
+import functools
 from array import array
 
 from psgate.invariants.checker import NO_KEY, InvariantChecker
@@ -284,12 +285,14 @@ def release(pool, blocks: list) -> tuple:
 
 
 def drop_evicted(pool, victims: list, num_valid: cython.Py_ssize_t, hash_names, owners,
-                 names: list, gnames: list,
-                 num_by_owner: dict) -> cython.Py_ssize_t:
+                 names: list, gnames: list, num_by_owner: dict,
+                 on_row=None) -> cython.Py_ssize_t:
     """The victims of one eviction batch, in order: each one's content dropped from the
     index (lost where no copy is left), its owner cleared and counted in
     ``num_by_owner``, and, where ``hash_names`` is given, its hash name and owner's name
-    appended for the ledger. Stops at the first victim past ``num_valid`` or that is no
+    appended for the ledger; or, where ``on_row`` is, given to ``on_row(i, block, hash
+    name, owner name)`` just before its content is dropped (a recorder that writes each
+    row may read the pool as the decision saw it). Stops at the first victim past ``num_valid`` or that is no
     candidate (no block, pinned, or holding no content): returns its index, or
     len(victims). What was dropped before it is counted even when this raises."""
     no_key: cython.longlong = NO_KEY
@@ -306,7 +309,7 @@ def drop_evicted(pool, victims: list, num_valid: cython.Py_ssize_t, hash_names, 
     more: dict = pool.more
     index_drop = pool.index_drop
     nb: cython.Py_ssize_t = pool.num_blocks
-    named: cython.bint = hash_names is not None
+    named: cython.bint = hash_names is not None or on_row is not None
     num: cython.Py_ssize_t = len(victims)
     i: cython.Py_ssize_t
     run_n: cython.Py_ssize_t = 0
@@ -328,8 +331,16 @@ def drop_evicted(pool, victims: list, num_valid: cython.Py_ssize_t, hash_names, 
             og = owner[v]
             h = k & mask
             if named:
-                hash_names.append(names[h] if k < out_bit else "")
-                owners.append(gnames[og])
+                hash_name = names[h] if k < out_bit else ""
+                if on_row is None:
+                    hash_names.append(hash_name)
+                    owners.append(gnames[og])
+                else:
+                    on_row(i, v, hash_name, gnames[og])
+                    key, ref, owner = llongs(pool.key), ints(pool.ref), ints(pool.owner)
+                    slot_ns, slot_blk = ints(pool.slot_ns), ints(pool.slot_blk)
+                    slot_lost = byte_items(pool.slot_lost)
+                    num_slots = len(pool.slot_ns)
             if (k < out_bit and h < num_slots and slot_ns[h] == (k >> shift)
                     and slot_blk[h] == v and (not more or k not in more)):
                 slot_blk[h] = -1                        # index_drop's common case
@@ -435,6 +446,10 @@ def get_new_blocks(eng, r, num_new: cython.Py_ssize_t) -> list:
     return new
 
 
+def _eviction_row(rec, now, preq, decisions, i, block, hash_name, owner):
+    rec.eviction(now, preq, decisions[i], block, hash_name, owner)
+
+
 def evicted_batch(eng, r, victims, decisions, num_asked: cython.Py_ssize_t) -> cython.void:
     """The policy evicted ``victims`` in one batch (its ``evict_batch``): check each
     in order as _evict would, record it, and drop its content."""
@@ -445,29 +460,28 @@ def evicted_batch(eng, r, victims, decisions, num_asked: cython.Py_ssize_t) -> c
     num_valid = checker.evicted_many(where, victims)
     rec = eng.recorder if decisions is not None else None
     batch_rec = getattr(rec, "eviction_batch", None)
-    named = rec is not None
-    hash_names = [] if named else None
-    owners = [] if named else None
+    now, preq = eng.now, r.preq
+    hash_names = [] if batch_rec is not None else None
+    owners = [] if batch_rec is not None else None
+    on_row = None
+    if rec is not None and batch_rec is None:       # a row each, as each is dropped
+        on_row = functools.partial(_eviction_row, rec, now, preq, decisions)
     row = eng.evict_matrix[r.gid]
     num_by_owner: dict = {}
     if type(victims) is not list:
         victims = list(victims)
     try:
         stop = drop_evicted(eng, victims, num_valid, hash_names, owners, eng.hashes.names,
-                            eng.group_names, num_by_owner)
+                            eng.group_names, num_by_owner, on_row)
     finally:                  # what was evicted counts, even when the run aborts here
         for og, num in num_by_owner.items():
             eng.occ_add(og, -num)
             row[og] += num
             eng.num_evictions += num
-    now, preq = eng.now, r.preq
     done = stop == len(victims)
     if batch_rec is not None:       # a stop: the rows of the victims before it
         batch_rec(now, preq, decisions if done else decisions[:stop],
                   victims if done else victims[:stop], hash_names, owners)
-    elif rec is not None:
-        for i in range(stop):
-            rec.eviction(now, preq, decisions[i], victims[i], hash_names[i], owners[i])
     if not done:
         raise PolicyFault(f"{where()}: policy '{eng.policy.name}' chose block "
                           f"{victims[stop]}, which is not an eviction candidate (pinned "
