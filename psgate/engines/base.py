@@ -13,7 +13,6 @@ or override is public; names with a leading underscore stay inside their module.
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 from collections.abc import Iterable
 
