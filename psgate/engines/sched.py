@@ -55,7 +55,6 @@ from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT, output_key
 from psgate.trace.model import CancelEvent, DoneEvent, RequestEvent
 
 
-
 class StepRequest(RequestState):
     """A request's scheduler state, as vLLM's ``Request`` keeps it."""
 
