@@ -228,6 +228,19 @@ def run_events(tmp_path: Path, events, cap: int, policy: str, **params):
     return replay_checked(write(tmp_path, events), cap, policy, params or None)
 
 
+def interpreted(module):
+    """``module``, written in Cython's pure-Python mode, loaded again from its ``.py``
+    under another name: its interpreted form, whether the installed one is compiled or
+    not."""
+    from psgate import core
+    name = module.__name__.replace(".", "_") + "_interpreted"
+    spec = importlib.util.spec_from_file_location(name, core.source_file(module.__file__))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert not mod.cython.compiled
+    return mod
+
+
 def heavy_python(name: str, modules: tuple[str, ...], install: str) -> str:
     """An interpreter that has ``modules``: $PSGATE_<NAME>_PYTHON, else this one if it has
     them. Without one the test skips, except under $PSGATE_REQUIRE_<NAME>=1 (CI), where

@@ -6,13 +6,12 @@ source, two forms, the same blocks."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from types import SimpleNamespace
 
 import pytest
+from helpers import interpreted
 
-from psgate import core
 from psgate.engines import pool_work
 from psgate.engines.pool import BlockPool
 from psgate.invariants.checker import NO_KEY
@@ -20,16 +19,7 @@ from psgate.trace.keys import OUTPUT_KEY_BIT, content_key, output_key
 from psgate.trace.reader import HashTable
 
 
-def _interpreted():
-    spec = importlib.util.spec_from_file_location("psgate_pool_work_interpreted",
-                                                  core.source_file(pool_work.__file__))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert not mod.cython.compiled
-    return mod
-
-
-FORMS = {"installed": pool_work, "interpreted": _interpreted()}
+FORMS = {"installed": pool_work, "interpreted": interpreted(pool_work)}
 form = pytest.mark.parametrize("form", sorted(FORMS))
 
 

@@ -5,28 +5,19 @@ and on the same source interpreted, loaded from its ``.py`` under another name."
 
 from __future__ import annotations
 
-import importlib.util
 from collections import OrderedDict
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import interpreted
 
 from psgate import core
 from psgate.policy import history
 from psgate.policy.history import OPAQUE_KEYS_FROM
 
 
-def _interpreted():
-    spec = importlib.util.spec_from_file_location("psgate_history_interpreted",
-                                                  core.source_file(history.__file__))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert not mod.cython.compiled
-    return mod
-
-
-FORMS = {"installed": history.PrefixHistory, "interpreted": _interpreted().PrefixHistory}
+FORMS = {"installed": history.PrefixHistory, "interpreted": interpreted(history).PrefixHistory}
 form = pytest.mark.parametrize("form", sorted(FORMS))
 
 # (group, prefix): content keys in two namespaces of 2**4 hashes (ns 0 and 1 belong to
