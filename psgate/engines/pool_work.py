@@ -14,20 +14,24 @@
     drop_evicted(victims):   each victim's content dropped from the index, counted per
                              owner; stops at the first one that is no candidate
 
-Every engine on psgate's own pool (the service model ``sim.py`` and the step scheduler
-``sched.py``) runs these. An allocation batch's engine-level steps are here too, written
-as functions of the engine that :class:`~psgate.engines.base.ReplayEngine` takes as its
-methods (compiled, they bind as Python functions do): ``free_in_order``, ``touch``
-(``take_hits``),
-``get_new_blocks``, ``evicted_batch`` and ``check_batch``. They call one another as C
-functions, so an engine cannot override one of them alone: ``ReplayEngine`` refuses a
-subclass that tries. The module is
-written in Cython's pure-Python mode and is their only source: ``pip install`` compiles
-it (``pool_work.pxd`` gives the types, so the loops index the arrays as C arrays), and
-without a compiler it runs as written. Compiled, the pool's per-block state must be the
-flat arrays (``array('i')``/``array('q')``/``bytearray``) that :class:`BlockPool` makes;
-the vLLM engines, whose reference counts are vLLM's own, keep their own paths.
+Every engine on psgate's own pool (the service model ``sim.py``, the step scheduler
+``sched.py`` and the hybrid model) runs these. An allocation batch's engine-level steps
+are here too, as functions of the engine that :class:`~psgate.engines.base.ReplayEngine`
+takes as its methods (compiled, they bind as Python functions do): ``touch``
+(``take_hits``), ``get_new_blocks``, ``evicted_batch``, ``check_batch`` and
+``free_in_order``. They call one another as C functions, so an engine cannot override
+one of them alone: ``ReplayEngine`` refuses a subclass that tries.
+
+The module is written in Cython's pure-Python mode and is their only source: ``pip
+install`` compiles it (``pool_work.pxd`` gives the types, so the loops index the arrays
+as C arrays), and without a compiler it runs as written. Compiled, the pool's per-block
+state must be the flat arrays (``array('i')``/``array('q')``/``bytearray``) that
+:class:`BlockPool` makes; the vLLM engines, whose reference counts are vLLM's own, keep
+their own paths.
 """
+
+import functools
+from array import array
 
 try:
     import cython
@@ -36,9 +40,6 @@ except ImportError:
 
 if not cython.compiled:     # compiled, pool_work.pxd cimports them
     from psgate.flat import byte_items, ints, llongs
-
-import functools
-from array import array
 
 from psgate.invariants.checker import NO_KEY, InvariantChecker
 from psgate.trace.keys import HASH_MASK, KEY_SHIFT, OUTPUT_KEY_BIT

@@ -84,6 +84,16 @@ class StepSimEngine(ReplayEngine):
     name = "sim"
     scheduler = "step"
     request_cls = StepRequest
+
+    def __init_subclass__(cls, **kw) -> None:
+        # step_work.allocate_slots calls its batch's steps as C functions: a subclass
+        # that keeps it cannot override one of them
+        super().__init_subclass__(**kw)
+        if cls.allocate_slots is StepSimEngine.allocate_slots:
+            for name in ("open_batch", "close_batch", "check_allocation"):
+                if getattr(cls, name) is not getattr(StepSimEngine, name):
+                    raise TypeError(f"{cls.__name__} overrides {name} but not "
+                                    f"allocate_slots, which calls it directly")
     # A running request whose next token has its slot skips allocate_slots (a no-op for
     # it with one full-attention group; not with sliding-window groups, which free blocks
     # on every call).

@@ -168,6 +168,11 @@ def test_the_compiled_loops_refuse_a_pool_that_is_not_flat_arrays():
 
 
 def test_an_engine_may_not_override_one_batch_step_alone():
+    from psgate.engines.sched import StepSimEngine
     from psgate.engines.sim import SimEngine
     with pytest.raises(TypeError, match="overrides get_new_blocks"):
         type("Mine", (SimEngine,), {"get_new_blocks": lambda self, r, n: []})
+    with pytest.raises(TypeError, match="overrides check_allocation but not allocate_slots"):
+        type("Mine", (StepSimEngine,), {"check_allocation": lambda self, *a: None})
+    type("Mine", (StepSimEngine,), {"check_allocation": lambda self, *a: None,
+                                    "allocate_slots": lambda self, *a: True})
