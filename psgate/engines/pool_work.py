@@ -144,6 +144,11 @@ def cache_blocks(pool, blocks: list, evb: list, start: cython.Py_ssize_t,
             raise IndexError(f"block {b} is outside the pool of {num_blocks}")
         if pos < num_chain:
             h = evb[pos]
+            if h >= num_slots:      # the trace's hash table grew since the pool's slots
+                pool.grow_slots()
+                num_slots = len(pool.slot_ns)
+                slot_ns, slot_blk = ints(pool.slot_ns), ints(pool.slot_blk)
+                slot_lost = byte_items(pool.slot_lost)
             if not 0 <= h < num_slots:
                 raise IndexError(f"trace hash {h} has no slot in the pool ({num_slots})")
             k = base | h

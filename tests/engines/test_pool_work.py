@@ -85,6 +85,17 @@ def test_a_lost_hash_cached_again_is_a_recompute(form):
 
 
 @form
+def test_hashes_interned_after_the_pool_was_built_get_their_slots(form):
+    mod = FORMS[form]
+    pool = _pool(8, 3)
+    pool.hashes.intern_chain([f"{i:032x}" for i in range(3, 6)], where=None)
+    assert mod.lookup(pool, [0, 4], 0, 2) == ([], 0)      # a miss first: no slot read
+    assert _cache(mod, pool, [1, 2], [4, 5])[0] == 0       # the slots grow here
+    assert len(pool.slot_ns) == 6
+    assert mod.lookup(pool, [4, 5], 0, 2) == ([1, 2], 2)
+
+
+@form
 def test_touch_unlinks_candidates_and_counts_references(form):
     mod = FORMS[form]
     pool = _pool()
