@@ -48,10 +48,6 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 # a typed memoryview would do the same, but acquiring one costs more than many of these
 # loops do. The pointer lives while the array is neither resized nor dropped, so a loop
 # that calls back into Python takes it again after the call (a resize there moves it).
-cdef long long COPIES = (1 << 32) - 1
-cdef long long HASH_MASK_C = 0xFFFFFFFF   # trace.keys.HASH_MASK: a key's trace hash id
-cdef long long CHILD = 1 << 32
-cdef long long NO_KEY = -1
 
 
 # -- the ledger's eviction rows (psgate/receipt/ledger.py) -----------------------------
@@ -373,13 +369,6 @@ def eviction_rows(list rows, list decisions, list blocks, list hash_names, list 
         rows.append(f"{head}{seq},{lead}{f[8]},{f[9]},{f[10]},{f[11]},{f[12]},{f[13]},"
                     f"{f[14]},{f[15]},{f[16]},{f[17]},{f[18]},{f_seg},,,,{f_rank}\n")
     return seq
-
-
-# The key layout these loops assume (psgate/trace/keys.py); psgate.core checks it.
-cdef long long OUT_BIT = 1LL << 62
-KEY_SHIFT = 32
-OUTPUT_KEY_BIT = OUT_BIT
-NO_KEY_VALUE = NO_KEY
 
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------

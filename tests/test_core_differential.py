@@ -897,12 +897,8 @@ def test_the_c_heap_queues_are_seqqueues(ops):
 
 # -- building and falling back ---------------------------------------------------------
 
-def test_the_core_reads_keys_as_the_trace_lays_them_out():
+def test_the_core_reads_queue_entries_as_seq_queues_lays_them_out():
     mod = _compiled()
-    from psgate.invariants.checker import NO_KEY
-    from psgate.trace.keys import KEY_SHIFT, OUTPUT_KEY_BIT
-    assert (mod.KEY_SHIFT, mod.OUTPUT_KEY_BIT, mod.NO_KEY_VALUE) == (KEY_SHIFT,
-                                                                     OUTPUT_KEY_BIT, NO_KEY)
     from psgate.policy.queues import SeqQueues
     assert mod.SEQ_SHIFT == SeqQueues.SHIFT
 
