@@ -11,8 +11,6 @@ are C ints, ``q`` arrays C long longs.
 
 from cpython cimport array as carray
 from libc.stdlib cimport realloc, free
-from libc.string cimport strlen
-from cpython.mem cimport PyMem_Free
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.object cimport PyObject
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -25,11 +23,10 @@ from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
-
-cdef extern from "Python.h":
-    char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
-                                int *ptype)
-    object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
+from psgate.receipt.row_text cimport (JsonMemo, cached_field, csv_field, csv_json,
+                                      eviction_rows, float_text, json_value, memo_text,
+                                      memo_update, needs_quotes, number_text, plain_value,
+                                      reads_back)
 
 cdef class PrefixShieldView(CachedHook)   # below, with prefixshield's paths
 
@@ -48,327 +45,6 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 # a typed memoryview would do the same, but acquiring one costs more than many of these
 # loops do. The pointer lives while the array is neither resized nor dropped, so a loop
 # that calls back into Python takes it again after the call (a resize there moves it).
-
-
-# -- the ledger's eviction rows (psgate/receipt/ledger.py) -----------------------------
-
-cdef inline bint _needs_quotes(str s):
-    return '"' in s or ',' in s or '\n' in s or '\r' in s
-
-
-cdef str _field(object v, object csv_field):
-    """csv_field(v), with a str that needs no quotes taken as it is."""
-    if type(v) is str and not _needs_quotes(<str>v):
-        return <str>v
-    return csv_field(v)
-
-
-cdef inline bint _plain_value(str v):
-    """A string orjson writes as it is, with no quote to double for the CSV."""
-    cdef Py_UCS4 c
-    if not v.isascii():
-        return False
-    for c in v:
-        if c < 32 or c == 34 or c == 92:
-            return False
-    return True
-
-
-cdef object _json_value(object v):
-    """What orjson writes for one value of a dict _json_fast takes, or None."""
-    cdef str s
-    if type(v) is float:
-        s = repr(round(v, 9))
-        if 'e' in s or 'n' in s:
-            return None
-        return s
-    if type(v) is int:
-        if not -0x8000000000000000 <= v <= 0xFFFFFFFFFFFFFFFF:
-            return None
-        return str(v)
-    if type(v) is str:
-        if not _plain_value(<str>v):
-            return None
-        return f'""{v}""'
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if v is None:
-        return "null"
-    return None
-
-
-cdef object _json_fast(object obj):
-    """csv_json(obj) for a dict of plain keys to ints, finite floats written without an
-    exponent, booleans, None and plain ASCII strings (what orjson writes for those is
-    Python's repr of the number rounded to 9 places, or the obvious literal); None for
-    anything else, which the caller hands to csv_json."""
-    cdef list parts
-    cdef object s
-    if type(obj) is not dict:
-        return None
-    if not obj:
-        return ""
-    for k in <dict>obj:
-        if type(k) is not str or not _plain_value(<str>k):
-            return None
-    parts = []
-    for k in sorted(<dict>obj):
-        s = _json_value((<dict>obj)[k])
-        if s is None:
-            return None
-        parts.append(f'""{k}"":{s}')
-    return '"{' + ",".join(parts) + '}"'
-
-
-cdef object _UNSET = object()          # a memo's value before any row set it
-
-
-cdef class JsonMemo:
-    """The last dict _json_memo wrote for one ledger column: its keys as they came, the
-    same sorted, each value with its text, and the whole field. Rows of one policy carry
-    the same keys in the same order and mostly the same values (a segment's counts, an
-    owner's debt), so a row checks its keys against the last one's instead of sorting
-    and vetting them, and formats only the values that changed. ``vtexts`` holds each
-    value's JSON text as a JSON reader gives it back (a string's quotes not doubled), for
-    the compact coder, and ``num_odd`` counts the values (and keys) whose text that
-    coder's own reader would not take (it then reads the field's text instead)."""
-    cdef list keys, order, values, parts, vtexts
-    cdef unsigned char *odd
-    cdef Py_ssize_t num_odd
-    cdef object text
-
-    def __init__(self):
-        self.keys = None
-        self.text = None
-        self.odd = NULL
-        self.num_odd = 0
-
-    def __dealloc__(self):
-        free(self.odd)
-
-
-cdef inline bint _same_value(object v, object pv):
-    """v would be written as pv was: the same type and value (for a float, not a zero of
-    the other sign, which repr tells apart)."""
-    if type(v) is not type(pv):
-        return False
-    if v is pv:
-        return True
-    if type(v) is float:
-        return <double>v == <double>pv and <double>v != 0.0
-    if type(v) is int or type(v) is str:
-        return v == pv
-    return False                        # True, False, None: only themselves
-
-
-cdef inline bint _reads_back(object v, str s):
-    """The compact coder's JSON reader (_json_parse) takes s, the text _json_value gave
-    for v: a string without DEL, an integer of at most 18 digits (floats, booleans and
-    null always)."""
-    if type(v) is str:
-        return '\x7f' not in <str>v
-    if type(v) is int:
-        return PyUnicode_GET_LENGTH(s) - (1 if (<str>s)[0] == u'-' else 0) <= 18
-    return True
-
-
-cdef int _memo_update(JsonMemo m, dict d) except -2:
-    """m brought to d (not empty): 1, or 0 where _json_fast would give None (m then holds
-    nothing). The field's text is not built here (_json_memo builds it)."""
-    cdef Py_ssize_t i, n = len(d)
-    cdef bint changed
-    cdef object k, pk, v, s
-    cdef void *grown
-    changed = m.keys is None or len(m.keys) != n
-    if not changed:
-        i = 0
-        for k in d:
-            pk = m.keys[i]
-            if k is not pk and not (type(k) is str and k == pk):
-                changed = True
-                break
-            i += 1
-    if changed:
-        for k in d:
-            if type(k) is not str or not _plain_value(<str>k):
-                m.keys = None
-                return 0
-        grown = realloc(m.odd, n * sizeof(unsigned char))
-        if grown == NULL:
-            raise MemoryError()
-        m.odd = <unsigned char *>grown
-        m.keys = list(d)
-        m.order = sorted(d)
-        m.values = [_UNSET] * n
-        m.parts = [None] * n
-        m.vtexts = [None] * n
-        m.num_odd = 0
-        for k in d:
-            if '\x7f' in <str>k:
-                m.num_odd += 1              # a key the coder's reader would not take
-        for i in range(n):
-            m.odd[i] = 0
-        m.text = None
-    for i in range(n):
-        k = m.order[i]
-        v = d[k]
-        if _same_value(v, m.values[i]):
-            continue
-        m.text = None
-        s = _json_value(v)
-        if s is None:
-            m.keys = None           # the next row starts afresh
-            return 0
-        m.values[i] = v
-        m.parts[i] = f'""{k}"":{s}'
-        if type(v) is str:
-            m.vtexts[i] = '"' + <str>v + '"'
-        else:
-            m.vtexts[i] = s
-        m.num_odd -= m.odd[i]
-        m.odd[i] = not _reads_back(v, s)
-        m.num_odd += m.odd[i]
-    return 1
-
-
-cdef str _memo_text(JsonMemo m):
-    """The field of the dict m was last brought to (_memo_update gave 1)."""
-    if m.text is None:
-        m.text = '"{' + ",".join(m.parts) + '}"'
-    return m.text
-
-
-cdef object _json_memo(JsonMemo m, object obj):
-    """_json_fast(obj), through m: the same text, or None where _json_fast gives None."""
-    if type(obj) is not dict:
-        return None
-    if not obj:
-        return ""
-    if not _memo_update(m, <dict>obj):
-        return None
-    return _memo_text(m)
-
-
-# The last floats _number formatted and their texts: a row's P before is the row before's
-# P after, and the runner-up's P repeats down a run. The text is a function of the value
-# alone (both zeros give "0"; a NaN never equals itself, so it is never found here).
-cdef double _num_v[4]
-cdef list _num_t = [None, None, None, None]
-cdef int _num_next = 0
-
-
-cdef str _fmt6(double v):
-    """ledger.fmt_f(v): f"{v:.6f}" (Python's own formatter) without trailing zeros, "0"
-    for "-0" and ""."""
-    return _fmt_places(v, 6)
-
-
-cdef str _fmt_places(double v, int places):
-    """ledger.fmt_f(v, places)."""
-    cdef char *t = PyOS_double_to_string(v, b'f', places, 0, NULL)
-    cdef Py_ssize_t n
-    if t == NULL:
-        raise MemoryError()
-    try:
-        n = strlen(t)
-        while n and t[n - 1] == 48:
-            n -= 1
-        if n and t[n - 1] == 46:
-            n -= 1
-        if n == 0 or (n == 2 and t[0] == 45 and t[1] == 48):
-            return "0"
-        return PyUnicode_DecodeASCII(t, n, NULL)
-    finally:
-        PyMem_Free(t)
-
-
-cdef str _number_c(double v):
-    """fmt_f(v): one of the last texts made, else _fmt6's."""
-    global _num_next
-    cdef str t
-    cdef int j
-    for j in range(4):
-        if _num_v[j] == v and _num_t[j] is not None:
-            return _num_t[j]
-    t = _fmt6(v)
-    _num_v[_num_next] = v
-    _num_t[_num_next] = t
-    _num_next = (_num_next + 1) & 3
-    return t
-
-
-cdef str _number(object p, object ff):
-    """ff[p] (fmt_f of a debt or probability); a float's is formatted here."""
-    cdef object s
-    if type(p) is float:
-        return _number_c(<double>p)
-    s = (<dict>ff).get(p)
-    if s is not None:
-        return s
-    return ff[p]
-
-
-cdef int _evict_texts(list f, object d, object block, object hash_name, object owner,
-                      object q, object ff, object csv_field) except -1:
-    """An eviction row's fields from block to runner_up_p as _evict_fields formats them,
-    into f[8:19] (the ledger's columns)."""
-    cdef object nc = d.num_candidates, pos = d.position, queue = d.queue, x
-    f[8] = str(block) if type(block) is int else csv_field(block)
-    f[9] = _field(hash_name, csv_field)
-    f[10] = q[owner] if type(owner) is str else csv_field(owner)
-    f[11] = str(nc) if type(nc) is int else csv_field(nc)
-    f[12] = str(pos) if type(pos) is int else csv_field(pos)
-    f[13] = q[queue] if type(queue) is str else csv_field(queue)
-    x = d.responsible
-    f[14] = _field(x or '', csv_field)
-    x = d.responsible_p_before
-    f[15] = '' if x is None else _number(x, ff)
-    x = d.responsible_p_after
-    f[16] = '' if x is None else _number(x, ff)
-    x = d.runner_up
-    f[17] = _field(x or '', csv_field)
-    x = d.runner_up_p
-    f[18] = '' if x is None else _number(x, ff)
-    return 0
-
-
-def eviction_rows(list rows, list decisions, list blocks, list hash_names, list owners,
-                  str head, Py_ssize_t seq, str lead, object q, object ff,
-                  object csv_field, object csv_json, JsonMemo seg_memo=None,
-                  JsonMemo rank_memo=None):
-    """LedgerWriter.eviction_batch's loop (each row as _evict_fields formats it): one
-    row per victim appended to ``rows``, numbered from ``seq`` + 1; returns the last seq.
-    ``q`` and ``ff`` are the writer's caches of string and number fields; the memos,
-    kept by the writer from batch to batch, the last segments and rank written."""
-    cdef Py_ssize_t i, num = len(decisions)
-    cdef object d, seg, rank
-    cdef object f_seg, f_rank
-    cdef list f = [None] * 19
-    if len(blocks) < num or len(hash_names) < num or len(owners) < num:
-        num = min(num, len(blocks), len(hash_names), len(owners))
-    for i in range(num):
-        d = decisions[i]
-        _evict_texts(f, d, blocks[i], hash_names[i], owners[i], q, ff, csv_field)
-        seg = d.segments
-        if not seg:
-            f_seg = ""
-        else:
-            f_seg = _json_fast(seg) if seg_memo is None else _json_memo(seg_memo, seg)
-        if f_seg is None:
-            f_seg = csv_json(seg)
-        rank = d.rank
-        if not rank:
-            f_rank = ""
-        else:
-            f_rank = _json_fast(rank) if rank_memo is None else _json_memo(rank_memo, rank)
-        if f_rank is None:
-            f_rank = csv_json(rank)
-        seq += 1
-        rows.append(f"{head}{seq},{lead}{f[8]},{f[9]},{f[10]},{f[11]},{f[12]},{f[13]},"
-                    f"{f[14]},{f[15]},{f[16]},{f[17]},{f[18]},{f_seg},,,,{f_rank}\n")
-    return seq
 
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
@@ -2262,7 +1938,7 @@ cdef str _csv_line(list codes):
     cdef str c
     for i in range(len(codes)):
         c = codes[i]
-        if c and _needs_quotes(c):
+        if c and needs_quotes(c):
             codes[i] = '"' + c.replace('"', '""') + '"'
     return ",".join(codes)
 
@@ -2301,7 +1977,7 @@ cdef int _buf_code(_RowBuf *b, str code) except -1:
     _buf_put(b, ",", 1)
     if not code:
         return 0
-    if _needs_quotes(code):
+    if needs_quotes(code):
         code = '"' + code.replace('"', '""') + '"'
     return _buf_str(b, code)
 
@@ -2325,93 +2001,6 @@ cdef int _buf_int(_RowBuf *b, long long v) except -1:
     cdef char tmp[24]
     cdef int n = snprintf(tmp, 24, "%lld", v)
     return _buf_put(b, tmp, n)
-
-
-cdef inline str _cached_field(object q, object v, object csv_field):
-    """The writer's q[v] for a str v (its cache of quoted fields), else csv_field(v)."""
-    cdef object t
-    if type(v) is str:
-        t = (<dict>q).get(v)
-        return t if t is not None else q[v]
-    return csv_field(v)
-
-
-# -- requests.csv's rows (psgate/receipt/ledger.py) ------------------------------------
-
-cdef int _buf_field(_RowBuf *b, object v, object csv_field) except -1:
-    """csv_field(v) and a comma."""
-    if type(v) is int:
-        _buf_int_or_text(b, v, csv_field)
-    elif v is not None:
-        _buf_str(b, _field(v, csv_field))
-    return _buf_put(b, ",", 1)
-
-
-cdef int _buf_int_or_text(_RowBuf *b, object v, object csv_field) except -1:
-    cdef int overflow = 0
-    cdef long long a = PyLong_AsLongLongAndOverflow(v, &overflow)
-    if overflow:
-        return _buf_str(b, csv_field(v))
-    return _buf_int(b, a)
-
-
-cdef int _buf_time(_RowBuf *b, object ns, object fmt_t, object csv_field) except -1:
-    """fmt_t(ns): seconds and nine places, floor division as Python's."""
-    cdef int overflow = 0
-    cdef long long a, sec, frac
-    cdef char tmp[48]
-    cdef int n
-    if ns is None:
-        return 0
-    if type(ns) is int:
-        a = PyLong_AsLongLongAndOverflow(ns, &overflow)
-        if not overflow:
-            sec = a // 1000000000       # Python's floor division (no cdivision here)
-            frac = a - sec * 1000000000
-            n = snprintf(tmp, 48, "%lld.%09lld", sec, frac)
-            return _buf_put(b, tmp, n)
-    return _buf_str(b, _field(fmt_t(ns), csv_field))
-
-
-def request_line(bytes head, o, object csv_field, object fmt_f, object fmt_t):
-    """RequestSpool.add's row for the outcome o: ``head`` (the run's label and policy
-    fields, each with its comma), then request_row's fields as csv_field writes them,
-    and a line feed. An int, a str, None, a float are written here; anything else by
-    the Python functions."""
-    cdef _RowBuf buf
-    cdef object x
-    buf.p = NULL
-    buf.n = buf.cap = 0
-    try:
-        _buf_put(&buf, head, len(head))
-        _buf_field(&buf, o.id, csv_field)
-        _buf_field(&buf, o.group, csv_field)
-        _buf_field(&buf, o.contract, csv_field)
-        _buf_field(&buf, o.role or "", csv_field)
-        _buf_field(&buf, int(o.measure), csv_field)
-        _buf_field(&buf, o.state, csv_field)
-        _buf_time(&buf, o.t_ns, fmt_t, csv_field)
-        _buf_put(&buf, ",", 1)
-        _buf_field(&buf, o.prompt_tokens, csv_field)
-        _buf_field(&buf, o.cached_tokens, csv_field)
-        _buf_field(&buf, o.new_blocks, csv_field)
-        _buf_field(&buf, o.recompute_tokens, csv_field)
-        _buf_field(&buf, int(o.waited), csv_field)
-        for x in (o.wait_ms, o.queue_ms, o.prefill_ms, o.ttft_ms):
-            if type(x) is float:
-                _buf_str(&buf, _fmt_places(<double>x, 3))
-            elif x is not None:
-                _buf_str(&buf, _field(fmt_f(x, 3), csv_field))
-            _buf_put(&buf, ",", 1)
-        _buf_time(&buf, o.release_ns, fmt_t, csv_field)
-        _buf_put(&buf, ",", 1)
-        _buf_field(&buf, o.preemptions, csv_field)
-        _buf_field(&buf, o.preempt_recompute_tokens, csv_field)
-        buf.n -= 1              # the last field: its comma becomes the line feed
-        _buf_put(&buf, "\n", 1)
-        return PyBytes_FromStringAndSize(buf.p, buf.n)
-    finally:
-        free(buf.p)
 
 
 # _ps_row's JSON columns: their keys, sorted (as the memos order them), and the most
@@ -2531,8 +2120,8 @@ cdef class CompactCoder:
         return "\r\n".join(lines)
 
     def encode_evictions(self, list decisions, list blocks, list hash_names, list owners,
-                         tuple lead, Py_ssize_t seq, object q, object ff, object csv_field,
-                         object csv_json, JsonMemo seg_memo, JsonMemo rank_memo):
+                         tuple lead, Py_ssize_t seq, object q, object ff, JsonMemo seg_memo,
+                         JsonMemo rank_memo):
         """encode_text of the rows eviction_rows formats for one batch, coded from each
         row's fields without making the row: the JSON columns' keys and value texts are
         the memos' (a field they do not give, or whose text the reader here would not
@@ -2545,7 +2134,7 @@ cdef class CompactCoder:
             seq = eviction_rows(rows, decisions, blocks, hash_names, owners,
                                 f"{lead[0]},{lead[1]},", seq,
                                 f"{lead[2]},{lead[3]},{lead[4]},{lead[5]},{lead[6]},", q, ff,
-                                csv_field, csv_json, seg_memo, rank_memo)
+                                seg_memo, rank_memo)
             return self.encode_text(rows), seq
         if len(blocks) < num or len(hash_names) < num or len(owners) < num:
             num = min(num, len(blocks), len(hash_names), len(owners))
@@ -2555,15 +2144,14 @@ cdef class CompactCoder:
         buf.n = buf.cap = 0
         try:
             seq = self._evict_rows(&buf, decisions, blocks, hash_names, owners, lead, seq,
-                                   num, q, ff, csv_field, csv_json, seg_memo, rank_memo)
+                                   num, q, ff, seg_memo, rank_memo)
             return PyUnicode_DecodeUTF8(buf.p, buf.n, NULL), seq
         finally:
             free(buf.p)
 
     cdef Py_ssize_t _evict_rows(self, _RowBuf *buf, list decisions, list blocks,
                                 list hash_names, list owners, tuple lead, Py_ssize_t seq,
-                                Py_ssize_t num, object q, object ff, object csv_field,
-                                object csv_json, JsonMemo seg_memo,
+                                Py_ssize_t num, object q, object ff, JsonMemo seg_memo,
                                 JsonMemo rank_memo) except? -1:
         """encode_evictions' rows, written to buf: what _encode_fields codes for each row's
         fields, without making the fields. The rows share their run, policy, time, request
@@ -2605,7 +2193,7 @@ cdef class CompactCoder:
         for i in range(num):
             d = decisions[i]
             seq += 1
-            if _needs_quotes(kind):
+            if needs_quotes(kind):
                 _buf_str(buf, '"' + kind.replace('"', '""') + '"')
             else:
                 _buf_str(buf, kind)
@@ -2619,8 +2207,8 @@ cdef class CompactCoder:
             # responsible, p before, p after, runner-up, runner-up p, hits, allocated,
             # new blocks
             blk = blocks[i]
-            self._int_col(buf, ptext, 0, blk, 0, pint, pint_live, csv_field)
-            t = _field(hash_names[i], csv_field)
+            self._int_col(buf, ptext, 0, blk, 0, pint, pint_live)
+            t = csv_field(hash_names[i])
             hid = -1
             if t:
                 hid = self._see(t)
@@ -2634,17 +2222,17 @@ cdef class CompactCoder:
                 _buf_code_c(buf, t, p, self.code_py)
             ptext[1] = t
             x = owners[i]
-            self._text_col(buf, ptext, 2, _cached_field(q, x, csv_field))
+            self._text_col(buf, ptext, 2, cached_field(q, x))
             if type(d) is LRUDecision and self._lru_codable(<LRUDecision>d):
                 self._lru_row(buf, ptext, <LRUDecision>d, pint, pint_live, pflt_live, q,
-                              csv_field, csv_json, seg_memo, jtext, jkeys, jvals, jok, jint,
+                              seg_memo, jtext, jkeys, jvals, jok, jint,
                               jint_ok)
             elif type(d) is PSDecision and self._ps_codable(<PSDecision>d):
                 self._ps_row(buf, ptext, <PSDecision>d, pint, pint_live, pflt, pflt_live, q,
-                             csv_field, jtext, jkeys, jvals, jok, jint, jint_ok)
+                             jtext, jkeys, jvals, jok, jint, jint_ok)
             else:
                 self._decision_row(buf, ptext, d, pint, pint_live, pflt, pflt_live, q, ff,
-                                   csv_field, csv_json, seg_memo, rank_memo, jtext, jkeys,
+                                   seg_memo, rank_memo, jtext, jkeys,
                                    jvals, jok, jint_ok)
             _buf_put(buf, "\r\n", 2)
         for k in range(3):
@@ -2666,7 +2254,7 @@ cdef class CompactCoder:
         return 0
 
     cdef int _int_col(self, _RowBuf *buf, list ptext, Py_ssize_t j, object v, int k,
-                      long long *pint, bint *pint_live, object csv_field) except -1:
+                      long long *pint, bint *pint_live) except -1:
         """Own column j's field for v (str(v) for an int, as _evict_texts writes it): an
         integer the compact form codes by difference is compared as a number, and its text
         is made only when the next field is not one (its value stays in pint[k])."""
@@ -2712,7 +2300,7 @@ cdef class CompactCoder:
         if pflt_live[k] and x == pflt[k]:
             _buf_put(buf, ",", 1)
             return 0
-        self._text_col(buf, ptext, j, _number_c(x))
+        self._text_col(buf, ptext, j, float_text(x))
         pflt_live[k] = True
         pflt[k] = x
         return 0
@@ -2728,10 +2316,10 @@ cdef class CompactCoder:
             return False
         if debts is not self.ps_debts:
             self.ps_debts = None
-            raw = _json_value(debts[0])
-            norm = _json_value(debts[1])
-            if (raw is None or norm is None or not _reads_back(debts[0], <str>raw)
-                    or not _reads_back(debts[1], <str>norm)):
+            raw = json_value(debts[0])
+            norm = json_value(debts[1])
+            if (raw is None or norm is None or not reads_back(debts[0], <str>raw)
+                    or not reads_back(debts[1], <str>norm)):
                 return False
             self.ps_debts = debts
             self.ps_raw_t = raw
@@ -2740,26 +2328,24 @@ cdef class CompactCoder:
 
     cdef int _decision_row(self, _RowBuf *buf, list ptext, object d, long long *pint,
                            bint *pint_live, double *pflt, bint *pflt_live, object q,
-                           object ff, object csv_field, object csv_json, JsonMemo seg_memo,
+                           object ff,  JsonMemo seg_memo,
                            JsonMemo rank_memo, list jtext, list jkeys, list jvals, list jok,
                            bint *jint_ok) except -1:
         """_evict_rows' columns from num_candidates on for any decision, read by its
         attributes (the JSON columns through the memos)."""
         cdef Py_ssize_t j
-        self._int_col(buf, ptext, 3, d.num_candidates, 1, pint, pint_live, csv_field)
-        self._int_col(buf, ptext, 4, d.position, 2, pint, pint_live, csv_field)
-        self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
-        self._text_col(buf, ptext, 6, _field(d.responsible or '', csv_field))
+        self._int_col(buf, ptext, 3, d.num_candidates, 1, pint, pint_live)
+        self._int_col(buf, ptext, 4, d.position, 2, pint, pint_live)
+        self._text_col(buf, ptext, 5, cached_field(q, d.queue))
+        self._text_col(buf, ptext, 6, csv_field(d.responsible or ''))
         self._num_col(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live, ff)
         self._num_col(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live, ff)
-        self._text_col(buf, ptext, 9, _field(d.runner_up or '', csv_field))
+        self._text_col(buf, ptext, 9, csv_field(d.runner_up or ''))
         self._num_col(buf, ptext, 10, d.runner_up_p, 2, pflt, pflt_live, ff)
         for j in range(11, 14):
             self._text_col(buf, ptext, j, "")
-        self._json_generic(buf, 0, d.segments, seg_memo, jtext, jkeys, jvals, jok, jint_ok,
-                           csv_json)
-        self._json_generic(buf, 1, d.rank, rank_memo, jtext, jkeys, jvals, jok, jint_ok,
-                           csv_json)
+        self._json_generic(buf, 0, d.segments, seg_memo, jtext, jkeys, jvals, jok, jint_ok)
+        self._json_generic(buf, 1, d.rank, rank_memo, jtext, jkeys, jvals, jok, jint_ok)
         return 0
 
     cdef bint _lru_codable(self, LRUDecision d) except -1:
@@ -2768,7 +2354,7 @@ cdef class CompactCoder:
         cdef object t
         if self.lru_t is not None and d.freed_ns == self.lru_ns:
             return True
-        t = _json_value(freed_seconds(d.freed_ns))
+        t = json_value(freed_seconds(d.freed_ns))
         if t is None:
             return False
         self.lru_ns = d.freed_ns
@@ -2776,8 +2362,8 @@ cdef class CompactCoder:
         return True
 
     cdef int _lru_row(self, _RowBuf *buf, list ptext, LRUDecision d, long long *pint,
-                      bint *pint_live, bint *pflt_live, object q, object csv_field,
-                      object csv_json, JsonMemo seg_memo, list jtext, list jkeys,
+                      bint *pint_live, bint *pflt_live, object q,
+                      JsonMemo seg_memo, list jtext, list jkeys,
                       list jvals, list jok, long long *jint, bint *jint_ok) except -1:
         """_evict_rows' columns from num_candidates on for d (_lru_codable), as they code
         d's Decision (no responsible group, runner-up or segments; rank its freed_t)."""
@@ -2787,12 +2373,11 @@ cdef class CompactCoder:
         cdef Py_ssize_t j
         self._int_col_c(buf, ptext, 3, d.num_cand, 1, pint, pint_live)
         self._int_col_c(buf, ptext, 4, 0, 2, pint, pint_live)
-        self._text_col(buf, ptext, 5, _cached_field(q, "lru", csv_field))
+        self._text_col(buf, ptext, 5, cached_field(q, "lru"))
         for j in range(6, 14):
             self._text_col(buf, ptext, j, "")
         pflt_live[0] = pflt_live[1] = pflt_live[2] = False
-        self._json_generic(buf, 0, None, seg_memo, jtext, jkeys, jvals, jok, jint_ok,
-                           csv_json)
+        self._json_generic(buf, 0, None, seg_memo, jtext, jkeys, jvals, jok, jint_ok)
         kinds[0] = _PS_TEXT
         ov[0] = <PyObject *>self.lru_t
         self._fields_json(buf, 1, _LRU_RANK_KEYS, 1, kinds, iv, ov, jtext, jkeys, jvals,
@@ -2805,7 +2390,7 @@ cdef class CompactCoder:
             return False
         if s in self.plain_names:
             return True
-        if not _plain_value(<str>s) or '\x7f' in <str>s:
+        if not plain_value(<str>s) or '\x7f' in <str>s:
             return False
         if len(self.plain_names) >= 256:
             self.plain_names.clear()
@@ -2814,7 +2399,7 @@ cdef class CompactCoder:
 
     cdef int _ps_row(self, _RowBuf *buf, list ptext, PSDecision d, long long *pint,
                      bint *pint_live, double *pflt, bint *pflt_live, object q,
-                     object csv_field, list jtext, list jkeys, list jvals, list jok,
+                     list jtext, list jkeys, list jvals, list jok,
                      long long *jint, bint *jint_ok) except -1:
         """_evict_rows' columns from num_candidates on for d (_ps_codable), as they code
         d's Decision: the same texts, compared with the last row's as numbers where
@@ -2824,8 +2409,8 @@ cdef class CompactCoder:
         cdef char kinds[_PS_JSON_MAX]
         self._int_col_c(buf, ptext, 3, d.num_cand, 1, pint, pint_live)
         self._int_col_c(buf, ptext, 4, 0, 2, pint, pint_live)
-        self._text_col(buf, ptext, 5, _cached_field(q, d.queue, csv_field))
-        self._text_col(buf, ptext, 6, _field(d.responsible or '', csv_field))
+        self._text_col(buf, ptext, 5, cached_field(q, d.queue))
+        self._text_col(buf, ptext, 6, csv_field(d.responsible or ''))
         self._num_col_c(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live)
         self._num_col_c(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live)
         if d.runner_up is None:
@@ -2833,7 +2418,7 @@ cdef class CompactCoder:
             self._text_col(buf, ptext, 10, "")
             pflt_live[2] = False
         else:
-            self._text_col(buf, ptext, 9, _field(d.runner_up or '', csv_field))
+            self._text_col(buf, ptext, 9, csv_field(d.runner_up or ''))
             self._num_col_c(buf, ptext, 10, d.runner_p, 2, pflt, pflt_live)
         for j in range(11, 14):
             self._text_col(buf, ptext, j, "")
@@ -2920,15 +2505,14 @@ cdef class CompactCoder:
         if type(x) is float and pflt_live[k] and <double>x == pflt[k]:
             _buf_put(buf, ",", 1)
             return 0
-        self._text_col(buf, ptext, j, '' if x is None else _number(x, ff))
+        self._text_col(buf, ptext, j, '' if x is None else number_text(x, ff))
         pflt_live[k] = type(x) is float
         if pflt_live[k]:
             pflt[k] = <double>x
         return 0
 
     cdef int _json_generic(self, _RowBuf *buf, int k, object x, JsonMemo m, list jtext,
-                           list jkeys, list jvals, list jok, bint *jint_ok,
-                           object csv_json) except -1:
+                           list jkeys, list jvals, list jok, bint *jint_ok) except -1:
         """JSON column k (0: segments, 1: rank) of an eviction row for the value x, its
         keys and value texts through the memo m (the text path where m does not take
         x), coded against the last row's (jtext, jkeys, jvals, jok at k)."""
@@ -2942,9 +2526,9 @@ cdef class CompactCoder:
             jint_ok[k * _PS_JSON_MAX + j] = False
         if not x:
             t = ""
-        elif type(x) is dict and _memo_update(m, <dict>x):
+        elif type(x) is dict and memo_update(m, <dict>x):
             if m.num_odd:
-                t = _memo_text(m)
+                t = memo_text(m)
         else:
             t = csv_json(x)
         if t is None and (m.order is jkeys[k] or m.order == jkeys[k]):

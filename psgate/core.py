@@ -3,16 +3,16 @@
 Two kinds of compiled code serve a replay:
 - ``psgate/_core.pyx`` (Cython) holds compiled forms of loops whose Python form stays in
   its module as the readable reference: prefixshield's victim choice and bookkeeping
-  (``PrefixShieldView``, over the policy's own state), the ledger's eviction rows and the
-  compact ledger's coder (``CompactCoder``). A differential test (tests/test_core_differential.py)
+  (``PrefixShieldView``, over the policy's own state) and the compact ledger's coder
+  (``CompactCoder``). A differential test (tests/test_core_differential.py)
   holds both forms to byte-identical receipts and ledgers. A compiled loop takes the
   common case only and hands anything unusual (a violation, a key outside the flat
   tables) back to the Python form at the point where it stopped.
 - Modules written in Cython's pure-Python mode (``psgate/engines/pool_work.py``,
   ``psgate/engines/step_work.py``, ``psgate/invariants/checker.py``,
   ``psgate/policies/lru.py``, ``psgate/trace/hashes.py``, ``psgate/policy/history.py``,
-  ...) are their own single source: compiled at install where a compiler is,
-  interpreted elsewhere (docs/compiled-code.md).
+  ``psgate/receipt/row_text.py``, ...) are their own single source: compiled at install
+  where a compiler is, interpreted elsewhere (docs/compiled-code.md).
 
 ``PSGATE_CORE=0`` switches the core off. Set when psgate is first imported, it also
 loads every pure-Python-mode module from its ``.py`` source (:func:`run_interpreted`):

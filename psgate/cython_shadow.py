@@ -28,7 +28,7 @@ class _CType:
         return value
 
 
-int = longlong = Py_ssize_t = bint = double = void = _CType()   # noqa: A001 - Cython names
+int = longlong = Py_ssize_t = bint = double = void = Py_UCS4 = _CType()   # noqa: A001 - Cython names
 p_int = p_longlong = p_uchar = _CType()      # pointers (psgate.flat gives the arrays themselves)
 NULL = None
 

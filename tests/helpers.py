@@ -364,3 +364,48 @@ def traced_peak(fn) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+# -- ledger row values: what the row writers must write as csv.writer and orjson do -----
+
+from psgate.policy.base import Decision  # noqa: E402 - the strategies below only
+
+csv_texts = st.text(alphabet=st.sampled_from('ab,"\n\r xé'), max_size=6)
+row_numbers = st.one_of(st.none(), st.integers(-3, 3), st.floats(allow_nan=True),
+                        st.sampled_from([0.0, -0.0, 1e-7, 1e16, 123.4567891234, 2.5e-5]))
+json_values = st.one_of(st.integers(-2**70, 2**70), st.booleans(), st.none(),
+                        st.floats(allow_nan=False), st.sampled_from([1e-7, 1e300, 5e-324]),
+                        csv_texts, st.sampled_from(["probationary", "best-effort", "t\u00e9",
+                                                    "a\\b", "tab\tx", "\x7f"]))
+ranks = st.one_of(st.none(), st.dictionaries(st.one_of(st.sampled_from(
+    ["freed_t", "debt", "a_b", "Z9", "k\u00e9", "q\"", "b\\s"]), st.just("x")), json_values,
+    max_size=4))
+
+
+@st.composite
+def decisions(draw):
+    """A Decision whose every ledger field may need quotes, be of an odd type, or (its
+    JSON columns) hold a value the fast JSON path must hand to orjson."""
+    return Decision(
+        victim=draw(st.integers(1, 50)), num_candidates=draw(st.one_of(st.integers(0, 9),
+                                                                       csv_texts)),
+        position=draw(st.integers(0, 5)), queue=draw(st.one_of(csv_texts, st.just("lru"))),
+        responsible=draw(st.one_of(st.none(), csv_texts)),
+        responsible_p_before=draw(row_numbers), responsible_p_after=draw(row_numbers),
+        runner_up=draw(st.one_of(st.none(), csv_texts)), runner_up_p=draw(row_numbers),
+        segments=draw(st.one_of(st.none(), st.dictionaries(
+            st.sampled_from(["hot", "cold", "x\"y"]), st.integers(0, 9), max_size=3))),
+        rank=draw(ranks) or {})
+
+
+close_values = st.sampled_from([0, 1, True, False, 1.0, 0.0, -0.0, None, "x", 0.5, 2**70,
+                                1e-7, "a\\b"])
+
+
+@st.composite
+def close_ranks(draw):
+    """Rank dicts that mostly repeat the last one's keys, order and values: the case a
+    JSON column's memo shortcuts, with the values it must tell apart (0 and False, 1 and
+    1.0 and True, 0.0 and -0.0) and ones it hands to csv_json."""
+    keys = draw(st.sampled_from([("seg", "debt", "n")] * 3 + [("debt", "seg", "n"), ("n",)]))
+    return {k: draw(close_values) for k in keys}

@@ -6,7 +6,7 @@ replayed twice in this process: with the compiled loops (psgate.core) and with
 ``PSGATE_CORE=0``. Everything a replay writes must be the same bytes, but the
 receipt's environment section, which names the code that ran. The loops' own edge cases
 (a row field that needs quotes, a float the fast JSON path must not take) are held to
-their Python forms row by row.
+their Python forms row by row (the rows' own text is tests/receipt/test_row_text.py's).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 from pathlib import Path
 
@@ -23,15 +22,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import chat_traces, random_traces, replay_outputs, write, write_lines
+from helpers import (chat_traces, close_ranks, csv_texts, decisions, random_traces,
+                     replay_outputs, write, write_lines)
 from psgate import api, core
 from psgate.contracts import CONTRACT_NAMES
 from psgate.policies import policy_names, register, unregister
 from psgate.policy.base import Decision
-from psgate.engines.results import RequestOutcome
 from psgate.policies.lru import LRUDecision, LRUPolicy
 from psgate.receipt.compact import open_compact
-from psgate.receipt.ledger import LedgerWriter, csv_field, csv_json
+from psgate.receipt.ledger import LedgerWriter
 from psgate.workloads import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -424,65 +423,6 @@ def test_the_kinetic_heaps_stay_as_large_as_the_groups(monkeypatch, tmp_path):
 
 # -- the loops one by one --------------------------------------------------------------
 
-_text = st.text(alphabet=st.sampled_from('ab,"\n\r xé'), max_size=6)
-_num = st.one_of(st.none(), st.integers(-3, 3), st.floats(allow_nan=True),
-                 st.sampled_from([0.0, -0.0, 1e-7, 1e16, 123.4567891234, 2.5e-5]))
-_json_value = st.one_of(st.integers(-2**70, 2**70), st.booleans(), st.none(),
-                        st.floats(allow_nan=False), st.sampled_from([1e-7, 1e300, 5e-324]),
-                        _text, st.sampled_from(["probationary", "best-effort", "t\u00e9",
-                                                "a\\b", "tab\tx", "\x7f"]))
-_rank = st.one_of(st.none(), st.dictionaries(st.one_of(st.sampled_from(
-    ["freed_t", "debt", "a_b", "Z9", "k\u00e9", "q\"", "b\\s"]), st.just("x")), _json_value,
-    max_size=4))
-
-
-@st.composite
-def decisions(draw):
-    return Decision(
-        victim=draw(st.integers(1, 50)), num_candidates=draw(st.one_of(st.integers(0, 9),
-                                                                       _text)),
-        position=draw(st.integers(0, 5)), queue=draw(st.one_of(_text, st.just("lru"))),
-        responsible=draw(st.one_of(st.none(), _text)), responsible_p_before=draw(_num),
-        responsible_p_after=draw(_num), runner_up=draw(st.one_of(st.none(), _text)),
-        runner_up_p=draw(_num), segments=draw(st.one_of(st.none(), st.dictionaries(
-            st.sampled_from(["hot", "cold", "x\"y"]), st.integers(0, 9), max_size=3))),
-        rank=draw(_rank) or {})
-
-
-def _rows(writer: LedgerWriter, ds, blocks, names, owners) -> str:
-    writer._buf.clear()
-    writer.start_run("baseline", "lru")
-
-    class Req:
-        id, group, contract = "r,1", "g", "standard"
-
-    writer.eviction_batch(5_000_000, Req(), ds, blocks, names, owners)
-    return "".join(writer._buf)
-
-
-@settings(max_examples=300, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ds=st.lists(decisions(), max_size=6), data=st.data())
-def test_eviction_rows_are_the_python_rows(monkeypatch, tmp_path, ds, data):
-    _compiled()
-    n = len(ds)
-    blocks = data.draw(st.lists(st.one_of(st.integers(1, 99), _text), min_size=n,
-                                max_size=n))
-    names = data.draw(st.lists(_text, min_size=n, max_size=n))
-    owners = data.draw(st.lists(st.one_of(_text, st.none()), min_size=n, max_size=n))
-    got = {}
-    for code in ("compiled", "python"):
-        if code == "python":
-            monkeypatch.setenv("PSGATE_CORE", "0")
-        w = LedgerWriter(tmp_path / f"{code}.csv")
-        try:
-            got[code] = _rows(w, ds, blocks, names, owners)
-        except Exception as exc:       # orjson refusing a value: the same refusal
-            got[code] = type(exc).__name__
-        w.close()
-    assert got["compiled"] == got["python"]
-
-
 @st.composite
 def _repeating_decisions(draw):
     """Decisions whose segments and rank mostly repeat the keys (and many values) of the
@@ -493,7 +433,7 @@ def _repeating_decisions(draw):
                     responsible_p_after=draw(st.sampled_from([None, 1.5, 0.5])),
                     segments=draw(st.sampled_from([None, {"normal": 1, "reuse": 0},
                                                    {"normal": 2, "reuse": 0}])),
-                    rank=draw(_close_ranks()))
+                    rank=draw(close_ranks()))
 
 
 class _Req:
@@ -505,7 +445,7 @@ class _Req:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.tuples(st.sampled_from(["batch", "batch", "one", "admit", "run"]),
                                 st.lists(st.one_of(decisions(), _repeating_decisions()),
-                                         max_size=5), _text), max_size=8),
+                                         max_size=5), csv_texts), max_size=8),
        data=st.data())
 def test_compact_eviction_rows_are_the_python_ones(monkeypatch, tmp_path, steps, data):
     """The compact ledger coded from eviction batches' fields (the compiled coder's
@@ -518,10 +458,10 @@ def test_compact_eviction_rows_are_the_python_ones(monkeypatch, tmp_path, steps,
     for kind, ds, text in steps:
         n = len(ds)
         plan.append((kind, ds, text,
-                     data.draw(st.lists(st.one_of(st.integers(1, 99), _text), min_size=n,
+                     data.draw(st.lists(st.one_of(st.integers(1, 99), csv_texts), min_size=n,
                                         max_size=n)),
-                     data.draw(st.lists(_text, min_size=n, max_size=n)),
-                     data.draw(st.lists(st.one_of(_text, st.none()), min_size=n,
+                     data.draw(st.lists(csv_texts, min_size=n, max_size=n)),
+                     data.draw(st.lists(st.one_of(csv_texts, st.none()), min_size=n,
                                         max_size=n))))
 
     def write(w: LedgerWriter) -> None:
@@ -707,36 +647,6 @@ def test_a_compiled_decision_between_rows_of_the_same_numbers(monkeypatch, tmp_p
         assert got["compiled"] == got["python"]
 
 
-_ms = st.one_of(st.none(), st.floats(), st.sampled_from([0.0, -0.0, 0.0004, 0.0005, 71.92,
-                                                         1e300, 2.5e-7]), st.integers(-5, 5))
-_ns = st.one_of(st.none(), st.integers(-3 * 10**9, 3 * 10**9), st.integers(-2**70, 2**70),
-                st.sampled_from([0, -1, 999_999_999, -1_000_000_000, 2**63 - 1, -2**63]))
-
-
-@settings(max_examples=300, deadline=None)
-@given(o=st.builds(RequestOutcome, id=_text, group=_text, contract=_text,
-                   role=st.one_of(st.none(), _text), measure=st.booleans(),
-                   state=st.sampled_from(["completed", "a,b"]), t_ns=_ns,
-                   prompt_tokens=st.one_of(st.integers(0, 2**70), st.floats(0, 9)),
-                   cached_tokens=st.integers(-2**64, 2**64), new_blocks=st.booleans(),
-                   recompute_tokens=st.integers(0, 9), queue_ms=_ms, prefill_ms=_ms,
-                   ttft_ms=_ms, release_ns=_ns, waited=st.booleans(), wait_ms=_ms,
-                   preemptions=st.integers(0, 2**70),
-                   preempt_recompute_tokens=st.one_of(st.integers(-2**70, 2**70),
-                                                      st.floats(0, 9))),
-       label=_text)
-def test_request_rows_are_the_python_rows(o, label):
-    """requests.csv's row of an outcome (request_line) is request_row's fields as
-    csv_field writes them: quoted text, times by floor division, the millisecond fields
-    to three places, and whatever is not of its usual type as the Python functions
-    write it."""
-    mod = _compiled()
-    from psgate.receipt.ledger import fmt_f, fmt_t, request_row
-    head = f"{csv_field(label)},{csv_field('lru')},".encode()
-    want = ",".join(map(csv_field, request_row(label, "lru", o))).encode() + b"\n"
-    assert mod.request_line(head, o, csv_field, fmt_f, fmt_t) == want
-
-
 def test_compact_eviction_rows_code_from_fields(monkeypatch, tmp_path):
     """A replay's compact ledger goes through encode_evictions (not the CSV rows) where
     the core is built, and decodes to the CSV the plain writer writes."""
@@ -768,92 +678,6 @@ def test_compact_eviction_rows_code_from_fields(monkeypatch, tmp_path):
                        else path.read_text())
     assert calls == [4]
     assert texts["compact"] == texts["none"]
-
-
-_close_value = st.sampled_from([0, 1, True, False, 1.0, 0.0, -0.0, None, "x", 0.5, 2**70,
-                                1e-7, "a\\b"])
-
-
-@st.composite
-def _close_ranks(draw):
-    """Rank dicts that mostly repeat the last one's keys, order and values: the case
-    the core's per-column memo shortcuts, with the values it must tell apart (0 and
-    False, 1 and 1.0 and True, 0.0 and -0.0) and ones it hands to csv_json."""
-    keys = draw(st.sampled_from([("seg", "debt", "n")] * 3 + [("debt", "seg", "n"), ("n",)]))
-    return {k: draw(_close_value) for k in keys}
-
-
-@settings(max_examples=200, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(st.lists(st.tuples(_close_ranks(), st.booleans()), max_size=5),
-                        max_size=5))
-def test_rows_of_repeating_ranks_are_the_python_rows(monkeypatch, tmp_path, batches):
-    _compiled()
-    got = {}
-    for code in ("compiled", "python"):
-        if code == "python":
-            monkeypatch.setenv("PSGATE_CORE", "0")
-        w = LedgerWriter(tmp_path / f"{code}.csv")
-        out = []
-        last = {"seg": 1}
-        for batch in batches:
-            ds = []
-            for rank, repeat in batch:
-                rank = dict(last) if repeat else rank     # a copy equal to the last one
-                last = rank
-                ds.append(Decision(victim=1, num_candidates=1, position=0, queue="lru",
-                                   segments={"hot": len(rank)}, rank=rank))
-            try:
-                out.append(_rows(w, ds, [1] * len(ds), ["h"] * len(ds), ["g"] * len(ds)))
-            except Exception as exc:       # orjson refusing a value: the same refusal
-                out.append(type(exc).__name__)
-        w.close()
-        got[code] = out
-    assert got["compiled"] == got["python"]
-
-
-def test_rows_alternating_between_look_alike_values_are_the_python_rows(monkeypatch,
-                                                                        tmp_path):
-    """Every ordered pair of values that compare equal but are written apart (0, False,
-    0.0, -0.0; 1, True, 1.0), or that csv_json must write (1e-7, a backslash), in
-    consecutive rows of the same keys: the core's memo must not reuse the first one's
-    text."""
-    _compiled()
-    look_alike = [0, False, 0.0, -0.0, 1, True, 1.0, 1e-7, "a\\b", None, "0"]
-    ds = [Decision(victim=1, num_candidates=1, position=0, queue="lru",
-                   segments={"hot": 1}, rank={"n": 2, "debt": a, "seg": "p"})
-          for a in look_alike for b in look_alike for a in (a, b, a)]
-    got = {}
-    for code in ("compiled", "python"):
-        if code == "python":
-            monkeypatch.setenv("PSGATE_CORE", "0")
-        w = LedgerWriter(tmp_path / f"{code}.csv")
-        got[code] = [_rows(w, ds[i:i + 3], [1] * 3, ["h"] * 3, ["g"] * 3)
-                     for i in range(0, len(ds), 3)]
-        w.close()
-    assert got["compiled"] == got["python"]
-    assert '""debt"":-0.0' in "".join(got["python"])
-
-
-def test_the_fast_json_path_matches_csv_json_at_its_edges(tmp_path):
-    mod = _compiled()
-    w = LedgerWriter(tmp_path / "l.csv")
-    edges = [0.0, -0.0, 1e-4, 9.999e-5, 1e15, 9999999999999998.0, 1e16, 0.1 + 0.2,
-             123456789.1234567891, -2.5, math.inf, -math.inf, 2**63, -2**63, 2**64,
-             2**64 - 1, -2**63 - 1, True, False, 7, 1.0000000005, 1.0000000004999]
-    for v in edges:
-        for key in ("freed_t", "\u00e9", 'a"b'):
-            d = Decision(victim=1, num_candidates=1, position=0, queue="lru",
-                         rank={key: v, "b": 1})
-            try:
-                want = csv_json(d.rank)
-            except TypeError:
-                continue
-            rows: list[str] = []
-            mod.eviction_rows(rows, [d], [1], ["h"], ["g"], ",", 0, "", w._q, w._ff,
-                              csv_field, csv_json)
-            assert rows[0].endswith(f",,,,{want}\n"), (key, v)
-    w.close()
 
 
 @settings(max_examples=200, deadline=None)

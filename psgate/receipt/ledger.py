@@ -18,11 +18,11 @@ from array import array
 from collections.abc import Iterable
 from pathlib import Path
 
-import orjson
-
 from psgate import core
 from psgate.engines.results import OutcomeSink, RequestOutcome
 from psgate.inputs import open_input, require_regular
+from psgate.receipt.row_text import (JsonMemo, csv_field, csv_json, eviction_rows, fmt_f,
+                                     fmt_t, request_line)
 
 LEDGER_COLUMNS = (
     "run", "policy", "seq", "t", "kind", "request", "group", "contract", "block", "hash",
@@ -35,76 +35,6 @@ REQUEST_COLUMNS = (
     "prompt_tokens", "cached_tokens", "new_blocks", "recompute_tokens", "waited", "wait_ms",
     "queue_ms", "prefill_ms", "ttft_ms", "done_t", "preemptions", "preempt_recompute_tokens",
 )
-
-
-def fmt_t(ns: int | None) -> str:
-    return "" if ns is None else f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
-
-
-def fmt_f(x: float | None, nd: int = 6) -> str:
-    if x is None:
-        return ""
-    s = f"{x:.{nd}f}".rstrip("0").rstrip(".")
-    return "0" if s in ("-0", "") else s
-
-
-def canonical(obj) -> str:
-    """Canonical JSON of a flat dict of ranking fields; floats rounded to 9 decimals
-    so a value reads the same whatever arithmetic path produced it."""
-    if not obj:
-        return ""
-    for v in obj.values():
-        if type(v) is float:
-            obj = {k: round(v, 9) if type(v) is float else v for k, v in obj.items()}
-            break
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def csv_field(v) -> str:
-    """One CSV field as ``csv.writer`` writes it (the default dialect: QUOTE_MINIMAL,
-    doubled quotes), quoted when it holds a comma, a quote, a line feed or a carriage
-    return (RFC 4180), None as nothing, floats by repr. (csv.writer with a "\\n" line
-    terminator leaves a lone carriage return unquoted, and every csv reader then takes it
-    for the end of the row; with "\\r\\n" it quotes it, as here.)"""
-    t = type(v)
-    if t is not str:
-        if t is int:
-            return str(v)
-        if v is None:
-            return ""
-        v = repr(v) if t is float else str(v)
-    if '"' in v or "," in v or "\n" in v or "\r" in v:
-        return '"' + v.replace('"', '""') + '"'
-    return v
-
-
-_ROUNDED: dict[float, float] = {}
-
-
-def _round9(v: float) -> float:
-    """round(v, 9), remembered for the values rows repeat (a group's debt is on every
-    row of its batch). Two non-zero floats equal as keys are the same number; zeros are
-    never stored (0.0 == -0.0 as keys, and round keeps the sign), so a hit is exact."""
-    r = _ROUNDED.get(v)
-    if r is None:
-        r = round(v, 9)
-        if v:
-            if len(_ROUNDED) >= 4096:
-                _ROUNDED.clear()
-            _ROUNDED[v] = r
-    return r
-
-
-def csv_json(obj) -> str:
-    """``csv_field(canonical(obj))``: orjson escapes every line break, so a non-empty
-    object's JSON is always quoted (it holds quotes) and never needs csv itself."""
-    if not obj:
-        return ""
-    for v in obj.values():
-        if type(v) is float:
-            obj = {k: _round9(v) if type(v) is float else v for k, v in obj.items()}
-            break
-    return '"' + orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode().replace('"', '""') + '"'
 
 
 class _FieldCache(dict):
@@ -184,8 +114,8 @@ class LedgerWriter:
     ``compression="compact"`` codes each row against the ones before it first
     (psgate.receipt.compact), a lossless form of the same CSV.
 
-    Rows are formatted here field by field (:func:`csv_field`, the bytes csv.writer
-    would write) and written in batches of ``FLUSH_ROWS`` lines."""
+    Rows are formatted field by field (``row_text``: the bytes csv.writer would write)
+    and written in batches of ``FLUSH_ROWS`` lines."""
 
     FLUSH_ROWS = 2048
 
@@ -219,9 +149,7 @@ class LedgerWriter:
         self._q = _FieldCache()
         self._ff = _FloatCache()
         self._core = core.get()
-        # the last segments and rank the core wrote (psgate._core.JsonMemo)
-        self._memos = (() if self._core is None
-                       else (self._core.JsonMemo(), self._core.JsonMemo()))
+        self._memos = (JsonMemo(), JsonMemo())       # the last segments and rank written
 
     def start_run(self, run: str, policy: str) -> None:
         self.run, self.policy = run, policy
@@ -254,25 +182,8 @@ class LedgerWriter:
         if len(buf) >= self.FLUSH_ROWS:
             self._flush()
 
-    def _evict_fields(self, d, block, hash_name, owner) -> str:
-        """An eviction row from its block field on, newline included."""
-        q, ff = self._q, self._ff
-        nc, pos = d.num_candidates, d.position
-        p1, p2, p3 = d.responsible_p_before, d.responsible_p_after, d.runner_up_p
-        return (f"{block if type(block) is int else csv_field(block)},"
-                f"{csv_field(hash_name)},"
-                f"{q[owner] if type(owner) is str else csv_field(owner)},"
-                f"{nc if type(nc) is int else csv_field(nc)},"
-                f"{pos if type(pos) is int else csv_field(pos)},"
-                f"{q[d.queue] if type(d.queue) is str else csv_field(d.queue)},"
-                f"{csv_field(d.responsible or '')},"
-                f"{'' if p1 is None else ff[p1]},{'' if p2 is None else ff[p2]},"
-                f"{csv_field(d.runner_up or '')},{'' if p3 is None else ff[p3]},"
-                f"{csv_json(d.segments)},,,,{csv_json(d.rank)}\n")
-
     def eviction(self, now_ns, req, decision, block, hash_name, owner) -> None:
-        self._write(f"{self._prefix(now_ns, 'evict', req)},"
-                    f"{self._evict_fields(decision, block, hash_name, owner)}")
+        self.eviction_batch(now_ns, req, [decision], [block], [hash_name], [owner])
 
     def eviction_batch(self, now_ns, req, decisions, blocks, hash_names, owners) -> None:
         """eviction() for each of one allocation's victims, in order, in one call."""
@@ -288,23 +199,12 @@ class LedgerWriter:
                 self.seq = compact.write_evictions(
                     decisions, blocks, hash_names, owners,
                     (self._run_f, self._policy_f, self._t_s, "evict", *self._req_f), seq,
-                    self._q, self._ff, csv_field, csv_json, *self._memos)
+                    self._q, self._ff, *self._memos)
                 return
-        lead = f"{self._t_s},evict,{self._req_s},"
-        head = self._head
-        rows = []
-        if self._core is not None:
-            seq = self._core.eviction_rows(rows, decisions, blocks, hash_names, owners, head,
-                                           seq, lead, self._q, self._ff, csv_field, csv_json,
-                                           *self._memos)
-        else:
-            fields = self._evict_fields
-            for d, block, hash_name, owner in zip(decisions, blocks, hash_names, owners):
-                seq += 1
-                rows.append(f"{head}{seq},{lead}{fields(d, block, hash_name, owner)}")
-        self.seq = seq
         buf = self._buf
-        buf.extend(rows)
+        self.seq = eviction_rows(buf, decisions, blocks, hash_names, owners, self._head, seq,
+                                 f"{self._t_s},evict,{self._req_s},", self._q, self._ff,
+                                 *self._memos)
         if len(buf) >= self.FLUSH_ROWS:
             self._flush()
 
@@ -332,14 +232,6 @@ class LedgerWriter:
             self._raw.close()
 
 
-def request_row(label: str, policy: str, o: RequestOutcome) -> list:
-    """One requests.csv row, as its fields."""
-    return [label, policy, o.id, o.group, o.contract, o.role or "", int(o.measure), o.state,
-            fmt_t(o.t_ns), o.prompt_tokens, o.cached_tokens, o.new_blocks, o.recompute_tokens,
-            int(o.waited), fmt_f(o.wait_ms, 3), fmt_f(o.queue_ms, 3), fmt_f(o.prefill_ms, 3),
-            fmt_f(o.ttft_ms, 3), fmt_t(o.release_ns), o.preemptions, o.preempt_recompute_tokens]
-
-
 class RequestSpool(OutcomeSink):
     """One run's requests.csv rows, written to a scratch file as requests finish.
 
@@ -360,15 +252,10 @@ class RequestSpool(OutcomeSink):
         self.length = array("I")
         self.t_ns = array("q")
         self.num_rows = 0
-        self._core = core.get()
         self._head = f"{csv_field(label)},{csv_field(policy)},".encode()
 
     def add(self, o: RequestOutcome, index: int) -> None:
-        if self._core is not None:
-            row = self._core.request_line(self._head, o, csv_field, fmt_f, fmt_t)
-        else:
-            row = (",".join(map(csv_field, request_row(self.label, self.policy, o))).encode()
-                   + b"\n")
+        row = request_line(self._head, o)
         have = len(self.offset)
         if index >= have:
             more = index + 1 - have
@@ -456,9 +343,9 @@ def write_requests(path: Path, runs: list[tuple[str, str, list[RequestOutcome]]]
         for run in runs:
             if not isinstance(run, RequestSpool):
                 label, policy, outcomes = run
+                head = f"{csv_field(label)},{csv_field(policy)},".encode()
                 rows = sorted(outcomes, key=lambda o: (o.t_ns, o.id))
-                fh.write(b"".join(",".join(map(csv_field, request_row(label, policy, o)))
-                                  .encode() + b"\n" for o in rows))
+                fh.write(b"".join(request_line(head, o) for o in rows))
                 continue
             run.write_to(fh)
 

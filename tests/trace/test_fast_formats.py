@@ -15,8 +15,8 @@ import pytest
 import rfc8785
 
 from psgate.policy.base import Decision
-from psgate.receipt.ledger import (LEDGER_COLUMNS, LedgerWriter, canonical, csv_field, csv_json,
-                                   fmt_f, fmt_t, open_text)
+from psgate.receipt.ledger import LEDGER_COLUMNS, LedgerWriter, open_text
+from psgate.receipt.row_text import canonical, csv_field, csv_json, fmt_f, fmt_t
 from psgate.trace import jcs
 
 
