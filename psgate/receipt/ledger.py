@@ -21,8 +21,8 @@ from pathlib import Path
 from psgate import core
 from psgate.engines.results import OutcomeSink, RequestOutcome
 from psgate.inputs import open_input, require_regular
-from psgate.receipt.row_text import (JsonMemo, csv_field, csv_json, eviction_rows, fmt_f,
-                                     fmt_t, request_line)
+from psgate.receipt.row_text import (MEMO_PAYS, JsonMemo, csv_field, csv_json, eviction_rows,
+                                     fmt_f, fmt_t, request_line)
 
 LEDGER_COLUMNS = (
     "run", "policy", "seq", "t", "kind", "request", "group", "contract", "block", "hash",
@@ -149,7 +149,8 @@ class LedgerWriter:
         self._q = _FieldCache()
         self._ff = _FloatCache()
         self._core = core.get()
-        self._memos = (JsonMemo(), JsonMemo())       # the last segments and rank written
+        # the last segments and rank written (row_text.MEMO_PAYS)
+        self._memos = (JsonMemo(), JsonMemo()) if MEMO_PAYS else (None, None)
 
     def start_run(self, run: str, policy: str) -> None:
         self.run, self.policy = run, policy

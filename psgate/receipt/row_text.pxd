@@ -2,7 +2,7 @@
 # and requests.csv's rows, and the JSON column memo that the compact coder reads.
 
 cpdef str fmt_t(ns)
-cpdef str fmt_f(x, nd=*)
+cpdef str fmt_f(x, int nd=*)
 cpdef str csv_field(v)
 cpdef str canonical(obj)
 cpdef object round9(v)

@@ -25,6 +25,8 @@ The module is written in Cython's pure-Python mode and is the only source of the
 it runs as written.
 """
 
+from typing import Optional
+
 import orjson
 
 try:
@@ -34,17 +36,33 @@ except ImportError:
 
 
 def fmt_t(ns) -> str:
-    """A time in ns as seconds with nine places ("" for None), by floor division."""
-    return "" if ns is None else f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+    """A time in ns (an integer) as seconds with nine places ("" for None), by floor
+    division."""
+    if ns is None:
+        return ""
+    if not isinstance(ns, int):
+        raise TypeError(f"a time in ns is an integer, found {type(ns).__name__} {ns!r}")
+    frac: cython.longlong = ns % 1_000_000_000
+    return f"{ns // 1_000_000_000}.{frac:09d}"
 
 
-def fmt_f(x, nd=6) -> str:
-    """A number to ``nd`` places without trailing zeros; "0" for a zero of either sign,
-    "" for None."""
+_PLACES = tuple(f".{nd}f" for nd in range(10))      # format specs, made once
+
+
+def fmt_f(x, nd: cython.int = 6) -> str:
+    """A number to ``nd`` places without trailing zeros (nor a trailing point); "0" for
+    a zero of either sign, "" for None."""
     if x is None:
         return ""
-    s = f"{x:.{nd}f}".rstrip("0").rstrip(".")
-    return "0" if s in ("-0", "") else s
+    s: str = format(x, _PLACES[nd] if 0 <= nd < 10 else f".{nd}f")
+    n: cython.Py_ssize_t = len(s)
+    while n and s[n - 1] == '0':
+        n -= 1
+    if n and s[n - 1] == '.':
+        n -= 1
+    if n == 0 or (n == 2 and s[0] == '-' and s[1] == '0'):
+        return "0"
+    return s if n == len(s) else s[:n]
 
 
 def csv_field(v) -> str:
@@ -160,6 +178,11 @@ def json_value(v):
 
 _UNSET = object()          # a memo's value before any row set it
 
+# Whether a JsonMemo pays: compiled it writes a row's JSON columns several times faster
+# than orjson does through csv_json; interpreted its Python is slower than orjson's C, so
+# a writer then passes no memos and eviction_rows writes the columns by csv_json.
+MEMO_PAYS = cython.compiled
+
 
 @cython.cclass
 class JsonMemo:
@@ -185,8 +208,9 @@ def same_value(v, pv) -> cython.bint:
     if v is pv:
         return True
     if type(v) is float:
-        return (cython.cast(cython.double, v) == cython.cast(cython.double, pv)
-                and cython.cast(cython.double, v) != 0.0)
+        a: cython.double = v
+        b: cython.double = pv
+        return a == b and a != 0.0
     if type(v) is int or type(v) is str:
         return v == pv
     return False                        # True, False, None: only themselves
@@ -286,8 +310,10 @@ def float_text(v: cython.double) -> str:
     """fmt_f(v), one of the last four texts made where v is one of their values."""
     global _num_next
     j: cython.int
+    seen: cython.double
     for j in range(4):
-        if _num_t[j] is not None and cython.cast(cython.double, _num_v[j]) == v:
+        seen = _num_v[j]
+        if seen == v and _num_t[j] is not None:
             return _num_t[j]
     t: str = fmt_f(v)
     _num_v[_num_next] = v
@@ -331,14 +357,14 @@ def evict_texts(f: list, d, block, hash_name, owner, q, ff) -> cython.int:
 
 
 def eviction_rows(rows: list, decisions, blocks, hash_names, owners, head: str,
-                  seq: cython.Py_ssize_t, lead: str, q, ff, seg_memo: JsonMemo,
-                  rank_memo: JsonMemo) -> cython.Py_ssize_t:
+                  seq: cython.Py_ssize_t, lead: str, q, ff, seg_memo: Optional[JsonMemo],
+                  rank_memo: Optional[JsonMemo]) -> cython.Py_ssize_t:
     """LedgerWriter.eviction_batch's rows: one per victim (the shortest of the four
     sequences), appended to ``rows`` and numbered from ``seq`` + 1; returns the last seq.
     ``head`` is the run's "run,policy," and ``lead`` the batch's "t,kind,request,group,
     contract,"; ``q`` and ``ff`` are the writer's caches of string and number fields, and
     the memos, kept by the writer from batch to batch, the last segments and rank
-    written."""
+    written (None: the columns go straight to csv_json)."""
     i: cython.Py_ssize_t
     num: cython.Py_ssize_t = min(len(decisions), len(blocks), len(hash_names), len(owners))
     f: list = [None] * 19
@@ -346,11 +372,11 @@ def eviction_rows(rows: list, decisions, blocks, hash_names, owners, head: str,
         d = decisions[i]
         evict_texts(f, d, blocks[i], hash_names[i], owners[i], q, ff)
         seg = d.segments
-        f_seg = json_memo(seg_memo, seg)
+        f_seg = None if seg_memo is None else json_memo(seg_memo, seg)
         if f_seg is None:
             f_seg = csv_json(seg)
         rank = d.rank
-        f_rank = json_memo(rank_memo, rank)
+        f_rank = None if rank_memo is None else json_memo(rank_memo, rank)
         if f_rank is None:
             f_rank = csv_json(rank)
         seq += 1

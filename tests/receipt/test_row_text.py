@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from pathlib import Path
 
 import orjson
 import pytest
@@ -80,12 +81,12 @@ def expected_rows(ds, blocks, names, owners, seq: int = 0) -> str:
 
 class Writer:
     """What LedgerWriter keeps from batch to batch for eviction_rows: its field caches,
-    the column memos and seq."""
+    the column memos (or none: the columns by csv_json) and seq."""
 
-    def __init__(self, mod) -> None:
+    def __init__(self, mod, memo: bool = True) -> None:
         self.mod = mod
         self.q, self.ff = {}, {}
-        self.memos = (mod.JsonMemo(), mod.JsonMemo())
+        self.memos = (mod.JsonMemo(), mod.JsonMemo()) if memo else (None, None)
         self.seq = 0
 
     def rows(self, ds, blocks, names, owners) -> str:
@@ -111,15 +112,33 @@ class Writer:
 
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ds=st.lists(decisions(), max_size=6), data=st.data())
-def test_eviction_rows_are_what_csv_and_orjson_write(form, ds, data):
+@given(ds=st.lists(decisions(), max_size=6), memo=st.booleans(), data=st.data())
+def test_eviction_rows_are_what_csv_and_orjson_write(form, ds, memo, data):
     n = len(ds)
     blocks = data.draw(st.lists(st.one_of(st.integers(1, 99), csv_texts), min_size=n,
                                 max_size=n))
     names = data.draw(st.lists(csv_texts, min_size=n, max_size=n))
     owners = data.draw(st.lists(st.one_of(csv_texts, st.none()), min_size=n, max_size=n))
-    assert Writer(form).rows(ds, blocks, names, owners) == \
+    assert Writer(form, memo).rows(ds, blocks, names, owners) == \
         expected_rows(ds, blocks, names, owners)
+
+
+def test_a_writer_keeps_memos_where_they_pay():
+    """Compiled, the memos write the JSON columns; interpreted, orjson does (faster there)."""
+    from psgate.receipt.ledger import LedgerWriter
+    w = LedgerWriter(Path("/dev/null"))
+    try:
+        assert row_text.MEMO_PAYS == row_text.__file__.endswith((".so", ".pyd"))
+        assert all((m is not None) == row_text.MEMO_PAYS for m in w._memos)
+        assert interpreted(row_text).MEMO_PAYS is False
+    finally:
+        w.close()
+
+
+def test_fmt_t_refuses_a_time_that_is_not_an_integer(form):
+    assert form.fmt_t(True) == "0.000000001"
+    with pytest.raises(TypeError, match="found float 5.0"):
+        form.fmt_t(5.0)
 
 
 @settings(max_examples=150, deadline=None,
