@@ -23,8 +23,8 @@ from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
-from psgate.receipt.row_text cimport (JsonMemo, cached_field, csv_field, csv_json,
-                                      eviction_rows, float_text, json_value, memo_text,
+from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
+                                      eviction_rows, json_value, memo_text,
                                       memo_update, needs_quotes, number_text, plain_value,
                                       reads_back)
 
@@ -2229,7 +2229,7 @@ cdef class CompactCoder:
                               jint_ok)
             elif type(d) is PSDecision and self._ps_codable(<PSDecision>d):
                 self._ps_row(buf, ptext, <PSDecision>d, pint, pint_live, pflt, pflt_live, q,
-                             jtext, jkeys, jvals, jok, jint, jint_ok)
+                             ff, jtext, jkeys, jvals, jok, jint, jint_ok)
             else:
                 self._decision_row(buf, ptext, d, pint, pint_live, pflt, pflt_live, q, ff,
                                    seg_memo, rank_memo, jtext, jkeys,
@@ -2295,12 +2295,12 @@ cdef class CompactCoder:
         return 0
 
     cdef int _num_col_c(self, _RowBuf *buf, list ptext, Py_ssize_t j, double x, int k,
-                        double *pflt, bint *pflt_live) except -1:
+                        double *pflt, bint *pflt_live, NumberTexts ff) except -1:
         """_num_col for the float x."""
         if pflt_live[k] and x == pflt[k]:
             _buf_put(buf, ",", 1)
             return 0
-        self._text_col(buf, ptext, j, float_text(x))
+        self._text_col(buf, ptext, j, number_text(x, ff))
         pflt_live[k] = True
         pflt[k] = x
         return 0
@@ -2398,7 +2398,7 @@ cdef class CompactCoder:
         return True
 
     cdef int _ps_row(self, _RowBuf *buf, list ptext, PSDecision d, long long *pint,
-                     bint *pint_live, double *pflt, bint *pflt_live, object q,
+                     bint *pint_live, double *pflt, bint *pflt_live, object q, NumberTexts ff,
                      list jtext, list jkeys, list jvals, list jok,
                      long long *jint, bint *jint_ok) except -1:
         """_evict_rows' columns from num_candidates on for d (_ps_codable), as they code
@@ -2411,15 +2411,15 @@ cdef class CompactCoder:
         self._int_col_c(buf, ptext, 4, 0, 2, pint, pint_live)
         self._text_col(buf, ptext, 5, cached_field(q, d.queue))
         self._text_col(buf, ptext, 6, csv_field(d.responsible or ''))
-        self._num_col_c(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live)
-        self._num_col_c(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live)
+        self._num_col_c(buf, ptext, 7, d.responsible_p_before, 0, pflt, pflt_live, ff)
+        self._num_col_c(buf, ptext, 8, d.responsible_p_after, 1, pflt, pflt_live, ff)
         if d.runner_up is None:
             self._text_col(buf, ptext, 9, "")
             self._text_col(buf, ptext, 10, "")
             pflt_live[2] = False
         else:
             self._text_col(buf, ptext, 9, csv_field(d.runner_up or ''))
-            self._num_col_c(buf, ptext, 10, d.runner_p, 2, pflt, pflt_live)
+            self._num_col_c(buf, ptext, 10, d.runner_p, 2, pflt, pflt_live, ff)
         for j in range(11, 14):
             self._text_col(buf, ptext, j, "")
         # segments, by sorted key: normal, probationary, reuse

@@ -21,8 +21,8 @@ from pathlib import Path
 from psgate import core
 from psgate.engines.results import OutcomeSink, RequestOutcome
 from psgate.inputs import open_input, require_regular
-from psgate.receipt.row_text import (MEMO_PAYS, JsonMemo, csv_field, csv_json, eviction_rows,
-                                     fmt_f, fmt_t, request_line)
+from psgate.receipt.row_text import (MEMO_PAYS, JsonMemo, NumberTexts, csv_field, csv_json,
+                                     eviction_rows, fmt_t, request_line)
 
 LEDGER_COLUMNS = (
     "run", "policy", "seq", "t", "kind", "request", "group", "contract", "block", "hash",
@@ -35,33 +35,6 @@ REQUEST_COLUMNS = (
     "prompt_tokens", "cached_tokens", "new_blocks", "recompute_tokens", "waited", "wait_ms",
     "queue_ms", "prefill_ms", "ttft_ms", "done_t", "preemptions", "preempt_recompute_tokens",
 )
-
-
-class _FieldCache(dict):
-    """str -> its CSV field, for the few strings rows repeat (groups, queues, owners);
-    bounded, so it never grows with the trace."""
-
-    LIMIT = 4096
-
-    def __missing__(self, key):
-        v = csv_field(key)
-        if len(self) < self.LIMIT:
-            self[key] = v
-        return v
-
-
-class _FloatCache(dict):
-    """number -> fmt_f(number), for the debts a batch repeats; keys equal as dict keys
-    (0.0 and -0.0, 3 and 3.0) format alike, so a hit is exact. Bounded."""
-
-    LIMIT = 4096
-
-    def __missing__(self, key):
-        v = fmt_f(key)
-        if len(self) >= self.LIMIT:
-            self.clear()
-        self[key] = v
-        return v
 
 
 LEDGER_ROWS = ("all", "evictions")
@@ -146,8 +119,8 @@ class LedgerWriter:
         self._req_s = ""
         self._t_ns = None
         self._t_s = ""
-        self._q = _FieldCache()
-        self._ff = _FloatCache()
+        self._q: dict = {}               # the texts of the fields and numbers rows repeat
+        self._ff = NumberTexts()
         self._core = core.get()
         # the last segments and rank written (row_text.MEMO_PAYS)
         self._memos = (JsonMemo(), JsonMemo()) if MEMO_PAYS else (None, None)

@@ -8,7 +8,7 @@ cpdef str canonical(obj)
 cpdef object round9(v)
 cpdef str csv_json(obj)
 cpdef bint needs_quotes(str s) except -1
-cpdef str cached_field(q, v)
+cpdef str cached_field(dict q, v)
 cpdef bint plain_value(str v) except -1
 cpdef object json_value(v)
 
@@ -25,10 +25,19 @@ cpdef bint reads_back(v, str s) except -1
 cpdef int memo_update(JsonMemo m, dict d) except -2
 cpdef str memo_text(JsonMemo m)
 cpdef object json_memo(JsonMemo m, obj)
-cpdef str float_text(double v)
-cpdef str number_text(p, ff)
-cpdef int evict_texts(list f, d, block, hash_name, owner, q, ff) except -1
+
+
+cdef class NumberTexts:
+    cdef double values[4]
+    cdef list texts
+    cdef int next
+    cdef dict others
+
+
+cpdef str number_text(p, NumberTexts ff)
+cpdef int evict_texts(list f, d, block, hash_name, owner, dict q, NumberTexts ff) except -1
 cpdef Py_ssize_t eviction_rows(list rows, decisions, blocks, hash_names, owners, str head,
-                               Py_ssize_t seq, str lead, q, ff, JsonMemo seg_memo,
+                               Py_ssize_t seq, str lead, dict q, NumberTexts ff,
+                               JsonMemo seg_memo,
                                JsonMemo rank_memo) except -1
 cpdef bytes request_line(bytes head, o)

@@ -129,13 +129,20 @@ def needs_quotes(s: str) -> cython.bint:
     return '"' in s or ',' in s or '\n' in s or '\r' in s
 
 
-def cached_field(q, v) -> str:
-    """The writer's q[v] for a str v (its bounded cache of quoted fields), else
-    csv_field(v)."""
-    if type(v) is str:
-        t = q.get(v)
-        return t if t is not None else q[v]
-    return csv_field(v)
+CACHE_LIMIT = 4096          # the most entries a writer's field or number cache holds
+
+
+def cached_field(q: dict, v) -> str:
+    """csv_field(v), through q, the writer's cache of the fields of the strings its rows
+    repeat (groups, queues, owners), which stops growing at CACHE_LIMIT."""
+    if type(v) is not str:
+        return csv_field(v)
+    t = q.get(v)
+    if t is None:
+        t = csv_field(v)
+        if len(q) < CACHE_LIMIT:
+            q[v] = t
+    return t
 
 
 def plain_value(v: str) -> cython.bint:
@@ -298,42 +305,46 @@ def json_memo(m: JsonMemo, obj):
     return memo_text(m)
 
 
-# The last floats float_text formatted and their texts: a row's P before is the row
-# before's P after, and the runner-up's P repeats down a run. The text is a function of
-# the value alone (both zeros give "0"; a NaN never equals itself, so is never found).
-_num_v: list = [0.0, 0.0, 0.0, 0.0]
-_num_t: list = [None, None, None, None]
-_num_next: cython.int = 0
+@cython.cclass
+class NumberTexts:
+    """A writer's cache of the texts fmt_f gives the numbers its rows repeat: the last
+    four floats (a row's P before is the row before's P after, and the runner-up's P
+    repeats down a run) in a ring, any other number in a dict emptied at CACHE_LIMIT.
+    A float's text is a function of its value (both zeros give "0"; a NaN never equals
+    itself, so is never found), and numbers equal as dict keys (3 and 3.0) have the same
+    text, so a hit is exact."""
+
+    def __init__(self):
+        self.values = [0.0, 0.0, 0.0, 0.0]
+        self.texts = [None, None, None, None]
+        self.next = 0
+        self.others = {}
 
 
-def float_text(v: cython.double) -> str:
-    """fmt_f(v), one of the last four texts made where v is one of their values."""
-    global _num_next
+def number_text(p, ff: NumberTexts) -> str:
+    """fmt_f(p) for a debt or probability, through the writer's cache ff."""
     j: cython.int
-    seen: cython.double
-    for j in range(4):
-        seen = _num_v[j]
-        if seen == v and _num_t[j] is not None:
-            return _num_t[j]
-    t: str = fmt_f(v)
-    _num_v[_num_next] = v
-    _num_t[_num_next] = t
-    _num_next = (_num_next + 1) & 3
-    return t
-
-
-def number_text(p, ff) -> str:
-    """ff[p] (the writer's fmt_f cache) for a debt or probability; a float's text is
-    made here."""
     if type(p) is float:
-        return float_text(p)
-    s = ff.get(p)
-    if s is not None:
-        return s
-    return ff[p]
+        v: cython.double = p
+        for j in range(4):
+            if ff.values[j] == v and ff.texts[j] is not None:
+                return ff.texts[j]
+        t: str = fmt_f(p)
+        ff.values[ff.next] = v
+        ff.texts[ff.next] = t
+        ff.next = (ff.next + 1) & 3
+        return t
+    others: dict = ff.others
+    s = others.get(p)
+    if s is None:
+        s = fmt_f(p)
+        if len(others) >= CACHE_LIMIT:
+            others.clear()
+        others[p] = s
+    return s
 
 
-def evict_texts(f: list, d, block, hash_name, owner, q, ff) -> cython.int:
+def evict_texts(f: list, d, block, hash_name, owner, q: dict, ff: NumberTexts) -> cython.int:
     """An eviction row's fields from block to runner_up_p, into f[8:19] (the ledger's
     columns)."""
     nc = d.num_candidates
@@ -341,10 +352,10 @@ def evict_texts(f: list, d, block, hash_name, owner, q, ff) -> cython.int:
     queue = d.queue
     f[8] = str(block) if type(block) is int else csv_field(block)
     f[9] = csv_field(hash_name)
-    f[10] = q[owner] if type(owner) is str else csv_field(owner)
+    f[10] = cached_field(q, owner)
     f[11] = str(nc) if type(nc) is int else csv_field(nc)
     f[12] = str(pos) if type(pos) is int else csv_field(pos)
-    f[13] = q[queue] if type(queue) is str else csv_field(queue)
+    f[13] = cached_field(q, queue)
     f[14] = csv_field(d.responsible or '')
     x = d.responsible_p_before
     f[15] = '' if x is None else number_text(x, ff)
@@ -357,7 +368,8 @@ def evict_texts(f: list, d, block, hash_name, owner, q, ff) -> cython.int:
 
 
 def eviction_rows(rows: list, decisions, blocks, hash_names, owners, head: str,
-                  seq: cython.Py_ssize_t, lead: str, q, ff, seg_memo: Optional[JsonMemo],
+                  seq: cython.Py_ssize_t, lead: str, q: dict, ff: NumberTexts,
+                  seg_memo: Optional[JsonMemo],
                   rank_memo: Optional[JsonMemo]) -> cython.Py_ssize_t:
     """LedgerWriter.eviction_batch's rows: one per victim (the shortest of the four
     sequences), appended to ``rows`` and numbered from ``seq`` + 1; returns the last seq.

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from psgate.policies import policy_names
 from psgate.receipt.compact import (CompactEncoder, CompactLedgerFile, compiled_coder, decode,
                                     open_compact, split_row)
-from psgate.receipt.ledger import LEDGER_COLUMNS, csv_field, fmt_f, open_text
-from psgate.receipt.row_text import canonical
+from psgate.receipt.ledger import LEDGER_COLUMNS, open_text
+from psgate.receipt.row_text import canonical, csv_field, fmt_f
 from psgate.errors import InputError
 
 from test_cli import GOLDEN_ARGS, assert_one_line_error, psgate

@@ -85,19 +85,12 @@ class Writer:
 
     def __init__(self, mod, memo: bool = True) -> None:
         self.mod = mod
-        self.q, self.ff = {}, {}
+        self.q, self.ff = {}, mod.NumberTexts()
         self.memos = (mod.JsonMemo(), mod.JsonMemo()) if memo else (None, None)
         self.seq = 0
 
     def rows(self, ds, blocks, names, owners) -> str:
         mod = self.mod
-        for v in list(owners) + [d.queue for d in ds]:
-            if type(v) is str:
-                self.q[v] = mod.csv_field(v)
-        for d in ds:
-            for p in (d.responsible_p_before, d.responsible_p_after, d.runner_up_p):
-                if p is not None and type(p) is not float:
-                    self.ff[p] = mod.fmt_f(p)
         out: list[str] = []
         try:
             self.seq = mod.eviction_rows(

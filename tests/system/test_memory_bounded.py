@@ -29,7 +29,8 @@ from psgate.engines.sim import SimEngine
 from psgate.engines.step_cost import StepCostModel
 from psgate.errors import InputError
 from psgate.policies import make_policy
-from psgate.receipt.ledger import RequestSpool, fmt_f, fmt_t, write_requests
+from psgate.receipt.ledger import RequestSpool, write_requests
+from psgate.receipt.row_text import fmt_f, fmt_t
 from psgate.stats import metrics
 from psgate.stats.metrics import MetricsAccumulator, kth_smallest, nearest_rank, summarize
 from psgate.trace.importers import import_trace
