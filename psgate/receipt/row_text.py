@@ -15,8 +15,9 @@ holds both to csv.writer and orjson).
 
 Rows of one policy carry the same keys in the same order and mostly the same values
 (a segment's counts, an owner's debt), so a :class:`JsonMemo` kept per column checks a
-row's keys against the last one's instead of sorting and vetting them. The compact
-ledger's compiled coder reads the memo too: ``vtexts`` holds each value's JSON text as a
+row's keys against the last one's instead of sorting and vetting them (compiled only:
+interpreted, orjson is faster, see MEMO_PAYS). The compact ledger's compiled coder reads
+the memo too: ``vtexts`` holds each value's JSON text as a
 JSON reader gives it back, and ``num_odd`` counts the values (and keys) its own reader
 would not take.
 
