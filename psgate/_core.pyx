@@ -2225,15 +2225,13 @@ cdef class CompactCoder:
             self._text_col(buf, ptext, 2, cached_field(q, x))
             if type(d) is LRUDecision and self._lru_codable(<LRUDecision>d):
                 self._lru_row(buf, ptext, <LRUDecision>d, pint, pint_live, pflt_live, q,
-                              seg_memo, jtext, jkeys, jvals, jok, jint,
-                              jint_ok)
+                              seg_memo, jtext, jkeys, jvals, jok, jint, jint_ok)
             elif type(d) is PSDecision and self._ps_codable(<PSDecision>d):
                 self._ps_row(buf, ptext, <PSDecision>d, pint, pint_live, pflt, pflt_live, q,
                              ff, jtext, jkeys, jvals, jok, jint, jint_ok)
             else:
                 self._decision_row(buf, ptext, d, pint, pint_live, pflt, pflt_live, q, ff,
-                                   seg_memo, rank_memo, jtext, jkeys,
-                                   jvals, jok, jint_ok)
+                                   seg_memo, rank_memo, jtext, jkeys, jvals, jok, jint_ok)
             _buf_put(buf, "\r\n", 2)
         for k in range(3):
             if pint_live[k]:
@@ -2328,9 +2326,8 @@ cdef class CompactCoder:
 
     cdef int _decision_row(self, _RowBuf *buf, list ptext, object d, long long *pint,
                            bint *pint_live, double *pflt, bint *pflt_live, object q,
-                           object ff,  JsonMemo seg_memo,
-                           JsonMemo rank_memo, list jtext, list jkeys, list jvals, list jok,
-                           bint *jint_ok) except -1:
+                           object ff, JsonMemo seg_memo, JsonMemo rank_memo, list jtext,
+                           list jkeys, list jvals, list jok, bint *jint_ok) except -1:
         """_evict_rows' columns from num_candidates on for any decision, read by its
         attributes (the JSON columns through the memos)."""
         cdef Py_ssize_t j
@@ -2362,9 +2359,9 @@ cdef class CompactCoder:
         return True
 
     cdef int _lru_row(self, _RowBuf *buf, list ptext, LRUDecision d, long long *pint,
-                      bint *pint_live, bint *pflt_live, object q,
-                      JsonMemo seg_memo, list jtext, list jkeys,
-                      list jvals, list jok, long long *jint, bint *jint_ok) except -1:
+                      bint *pint_live, bint *pflt_live, object q, JsonMemo seg_memo,
+                      list jtext, list jkeys, list jvals, list jok, long long *jint,
+                      bint *jint_ok) except -1:
         """_evict_rows' columns from num_candidates on for d (_lru_codable), as they code
         d's Decision (no responsible group, runner-up or segments; rank its freed_t)."""
         cdef long long iv[1]
