@@ -24,9 +24,8 @@ from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
-                                      eviction_rows, json_value, memo_text,
-                                      memo_update, needs_quotes, number_text, plain_value,
-                                      reads_back)
+                                      eviction_rows, json_value, memo_text, memo_update,
+                                      number_text, plain_value, reads_back)
 
 cdef class PrefixShieldView(CachedHook)   # below, with prefixshield's paths
 
@@ -1935,11 +1934,8 @@ cdef str _csv_line(list codes):
     """A row of codes as csv.writer writes it (quoted where a field holds a comma, a quote
     or a line break, quotes doubled), without its line end."""
     cdef Py_ssize_t i
-    cdef str c
     for i in range(len(codes)):
-        c = codes[i]
-        if c and needs_quotes(c):
-            codes[i] = '"' + c.replace('"', '""') + '"'
+        codes[i] = csv_field(<str>codes[i])
     return ",".join(codes)
 
 
@@ -1977,9 +1973,7 @@ cdef int _buf_code(_RowBuf *b, str code) except -1:
     _buf_put(b, ",", 1)
     if not code:
         return 0
-    if needs_quotes(code):
-        code = '"' + code.replace('"', '""') + '"'
-    return _buf_str(b, code)
+    return _buf_str(b, csv_field(code))
 
 
 cdef int _buf_code_c(_RowBuf *b, str cur, str pred, object code_py) except -1:
@@ -2193,10 +2187,7 @@ cdef class CompactCoder:
         for i in range(num):
             d = decisions[i]
             seq += 1
-            if needs_quotes(kind):
-                _buf_str(buf, '"' + kind.replace('"', '""') + '"')
-            else:
-                _buf_str(buf, kind)
+            _buf_str(buf, csv_field(kind))
             if i == 0:
                 shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
                 for j in range(7):
@@ -2265,7 +2256,7 @@ cdef class CompactCoder:
         if pint_live[k]:
             ptext[j] = str(pint[k])
             pint_live[k] = False
-        self._text_col(buf, ptext, j, str(v) if type(v) is int else csv_field(v))
+        self._text_col(buf, ptext, j, csv_field(v))
         return 0
 
     cdef int _int_col_c(self, _RowBuf *buf, list ptext, Py_ssize_t j, long long a, int k,

@@ -91,7 +91,7 @@ def canonical(obj) -> str:
         return ""
     for v in obj.values():
         if type(v) is float:
-            obj = {k: round(v, 9) if type(v) is float else v for k, v in obj.items()}
+            obj = {k: round9(v) if type(v) is float else v for k, v in obj.items()}
             break
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -118,11 +118,7 @@ def csv_json(obj) -> str:
     object's JSON is always quoted (it holds quotes) and never needs csv itself."""
     if not obj:
         return ""
-    for v in obj.values():
-        if type(v) is float:
-            obj = {k: round9(v) if type(v) is float else v for k, v in obj.items()}
-            break
-    return '"' + orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode().replace('"', '""') + '"'
+    return '"' + canonical(obj).replace('"', '""') + '"'
 
 
 def needs_quotes(s: str) -> cython.bint:
@@ -351,11 +347,11 @@ def evict_texts(f: list, d, block, hash_name, owner, q: dict, ff: NumberTexts) -
     nc = d.num_candidates
     pos = d.position
     queue = d.queue
-    f[8] = str(block) if type(block) is int else csv_field(block)
+    f[8] = csv_field(block)
     f[9] = csv_field(hash_name)
     f[10] = cached_field(q, owner)
-    f[11] = str(nc) if type(nc) is int else csv_field(nc)
-    f[12] = str(pos) if type(pos) is int else csv_field(pos)
+    f[11] = csv_field(nc)
+    f[12] = csv_field(pos)
     f[13] = cached_field(q, queue)
     f[14] = csv_field(d.responsible or '')
     x = d.responsible_p_before
