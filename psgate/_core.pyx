@@ -23,6 +23,8 @@ from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
+from psgate.receipt.field_code cimport (HashIds, Number, code, int_in, int_of, is_int,
+                                        split_row, step)
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
                                       eviction_rows, json_value, memo_text, memo_update,
                                       number_text, plain_value, reads_back)
@@ -1577,182 +1579,6 @@ cdef int _bounds(str line, Py_ssize_t *fs, Py_ssize_t *fe) except -2:
             i = j + 1
 
 
-cdef inline bint _is_int(str s):
-    """compact._INT: "0", or an optional minus, a digit 1-9 and at most 17 digits more."""
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i = 0, j
-    cdef unsigned int k = PyUnicode_KIND(s)
-    cdef void *d = PyUnicode_DATA(s)
-    cdef Py_UCS4 c
-    if n == 0:
-        return False
-    c = PyUnicode_READ(k, d, 0)
-    if n == 1:
-        return 48 <= c <= 57
-    if c == 45:
-        i = 1
-    if n - i > 18:
-        return False
-    c = PyUnicode_READ(k, d, i)
-    if c < 49 or c > 57:
-        return False
-    for j in range(i + 1, n):
-        c = PyUnicode_READ(k, d, j)
-        if c < 48 or c > 57:
-            return False
-    return True
-
-
-cdef inline long long _int_of(str s):
-    """The value of a string _is_int took (at most 18 digits: a long long holds it)."""
-    cdef Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(s)
-    cdef unsigned int k = PyUnicode_KIND(s)
-    cdef void *d = PyUnicode_DATA(s)
-    cdef long long v = 0
-    cdef bint neg = PyUnicode_READ(k, d, 0) == 45
-    if neg:
-        i = 1
-    while i < n:
-        v = v * 10 + (<long long>PyUnicode_READ(k, d, i) - 48)
-        i += 1
-    return -v if neg else v
-
-
-cdef inline long long _seconds_ns(str s):
-    """compact._SECONDS (0 or 1-10 digits without a leading zero, a point, 9 digits) as
-    nanoseconds; -1 when s is not one, -2 when it is but has 10 digits before the point
-    (a long long might not hold it: the Python form codes those)."""
-    cdef Py_ssize_t n = len(s), p = n - 10, i
-    cdef long long v = 0
-    cdef Py_UCS4 c
-    if p < 1 or p > 10 or s[p] != u'.':
-        return -1
-    if p > 1 and s[0] == u'0':
-        return -1
-    for i in range(n):
-        if i == p:
-            continue
-        c = s[i]
-        if c < u'0' or c > u'9':
-            return -1
-        v = v * 10 + (<long long>c - 48)
-    return -2 if p == 10 else v
-
-
-cdef inline int _places(str s, long long *v):
-    """compact._places: the number of places of a decimal of at most 18 digits (v: its
-    digits as an integer, signed), or -1 when s is not one."""
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i = 0, j, point = -1
-    cdef unsigned int k = PyUnicode_KIND(s)
-    cdef void *d = PyUnicode_DATA(s)
-    cdef Py_UCS4 c
-    cdef long long x = 0
-    if n and PyUnicode_READ(k, d, 0) == 45:
-        i = 1
-    if n - i - 1 > 18 or n - i < 3:
-        return -1
-    for j in range(i, n):
-        c = PyUnicode_READ(k, d, j)
-        if c == 46:
-            if point >= 0:
-                return -1
-            point = j
-        elif 48 <= c <= 57:
-            x = x * 10 + (<long long>c - 48)
-        else:
-            return -1
-    # one digit or a leading 1-9 before the point, at least one after it
-    if point <= i or point == n - 1:
-        return -1
-    if point - i > 1 and PyUnicode_READ(k, d, i) == 48:
-        return -1
-    v[0] = -x if i else x
-    return <int>(n - 1 - point)
-
-
-cdef enum:
-    _VERBATIM, _INT_STEP, _TIME_STEP, _PLACE_STEP, _ASK_PYTHON
-
-cdef const char *_STEP_MARK = b"=~^%"
-
-
-cdef int _code_kind(str cur, str pred, long long *delta):
-    """Which code compact._code gives cur (!= pred): an integer, time or decimal step (its
-    difference in delta), the text itself, or _ASK_PYTHON for times with 10 digits before
-    the point (a long long might not hold them)."""
-    cdef long long a, b
-    cdef int pa, pb
-    if _is_int(cur) and _is_int(pred):
-        delta[0] = _int_of(cur) - _int_of(pred)
-        return _INT_STEP
-    a = _seconds_ns(cur)
-    if a != -1:
-        b = _seconds_ns(pred)
-        if b != -1:
-            if a == -2 or b == -2:
-                return _ASK_PYTHON
-            delta[0] = a - b
-            return _TIME_STEP
-    pa = _places(cur, &a)
-    if pa < 0:
-        return _VERBATIM
-    pb = _places(pred, &b)
-    if pb != pa or (a == 0 and PyUnicode_READ(PyUnicode_KIND(cur), PyUnicode_DATA(cur), 0) == 45):
-        return _VERBATIM
-    delta[0] = a - b
-    return _PLACE_STEP
-
-
-cdef str _code_c(str cur, str pred, object code_py):
-    """compact._code(cur, pred) for cur != pred."""
-    cdef long long delta
-    cdef int kind = _code_kind(cur, pred, &delta)
-    if kind == _VERBATIM:
-        return "=" + cur
-    if kind == _ASK_PYTHON:
-        return code_py(cur, pred)
-    return chr(_STEP_MARK[kind]) + str(delta)
-
-
-cdef list _split_row(str line, object split_py):
-    """compact.split_row(line); a row with a quote the common case does not expect goes
-    to the Python form, which says what is wrong with it."""
-    cdef Py_ssize_t n = len(line)
-    cdef Py_ssize_t q = PyUnicode_FindChar(line, u'"', 0, n, 1)
-    cdef Py_ssize_t i, j
-    cdef list out
-    if q < 0:
-        return line.split(",")
-    if q and line[q - 1] != u',':
-        return split_py(line)
-    out = line[:q - 1].split(",") if q else []
-    i = q
-    while True:
-        if i < n and line[i] == u'"':
-            j = i + 1
-            while True:
-                j = PyUnicode_FindChar(line, u'"', j, n, 1)
-                if j < 0:
-                    return split_py(line)
-                if j + 1 < n and line[j + 1] == u'"':
-                    j += 2
-                    continue
-                break
-            out.append(PyUnicode_Substring(line, i, j + 1))
-            i = j + 1
-            if i == n:
-                return out
-            if line[i] != u',':
-                return split_py(line)
-            i += 1
-        else:
-            j = PyUnicode_FindChar(line, u',', i, n, 1)
-            if j < 0:
-                out.append(PyUnicode_Substring(line, i, n))
-                return out
-            out.append(PyUnicode_Substring(line, i, j))
-            i = j + 1
-
-
 cdef inline bint _plain_char(Py_UCS4 c):
     """A character orjson writes as it is inside a string (printable ASCII, no quote, no
     backslash)."""
@@ -1944,7 +1770,7 @@ cdef struct _RowBuf:
     Py_ssize_t n, cap
 
 
-cdef long long _INT_BOUND = 100000000000000000   # 10**17: _is_int takes its text
+cdef long long _INT_BOUND = 100000000000000000   # 10**17: is_int takes its text
 
 
 cdef int _buf_put(_RowBuf *b, const char *s, Py_ssize_t n) except -1:
@@ -1976,19 +1802,17 @@ cdef int _buf_code(_RowBuf *b, str code) except -1:
     return _buf_str(b, csv_field(code))
 
 
-cdef int _buf_code_c(_RowBuf *b, str cur, str pred, object code_py) except -1:
-    """"," and _code_c(cur, pred) (cur != pred), a step written without making it."""
-    cdef long long delta
-    cdef int kind = _code_kind(cur, pred, &delta)
-    cdef char mark[2]
-    if kind == _VERBATIM:
-        return _buf_code(b, "=" + cur)
-    if kind == _ASK_PYTHON:
-        return _buf_code(b, code_py(cur, pred))
-    mark[0] = 44
-    mark[1] = _STEP_MARK[kind]
-    _buf_put(b, mark, 2)
-    return _buf_int(b, delta)
+cdef int _buf_code_c(_RowBuf *b, str cur, str pred, Number delta) except -1:
+    """"," and code(cur, pred) (cur != pred), a step written without making its text
+    (``delta``: the coder's Number for step's difference)."""
+    cdef int mark = step(cur, pred, delta)
+    cdef char head[2]
+    if mark == 0:
+        return _buf_code(b, code(cur, pred))
+    head[0] = 44
+    head[1] = <char>mark
+    _buf_put(b, head, 2)
+    return _buf_int(b, delta.value)
 
 
 cdef int _buf_int(_RowBuf *b, long long v) except -1:
@@ -2019,15 +1843,18 @@ cdef inline bint _quoted_eq(str p, str name):
 
 cdef class CompactCoder:
     """compact.CompactEncoder.encode, compiled, with its own prediction state: rows of the
-    CSV ledger (each with its "\\n") in, compact rows out. Splitting, prediction, integer
-    and time differences, hash numbers and the JSON columns of the common flat objects are
-    done here; an awkward row or JSON field goes to the Python form's functions for its
-    part (split_row, _json_fields, _code), which decide it the same way."""
+    CSV ledger (each with its "\\n") in, compact rows out. A field's code and the hash
+    numbers are field_code's (code, HashIds, the encoder's own table), as the Python form's
+    are; splitting a common row, prediction and the JSON columns of the common flat objects
+    are done here, and an awkward row or JSON field goes to the functions the Python form
+    uses for its part (split_row, _json_fields), which decide it the same way."""
 
     cdef list shared_cols, own_cols, json_cols
     cdef Py_ssize_t num_cols, seq_at, hash_col, hash_at, kind_col
     cdef tuple last
-    cdef dict by_kind, hash_ids
+    cdef dict by_kind
+    cdef HashIds hashes
+    cdef Number num                 # field_code's scan and step write their values here
     cdef tuple blank
     cdef str last_kind
     cdef Py_ssize_t shared_c[_MAX_FIELDS]
@@ -2035,16 +1862,14 @@ cdef class CompactCoder:
     cdef Py_ssize_t json_c[_MAX_FIELDS]
     cdef Py_ssize_t num_shared, num_own, num_json
     cdef bint fast, ledger_layout
-    cdef Py_ssize_t num_hashes, hash_limit
-    cdef object split_py, json_py, code_py, dumps
+    cdef object json_py, dumps
     cdef set plain_names            # _plain_name's strings
     cdef tuple ps_debts             # the last debts _ps_codable took, and their texts
     cdef object ps_raw_t, ps_norm_t
     cdef long long lru_ns           # the last freed time _lru_codable took, and its text
     cdef object lru_t
 
-    def __init__(self, enc, split_py, json_py, code_py, dumps, Py_ssize_t hash_limit,
-                 bint ledger_layout=False):
+    def __init__(self, enc, json_py, dumps, bint ledger_layout=False):
         self.shared_cols = list(enc.shared_cols)
         self.own_cols = list(enc.own_cols)
         self.json_cols = list(enc.json_cols)
@@ -2067,10 +1892,9 @@ cdef class CompactCoder:
         for i in range(min(self.num_json, _MAX_FIELDS)):
             self.json_c[i] = self.json_cols[i]
         self.by_kind = {}
-        self.hash_ids = {}
-        self.num_hashes = 0
-        self.hash_limit = hash_limit
-        self.split_py, self.json_py, self.code_py, self.dumps = split_py, json_py, code_py, dumps
+        self.hashes = enc.hashes
+        self.num = Number()
+        self.json_py, self.dumps = json_py, dumps
         self.plain_names = set()
         self.ps_debts = None
         # the columns are LedgerWriter's (encode_evictions codes its rows from their fields)
@@ -2084,20 +1908,8 @@ cdef class CompactCoder:
             out.append("")
             return p
         c = PyUnicode_Substring(line, a, b)
-        out.append(_code_c(c, p, self.code_py))
+        out.append(code(c, p))
         return c
-
-    cdef Py_ssize_t _see(self, str h):
-        """HashIds.see: h's number, or -1 when it is new (numbered now)."""
-        cdef object hid = self.hash_ids.get(h)
-        if hid is not None:
-            return hid
-        if self.num_hashes >= self.hash_limit:
-            self.hash_ids.clear()
-            self.num_hashes = 0
-        self.hash_ids[h] = self.num_hashes
-        self.num_hashes += 1
-        return -1
 
     def encode_text(self, rows):
         """The compact stream's text for these rows (each ending in its "\\n"): encode()
@@ -2202,7 +2014,7 @@ cdef class CompactCoder:
             t = csv_field(hash_names[i])
             hid = -1
             if t:
-                hid = self._see(t)
+                hid = self.hashes.see(t)
             p = ptext[1]
             if t is p or t == p:
                 _buf_put(buf, ",", 1)
@@ -2210,7 +2022,7 @@ cdef class CompactCoder:
                 _buf_put(buf, ",#", 2)
                 _buf_int(buf, hid)
             else:
-                _buf_code_c(buf, t, p, self.code_py)
+                _buf_code_c(buf, t, p, self.num)
             ptext[1] = t
             x = owners[i]
             self._text_col(buf, ptext, 2, cached_field(q, x))
@@ -2238,7 +2050,7 @@ cdef class CompactCoder:
         if t is p or t == p:
             _buf_put(buf, ",", 1)
         else:
-            _buf_code_c(buf, t, p, self.code_py)
+            _buf_code_c(buf, t, p, self.num)
             ptext[j] = t
         return 0
 
@@ -2271,14 +2083,14 @@ cdef class CompactCoder:
                 _buf_int(buf, a - pint[k])
         else:
             p = ptext[j]
-            if _is_int(p):
-                if a == _int_of(p):
+            if int_in(p, self.num):
+                if a == self.num.value:
                     _buf_put(buf, ",", 1)
                 else:
                     _buf_put(buf, ",~", 2)
-                    _buf_int(buf, a - _int_of(p))
+                    _buf_int(buf, a - self.num.value)
             else:
-                _buf_code_c(buf, str(a), p, self.code_py)
+                _buf_code_c(buf, str(a), p, self.num)
         pint[k] = a
         pint_live[k] = True
         return 0
@@ -2579,7 +2391,7 @@ cdef class CompactCoder:
             for j in range(len(values)):
                 c = values[j]
                 p = pvalues[j]
-                out.append("" if c is p or c == p else _code_c(c, p, self.code_py))
+                out.append("" if c is p or c == p else code(c, p))
         else:
             out.append("=" + self.dumps(keys).decode())
             for c in values:
@@ -2600,7 +2412,7 @@ cdef class CompactCoder:
         cdef dict prev_json, json_now
         cdef list out, cur, own
         if not self.fast or nf != self.num_cols:
-            return self._encode_fields(_split_row(line, self.split_py))
+            return self._encode_fields(split_row(line))
         a = fs[self.kind_col]
         b = fe[self.kind_col]
         kind = self.last_kind
@@ -2619,14 +2431,14 @@ cdef class CompactCoder:
             p = last[j]
             if j == self.seq_at:
                 c = PyUnicode_Substring(line, a, b)
-                if _is_int(p):
-                    pv = _int_of(p) + 1
-                    if _is_int(c) and _int_of(c) == pv:
+                if is_int(p):
+                    pv = int_of(p) + 1
+                    if is_int(c) and int_of(c) == pv:
                         out.append("")          # the same canonical number: the same text
                         cur[j] = c
                         continue
                     p = str(pv)
-                out.append("" if c == p else _code_c(c, p, self.code_py))
+                out.append("" if c == p else code(c, p))
                 cur[j] = c
             else:
                 cur[j] = self._code_field(line, a, b, p, out)
@@ -2638,7 +2450,7 @@ cdef class CompactCoder:
             own[j] = self._code_field(line, a, b, prev_own[j], out)
         c = own[self.hash_at - 1 - nshared]
         if c:
-            hid = self._see(c)
+            hid = self.hashes.see(c)
             if hid >= 0 and out[self.hash_at]:
                 out[self.hash_at] = f"#{hid}"
         json_now = dict(prev_json)
@@ -2660,9 +2472,9 @@ cdef class CompactCoder:
         """The code of shared column j's field c, against the previous row's (its seq plus
         one)."""
         cdef str p = self.last[j]
-        if j == self.seq_at and _is_int(p):
-            p = str(_int_of(p) + 1)
-        return "" if c == p else _code_c(c, p, self.code_py)
+        if j == self.seq_at and is_int(p):
+            p = str(int_of(p) + 1)
+        return "" if c == p else code(c, p)
 
     cdef list _encode_fields(self, list fields):
         """encode() of a row already split into its fields."""
@@ -2686,10 +2498,10 @@ cdef class CompactCoder:
         for j in range(len(own)):
             c = own[j]
             p = prev_own[j]
-            out.append("" if c == p else _code_c(c, p, self.code_py))
+            out.append("" if c == p else code(c, p))
         c = fields[self.hash_col]
         if c:
-            hid = self._see(c)
+            hid = self.hashes.see(c)
             if hid >= 0 and out[self.hash_at]:
                 out[self.hash_at] = f"#{hid}"
         json_now = dict(prev_json)

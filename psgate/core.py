@@ -11,8 +11,9 @@ Two kinds of compiled code serve a replay:
 - Modules written in Cython's pure-Python mode (``psgate/engines/pool_work.py``,
   ``psgate/engines/step_work.py``, ``psgate/invariants/checker.py``,
   ``psgate/policies/lru.py``, ``psgate/trace/hashes.py``, ``psgate/policy/history.py``,
-  ``psgate/receipt/row_text.py``, ...) are their own single source: compiled at install
-  where a compiler is, interpreted elsewhere (docs/compiled-code.md).
+  ``psgate/receipt/row_text.py``, ``psgate/receipt/field_code.py``, ...) are their own
+  single source: compiled at install where a compiler is, interpreted elsewhere
+  (docs/compiled-code.md).
 
 ``PSGATE_CORE=0`` switches the core off. Set when psgate is first imported, it also
 loads every pure-Python-mode module from its ``.py`` source (:func:`run_interpreted`):

@@ -45,6 +45,15 @@ def annotation_typing(flag):
     return _same
 
 
+def boundscheck(flag):
+    """``@cython.boundscheck(False)``: compiled, indexing is not checked (the function keeps
+    its indices in range itself); interpreted, nothing."""
+    return _same
+
+
+wraparound = boundscheck
+
+
 def cast(ctype, value):
     return value
 

@@ -14,7 +14,7 @@ form removes it first and gzips what is left:
                              probability, a debt): the difference in the last place
                "=" + text    anything else, verbatim
                "#" + number  the hash column: a trace hash seen before, by its number
-                             (HashIds)
+                             (field_code.HashIds)
     predict -> columns run..contract: the previous row; seq: the previous row's + 1;
                the rest: the previous row of the same kind
     JSON    -> "" (same keys as the prediction) or "=" + the keys as a JSON array, then a
@@ -43,93 +43,35 @@ import orjson
 from psgate import core
 from psgate.errors import InputError
 from psgate.inputs import open_input
+from psgate.receipt.field_code import (HashIds, Number, code, decimal_in, is_int, is_time,
+                                       split_row)
 from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
 VERSION = "2"
-# Version 1 had no "%" code and numbered at most HashIds.V1_LIMIT hashes; its files read
+# Version 1 had no "%" code and numbered at most HASH_LIMIT_V1 hashes; its files read
 # as they were written.
 READS = ("1", "2")
+# Hashes numbered before HashIds starts over. A replay's two runs evict much the same
+# blocks, so the table holds a whole run of a real trace's evictions (414,592 distinct
+# hashes in 600 Mooncake requests at 16,384 blocks), and the other run's are numbers.
+HASH_LIMIT = 1 << 20
+HASH_LIMIT_V1 = 1 << 18
 _FIELD_LIMIT = 1 << 30
-# Delta coding only for numbers a machine word holds (a 4,301-digit id would meet
-# Python's int-to-str limit): bigger ones, and ids with leading zeros, are kept as text.
-_INT = re.compile(r"(0|-?[1-9][0-9]{0,17})\Z")
-_SECONDS = re.compile(r"(0|[1-9][0-9]{0,9})\.[0-9]{9}\Z")      # fmt_t: seconds, 9 decimals
 _DELTA = re.compile(r"-?[0-9]{1,20}\Z")
-# a decimal of at most 18 digits (its places as an integer fit a machine word)
-_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)\.([0-9]+)\Z")
 _KIND_COL = 4
 REQUIRED = ("run", "policy", "seq", "t", "kind", "request", "group", "contract", "hash")
 _SEQ_COL = 2
 _SHARED = 8                 # columns 0..7 predicted from the previous row of any kind
 
 
-def split_row(line: str) -> list[str]:
-    """The fields of one CSV row (newline excluded) exactly as written, quotes included:
-    a field that starts with a quote runs to its closing quote (doubled quotes inside),
-    any other runs to the next comma (csv_field never leaves a comma or a quote
-    unquoted)."""
-    q = line.find('"')
-    if q < 0:
-        return line.split(",")
-    if q and line[q - 1] != ",":
-        raise ValueError(f"a quote inside an unquoted field at {q}")
-    out = line[:q - 1].split(",") if q else []
-    i, n = q, len(line)
-    while True:
-        if i < n and line[i] == '"':
-            j = i + 1
-            while True:
-                j = line.index('"', j)
-                if j + 1 < n and line[j + 1] == '"':
-                    j += 2
-                    continue
-                break
-            out.append(line[i:j + 1])
-            i = j + 1
-            if i == n:
-                return out
-            if line[i] != ",":
-                raise ValueError(f"text after a closing quote at {i}")
-            i += 1
-        else:
-            j = line.find(",", i)
-            if j < 0:
-                out.append(line[i:])
-                return out
-            out.append(line[i:j])
-            i = j + 1
-
-
 def _ns(t: str) -> int:
     return int(t.replace(".", ""))
 
 
-def _places(t: str) -> tuple[int, int] | None:
-    """(t without its point, as an integer; its number of places) for a decimal _DECIMAL
-    takes with at most 18 digits, else None. "-0.0" is None as a value to code (its
-    integer is 0, which gives "0.0" back), but reads as 0 as a prediction."""
-    m = _DECIMAL.match(t)
-    if m is None or len(t) - (t[0] == "-") - 1 > 18:
-        return None
-    return int(t.replace(".", "")), len(m.group(2))
-
-
-def _code(cur: str, pred: str) -> str:
-    if cur == pred:
-        return ""
-    if _INT.match(cur) and _INT.match(pred):
-        return f"~{int(cur) - int(pred)}"
-    if _SECONDS.match(cur) and _SECONDS.match(pred):
-        return f"^{_ns(cur) - _ns(pred)}"
-    c, p = _places(cur), _places(pred)
-    if c is not None and p is not None and c[1] == p[1] and (c[0] or cur[0] != "-"):
-        return f"%{c[0] - p[0]}"
-    return "=" + cur
-
-
 def _unplaces(v: int, places: int) -> str:
-    """The decimal of integer v with ``places`` places (_places' inverse)."""
+    """The decimal of integer v with ``places`` places (the inverse of field_code.decimal_in's
+    value and places)."""
     q, r = divmod(abs(v), 10 ** places)
     return f"{'-' if v < 0 else ''}{q}.{r:0{places}d}"
 
@@ -140,21 +82,21 @@ def _uncode(code: str, pred: str) -> str:
     if code[0] in "~^%" and not _DELTA.match(code, 1):
         raise ValueError(f"a difference that is not a whole number: {code[1:40]!r}")
     if code[0] == "~":
-        if not _INT.match(pred):
+        if not is_int(pred):
             raise ValueError(f"a step from {pred[:40]!r}, which is not a number")
         return str(int(pred) + int(code[1:]))
     if code[0] == "^":
-        if not _SECONDS.match(pred):
+        if not is_time(pred):
             raise ValueError(f"a time step from {pred[:40]!r}, which is not a time")
         ns = _ns(pred) + int(code[1:])
         if ns < 0:
             raise ValueError("a time step to before zero")
         return fmt_t(ns)
     if code[0] == "%":
-        p = _places(pred)
-        if p is None:
+        num = Number()
+        if not decimal_in(pred, num):
             raise ValueError(f"a decimal step from {pred[:40]!r}, which is not a decimal")
-        return _unplaces(p[0] + int(code[1:]), p[1])
+        return _unplaces(num.value + int(code[1:]), num.places)
     if code[0] == "=":
         return code[1:]
     raise ValueError(f"a field code starts with {code[0]!r}")
@@ -181,41 +123,6 @@ def _json_text(keys: list[str], values: list[str]) -> str:
     return '"{' + body.replace('"', '""') + '}"'
 
 
-class HashIds:
-    """Trace hashes numbered in the order first seen, for a victim whose content was
-    evicted before (the same prompt block evicted again, or in the other run): it is coded
-    by that number instead of 32 hex digits. Both sides number the same hashes in the same
-    order; at ``limit`` distinct hashes both start over, so memory stays bounded (up to 70
-    bytes a hash while coding, the hash texts being the trace's; twice that while
-    decoding). A replay's two runs evict much the same blocks, so the table holds a whole
-    run of a real trace's evictions (414,592 distinct hashes in 600 Mooncake requests at
-    16,384 blocks), and the other run's are numbers."""
-
-    LIMIT = 1 << 20
-    V1_LIMIT = 1 << 18          # format version 1's
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = self.LIMIT if limit is None else limit
-        self._ids: dict[str, int] = {}
-        self._names: list[str] = []
-
-    def see(self, h: str) -> int | None:
-        """The number ``h`` had, or None when it is new (it is numbered now)."""
-        hid = self._ids.get(h)
-        if hid is None:
-            if len(self._names) >= self.limit:
-                self._ids.clear()
-                self._names.clear()
-            self._ids[h] = len(self._names)
-            self._names.append(h)
-        return hid
-
-    def name(self, hid: int) -> str:
-        if not 0 <= hid < len(self._names):
-            raise ValueError(f"no trace hash numbered {hid}")
-        return self._names[hid]
-
-
 class CompactEncoder:
     """Rows of the CSV ledger in, compact rows out (one per row, same order)."""
 
@@ -236,7 +143,7 @@ class CompactEncoder:
         self.seq_at = shared.index(_SEQ_COL)
         self.hash_col = self.columns.index("hash")
         self.hash_at = 1 + len(shared) + own.index(self.hash_col)
-        self._hashes = HashIds()
+        self.hashes = HashIds(HASH_LIMIT)
         self.last = ("",) * len(shared)
         self.blank = (("",) * len(own), {i: ("", [], [], True) for i in self.json_cols})
         # per kind: its last row's own fields, and per JSON column (text, keys, values,
@@ -249,7 +156,7 @@ class CompactEncoder:
         of the same kind."""
         pred = list(last)
         seq = pred[self.seq_at]
-        if _INT.match(seq):
+        if is_int(seq):
             pred[self.seq_at] = str(int(seq) + 1)
         pred += prev_own
         return pred
@@ -263,12 +170,12 @@ class CompactEncoder:
         cur = self._shared(fields)
         own = self._own(fields)
         out = [kind]
-        out += ["" if c == p else _code(c, p)
+        out += ["" if c == p else code(c, p)
                 for c, p in zip(cur + own, self.predict(self.last, prev_own))]
         h = fields[self.hash_col]
         if h:
-            hid = self._hashes.see(h)
-            if hid is not None and out[self.hash_at]:
+            hid = self.hashes.see(h)
+            if hid >= 0 and out[self.hash_at]:
                 out[self.hash_at] = f"#{hid}"
         json_now = dict(prev_json)
         for i in self.json_cols:
@@ -286,7 +193,7 @@ class CompactEncoder:
             keys, values = parsed
             if keys == pkeys:
                 out.append("")
-                out += ["" if c == p else _code(c, p) for c, p in zip(values, pvalues)]
+                out += ["" if c == p else code(c, p) for c, p in zip(values, pvalues)]
             else:
                 out.append("=" + orjson.dumps(keys).decode())
                 out += ["=" + v for v in values]
@@ -302,8 +209,8 @@ def compiled_coder(enc: CompactEncoder):
     kernels = core.get()
     if kernels is None:
         return None
-    return kernels.CompactCoder(enc, split_row, _json_fields, _code, orjson.dumps,
-                                HashIds.LIMIT, tuple(enc.columns) == LEDGER_COLUMNS)
+    return kernels.CompactCoder(enc, _json_fields, orjson.dumps,
+                                tuple(enc.columns) == LEDGER_COLUMNS)
 
 
 class CompactLedgerFile:
@@ -376,7 +283,7 @@ class CompactReader:
         self._ns, self._no = len(enc.shared_cols), len(enc.own_cols)
         self._seq_at = enc.seq_at
         self._hash_at = enc.own_cols.index(enc.hash_col)
-        self._hashes = HashIds(HashIds.V1_LIMIT if version == "1" else None)
+        self._hashes = HashIds(HASH_LIMIT_V1 if version == "1" else HASH_LIMIT)
         self._where = {}                # column name -> (0 shared / 1 own / 2 JSON, index)
         for j, i in enumerate(enc.shared_cols):
             self._where[self.columns[i]] = (0, j)
@@ -423,7 +330,7 @@ class CompactReader:
                     seq_done = True
                     pred = self.seq_pred()
                     text = _uncode(code, pred)
-                    self._seq = int(text) if _INT.match(text) else None
+                    self._seq = int(text) if is_int(text) else None
                     last[j] = self._set((0, j), text)
                 else:
                     last[j] = self._set((0, j), _uncode(code, last[j]))
@@ -481,7 +388,7 @@ class CompactReader:
 
     def _pred_text(self) -> str:
         seq = self._last[self._seq_at]
-        return str(int(seq) + 1) if _INT.match(seq) else seq
+        return str(int(seq) + 1) if is_int(seq) else seq
 
     @property
     def simple(self) -> bool:

@@ -185,7 +185,7 @@ def test_damaged_compact_ledgers_are_named_errors(tmp_path):
 
 def test_repeated_hashes_are_numbered_and_the_table_starts_over(tmp_path, monkeypatch):
     from psgate.receipt import compact
-    monkeypatch.setattr(compact.HashIds, "LIMIT", 3)
+    monkeypatch.setattr(compact, "HASH_LIMIT", 3)
     hashes = ["a1" * 16, "b2" * 16, "a1" * 16, "c3" * 16, "d4" * 16, "a1" * 16, "b2" * 16,
               "", "d4" * 16, "d4" * 16]
     rows = [row(run="baseline", policy="lru", seq=i + 1, t="1.000000000", kind="evict",
@@ -216,17 +216,18 @@ def test_bytes_per_eviction_beat_gzip_csv(tmp_path):
 def test_decimals_are_coded_by_their_last_place(tmp_path):
     """A probability or debt that moves from row to row is coded as its step in the last
     place, and every decimal edge decodes to its text."""
-    from psgate.receipt.compact import _code, _uncode
-    assert _code("6817.914304", "6818.914304") == "%-1000000"
-    assert _code("-0.5", "0.5") == "%-10"
-    assert _code("0.5", "-0.0") == "%5"
+    from psgate.receipt.compact import _uncode
+    from psgate.receipt.field_code import code
+    assert code("6817.914304", "6818.914304") == "%-1000000"
+    assert code("-0.5", "0.5") == "%-10"
+    assert code("0.5", "-0.0") == "%5"
     for cur, pred in [("-0.0", "0.5"), ("1.5", "1.25"), ("01.5", "1.5"), ("1.5e3", "1.5"),
                       ("123456789012345678.0", "1.0"), ("1.", "1.0")]:
-        assert _code(cur, pred) == "=" + cur
+        assert code(cur, pred) == "=" + cur
     for cur in DECIMAL_EDGES:
         for pred in DECIMAL_EDGES:
             if cur != pred:
-                assert _uncode(_code(cur, pred), pred) == cur
+                assert _uncode(code(cur, pred), pred) == cur
     rows = [row(run="candidate", policy="prefixshield", seq=i + 1, t="1.000000000",
                 kind="evict", block=i, responsible="g", responsible_p_before=fmt_f(30.123456 - i),
                 responsible_p_after=fmt_f(29.123456 - i)) for i in range(20)]
@@ -250,7 +251,7 @@ def test_each_version_numbers_hashes_up_to_its_own_limit(tmp_path, monkeypatch):
     """A version-1 file's hash table started over at its own (smaller) limit: decoding
     numbers its hashes as it was written, not as version 2 would."""
     from psgate.receipt import compact
-    monkeypatch.setattr(compact.HashIds, "LIMIT", 3)
+    monkeypatch.setattr(compact, "HASH_LIMIT", 3)
     hashes = ["a1", "b2", "c3", "d4", "a1", "b2", "e5", "a1", "d4"] * 2
     rows = [row(run="baseline", policy="lru", seq=i + 1, t="1.000000000", kind="evict",
                 block=i, hash=h * 16) for i, h in enumerate(hashes)]
@@ -258,10 +259,10 @@ def test_each_version_numbers_hashes_up_to_its_own_limit(tmp_path, monkeypatch):
     assert text.startswith("psgate-compact-ledger,2\r\n")
     assert "".join(decode(io.StringIO(text))) == HEADER + "".join(rows)
     as_v1 = "psgate-compact-ledger,1" + text[len("psgate-compact-ledger,2"):]
-    monkeypatch.setattr(compact.HashIds, "V1_LIMIT", 3)
-    monkeypatch.setattr(compact.HashIds, "LIMIT", 5)
+    monkeypatch.setattr(compact, "HASH_LIMIT_V1", 3)
+    monkeypatch.setattr(compact, "HASH_LIMIT", 5)
     assert "".join(decode(io.StringIO(as_v1))) == HEADER + "".join(rows)
-    monkeypatch.setattr(compact.HashIds, "V1_LIMIT", 5)   # another limit: other hashes
+    monkeypatch.setattr(compact, "HASH_LIMIT_V1", 5)   # another limit: other hashes
     assert "".join(decode(io.StringIO(as_v1))) != HEADER + "".join(rows)
 
 
@@ -363,7 +364,7 @@ def test_the_compiled_coder_writes_the_python_codes(rows):
 
 def test_the_compiled_coder_numbers_hashes_as_the_python_one(monkeypatch):
     from psgate.receipt import compact
-    monkeypatch.setattr(compact.HashIds, "LIMIT", 3)
+    monkeypatch.setattr(compact, "HASH_LIMIT", 3)
     hashes = ["a1", "b2", "a1", "c3", "d4", "a1", "", "d4", "d4"] * 3
     lines = [row(run="b", policy="lru", seq=i + 1, t="1.000000000", kind="evict", block=i,
                  hash=h) for i, h in enumerate(hashes)]

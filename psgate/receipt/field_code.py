@@ -1,0 +1,249 @@
+"""One field of the compact ledger coded against its prediction, and the row's fields.
+
+    code(cur, pred) -> ""            cur == pred
+                       "~" + delta   both integers (INT): the difference
+                       "^" + delta   both times as fmt_t writes them (TIME): the
+                                     difference in ns
+                       "%" + delta   both decimals with the same number of places
+                                     (DECIMAL): the difference in the last place
+                       "=" + cur     anything else, verbatim
+    split_row(line) -> the fields of one CSV row exactly as written, quotes included
+    HashIds.see(h)  -> the number trace hash h was given when first seen, or -1
+
+The compact encoder and its reader (``compact.py``) and the compiled coder of
+``psgate._core`` all code fields through these, so a field is coded one way whichever
+writes it. The module is written in Cython's pure-Python mode and is their only source:
+``pip install`` compiles it (``field_code.pxd`` gives the types), and without a compiler
+it runs as written. A number's form is read by one loop over its characters (scan) rather than
+by regular expressions: compiled, the loop reads the string in place and the value comes
+out of the same pass (tests/receipt/test_field_code.py holds them to the grammar as regular expressions).
+"""
+
+try:
+    import cython
+except ImportError:
+    from psgate import cython_shadow as cython
+
+
+# scan()'s forms of a number, as bits (C constants where compiled: field_code.pxd)
+INT = 1             # "0", or an optional minus, a digit 1-9 and at most 17 digits more
+TIME = 2            # as fmt_t writes a time: 0 or 1-10 digits without a leading zero, a
+                    # point, nine digits
+BIG_TIME = 4        # with TIME: ten digits before the point (the difference of two may
+                    # not fit a machine word: code() takes those as Python integers)
+DECIMAL = 8         # an optional minus, 0 or digits without a leading zero, a point, at
+                    # least one digit; at most 18 digits in all
+
+
+@cython.cclass
+class Number:
+    """What scan() read of a text: its digits as one integer, its point and sign left
+    out and signed ("-0.0" is 0; a time's ns, a decimal's steps in its last place), and
+    its number of places after the point."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.places = 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def scan(s: str, num: Number) -> cython.int:
+    """The forms of a number that s is, as INT | TIME | BIG_TIME | DECIMAL bits (0 for
+    none), in one pass over its characters; ``num`` takes its value and places where it
+    is one. At most 18 digits are a value, so a machine word holds any difference of two
+    (a longer id, or one with leading zeros, is kept as text)."""
+    n: cython.Py_ssize_t = len(s)
+    neg: cython.bint
+    k: cython.Py_ssize_t = 0
+    point: cython.Py_ssize_t = -1
+    lead: cython.Py_ssize_t
+    trail: cython.Py_ssize_t = 0
+    nd: cython.int = 0
+    v: cython.longlong = 0
+    c: cython.Py_UCS4
+    forms: cython.int = 0
+    if n == 0 or n > 21:
+        return 0
+    neg = s[0] == "-"
+    for c in s:
+        if "0" <= c <= "9":
+            if nd < 18:
+                v = v * 10 + (ord(c) - 48)
+                nd += 1
+        elif c == ".":
+            if point >= 0:
+                return 0
+            point = k
+        elif k or not neg:
+            return 0
+        k += 1
+    lead = (n if point < 0 else point) - neg
+    if lead == 0 or (lead > 1 and s[neg] == "0"):
+        return 0
+    if point < 0:
+        if lead > 18 or (neg and v == 0):
+            return 0
+        forms = INT
+    else:
+        trail = n - 1 - point
+        if trail == 0:
+            return 0
+        if not neg and trail == 9 and lead <= 10:
+            forms = TIME | (BIG_TIME if lead == 10 else 0)
+        if lead + trail <= 18:
+            forms |= DECIMAL
+    num.value = -v if neg else v
+    num.places = trail
+    return forms
+
+
+def is_int(s: str) -> cython.bint:
+    """s is an integer the "~" code takes (INT)."""
+    return scan(s, SCRATCH) & INT != 0
+
+
+def int_in(s: str, num: Number) -> cython.bint:
+    """is_int(s), with its value in ``num.value`` where it is one."""
+    return scan(s, num) & INT != 0
+
+
+def is_time(s: str) -> cython.bint:
+    """s is a time as fmt_t writes it (TIME)."""
+    return scan(s, SCRATCH) & TIME != 0
+
+
+def decimal_in(s: str, num: Number) -> cython.bint:
+    """s is a decimal the "%" code takes (DECIMAL), with its digits as an integer in
+    ``num.value`` and its number of places in ``num.places`` where it is one."""
+    return scan(s, num) & DECIMAL != 0
+
+
+def int_of(s: str) -> cython.longlong:
+    """The value of a text is_int took."""
+    scan(s, SCRATCH)
+    return SCRATCH.value
+
+
+def step(cur: str, pred: str, delta: Number) -> cython.int:
+    """The code of cur against its prediction pred, cur != pred, where it is a step: its
+    mark ("~", "^" or "%", as a character code) with the difference in ``delta.value``;
+    0 for any other code (verbatim, or a step of two BIG_TIMEs, whose difference may not
+    fit a machine word). The compiled coder writes a step's mark and difference without
+    making its text."""
+    a: cython.int
+    b: cython.int
+    a = scan(cur, CUR)
+    if a == 0:
+        return 0
+    b = scan(pred, PRED)
+    if a & b & INT:
+        delta.value = CUR.value - PRED.value
+        return 126                                  # "~"
+    if a & b & TIME:
+        if (a | b) & BIG_TIME:
+            return 0
+        delta.value = CUR.value - PRED.value
+        return 94                                   # "^"
+    if (a & b & DECIMAL and CUR.places == PRED.places
+            and (CUR.value != 0 or cur[0] != "-")):
+        delta.value = CUR.value - PRED.value
+        return 37                                   # "%"
+    return 0
+
+
+def code(cur: str, pred: str) -> str:
+    """cur's code against its prediction pred (the module's table). A negative zero
+    decimal ("-0.0") is kept verbatim: its digits read back as "0.0"."""
+    mark: cython.int
+    if cur == pred:
+        return ""
+    mark = step(cur, pred, DELTA)
+    if mark:
+        return chr(mark) + str(DELTA.value)
+    if scan(cur, CUR) & scan(pred, PRED) & TIME:       # two BIG_TIMEs: Python integers
+        return "^" + str(int(cur.replace(".", "")) - int(pred.replace(".", "")))
+    return "=" + cur
+
+
+# the Numbers of is_int, int_of, step and code (each reads its value before the next scan)
+SCRATCH = Number()
+CUR = Number()
+PRED = Number()
+DELTA = Number()
+
+
+def split_row(line: str) -> list:
+    """The fields of one CSV row (newline excluded) exactly as written, quotes included:
+    a field that starts with a quote runs to its closing quote (doubled quotes inside),
+    any other runs to the next comma (csv_field never leaves a comma or a quote
+    unquoted). ValueError for a row that breaks this."""
+    n: cython.Py_ssize_t = len(line)
+    q: cython.Py_ssize_t = line.find('"')
+    i: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    out: list
+    if q < 0:
+        return line.split(",")
+    if q and line[q - 1] != ",":
+        raise ValueError(f"a quote inside an unquoted field at {q}")
+    out = line[:q - 1].split(",") if q else []
+    i = q
+    while True:
+        if i < n and line[i] == '"':
+            j = i + 1
+            while True:
+                j = line.find('"', j)
+                if j < 0:
+                    raise ValueError(f"a quote opened at {i} is not closed")
+                if j + 1 < n and line[j + 1] == '"':
+                    j += 2
+                    continue
+                break
+            out.append(line[i:j + 1])
+            i = j + 1
+            if i == n:
+                return out
+            if line[i] != ",":
+                raise ValueError(f"text after a closing quote at {i}")
+            i += 1
+        else:
+            j = line.find(",", i)
+            if j < 0:
+                out.append(line[i:])
+                return out
+            out.append(line[i:j])
+            i = j + 1
+
+
+@cython.cclass
+class HashIds:
+    """Trace hashes numbered in the order first seen, for a victim whose content was
+    evicted before (the same prompt block evicted again, or in the other run): it is coded
+    by that number instead of 32 hex digits. Both sides number the same hashes in the same
+    order; at ``limit`` distinct hashes both start over, so memory stays bounded (up to 70
+    bytes a hash while coding, the hash texts being the trace's; twice that while
+    decoding)."""
+
+    def __init__(self, limit: cython.Py_ssize_t) -> None:
+        self.limit = limit
+        self.ids = {}
+        self.names = []
+
+    def see(self, h: str) -> cython.Py_ssize_t:
+        """The number ``h`` had, or -1 when it is new (it is numbered now)."""
+        hid = self.ids.get(h)
+        if hid is not None:
+            return hid
+        if len(self.names) >= self.limit:
+            self.ids.clear()
+            self.names.clear()
+        self.ids[h] = len(self.names)
+        self.names.append(h)
+        return -1
+
+    def name(self, hid) -> str:
+        """The hash numbered ``hid`` (ValueError for a number not given)."""
+        if not 0 <= hid < len(self.names):
+            raise ValueError(f"no trace hash numbered {hid}")
+        return self.names[hid]
