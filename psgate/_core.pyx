@@ -14,20 +14,18 @@ from libc.stdlib cimport realloc, free
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.object cimport PyObject
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
-                              PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR,
-                              PyUnicode_Substring)
+from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND,
+                              PyUnicode_READ, PyUnicode_READ_CHAR)
 
 from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
-from psgate.receipt.field_code cimport (HashIds, Number, code, int_in, int_of, is_int,
-                                        split_row, step)
+from psgate.receipt.field_code cimport CompactEncoder, Number, code, int_in, step
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
-                                      eviction_rows, json_value, memo_text, memo_update,
-                                      number_text, plain_value, reads_back)
+                                      json_value, memo_text, memo_update, number_text,
+                                      plain_value, reads_back)
 
 cdef class PrefixShieldView(CachedHook)   # below, with prefixshield's paths
 
@@ -1498,25 +1496,6 @@ from libc.stdio cimport snprintf
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
-cdef enum:
-    _MAX_FIELDS = 64        # a row with more goes the field-list way
-
-
-cdef inline bint _region_eq(str line, Py_ssize_t a, Py_ssize_t b, str s):
-    """line[a:b] == s, without making line[a:b]."""
-    if PyUnicode_GET_LENGTH(s) != b - a:
-        return False
-    return _region_eq_at(line, a, b, s, 0)
-
-
-cdef inline bint _region_eq_quoted(str line, Py_ssize_t a, Py_ssize_t b, str s):
-    """'"' + line[a:b] + '"' == s, without making either."""
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
-    if n != b - a + 2 or n < 2 or s[0] != u'"' or s[n - 1] != u'"':
-        return False
-    return _region_eq_at(line, a, b, s, 1)
-
-
 cdef inline bint _region_eq_at(str line, Py_ssize_t a, Py_ssize_t b, str s, Py_ssize_t off):
     """line[a:b] == s[off:off + b - a] (s long enough), without making either."""
     cdef Py_ssize_t n = b - a, i
@@ -1529,240 +1508,6 @@ cdef inline bint _region_eq_at(str line, Py_ssize_t a, Py_ssize_t b, str s, Py_s
         if PyUnicode_READ(lk, ld, a + i) != PyUnicode_READ(sk, sd, off + i):
             return False
     return True
-
-
-cdef int _bounds(str line, Py_ssize_t *fs, Py_ssize_t *fe) except -2:
-    """Each field's [start, end) in line, quotes included, as split_row finds them; the
-    number of fields, or -1 for a row it leaves to split_row (more than _MAX_FIELDS, a
-    quote anywhere but at the start of a field, an unclosed quote)."""
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(line), i = 0, j
-    cdef int nf = 0
-    cdef unsigned int k = PyUnicode_KIND(line)
-    cdef void *d = PyUnicode_DATA(line)
-    cdef Py_UCS4 c
-    while True:
-        if nf >= _MAX_FIELDS:
-            return -1
-        fs[nf] = i
-        if i < n and PyUnicode_READ(k, d, i) == 34:
-            j = i + 1
-            while True:
-                while j < n and PyUnicode_READ(k, d, j) != 34:
-                    j += 1
-                if j == n:
-                    return -1
-                if j + 1 < n and PyUnicode_READ(k, d, j + 1) == 34:
-                    j += 2
-                    continue
-                break
-            j += 1
-            fe[nf] = j
-            nf += 1
-            if j == n:
-                return nf
-            if PyUnicode_READ(k, d, j) != 44:
-                return -1
-            i = j + 1
-        else:
-            j = i
-            while j < n:
-                c = PyUnicode_READ(k, d, j)
-                if c == 44:
-                    break
-                if c == 34:
-                    return -1
-                j += 1
-            fe[nf] = j
-            nf += 1
-            if j == n:
-                return nf
-            i = j + 1
-
-
-cdef inline bint _plain_char(Py_UCS4 c):
-    """A character orjson writes as it is inside a string (printable ASCII, no quote, no
-    backslash)."""
-    return 32 <= c <= 126 and c != 34 and c != 92
-
-
-cdef Py_ssize_t _json_string_end(str text, Py_ssize_t i, Py_ssize_t end):
-    """text[i:i+2] opens a CSV-doubled JSON string: the index just past its closing doubled
-    quote, or -1 where it holds anything but plain characters."""
-    cdef unsigned int tk = PyUnicode_KIND(text)
-    cdef void *td = PyUnicode_DATA(text)
-    cdef Py_UCS4 c
-    i += 2
-    while i + 1 < end:
-        c = PyUnicode_READ(tk, td, i)
-        if c == u'"':
-            return i + 2 if PyUnicode_READ(tk, td, i + 1) == u'"' else -1
-        if not _plain_char(c):
-            return -1
-        i += 1
-    return -1
-
-
-cdef Py_ssize_t _int_object_end(str text, Py_ssize_t i, Py_ssize_t end):
-    """text[i] opens an object of plain keys, each once, to integers of at most 18 digits
-    written as orjson writes them (a nested value such as prefixshield's new_class): the
-    index just past its closing brace, or -1 where it holds anything else (an empty
-    object too, left to the Python form)."""
-    cdef unsigned int tk = PyUnicode_KIND(text)
-    cdef void *td = PyUnicode_DATA(text)
-    cdef Py_ssize_t j, k, nd
-    cdef list keys = []
-    cdef str key
-    i += 1
-    while True:
-        if (i + 1 >= end or PyUnicode_READ(tk, td, i) != u'"'
-                or PyUnicode_READ(tk, td, i + 1) != u'"'):
-            return -1
-        j = _json_string_end(text, i, end)
-        if j < 0 or j >= end or PyUnicode_READ(tk, td, j) != u':':
-            return -1
-        key = PyUnicode_Substring(text, i + 2, j - 2)
-        if key in keys:
-            return -1
-        keys.append(key)
-        j += 1
-        if j < end and PyUnicode_READ(tk, td, j) == u'-':
-            j += 1
-        k = j
-        while j < end and u'0' <= PyUnicode_READ(tk, td, j) <= u'9':
-            j += 1
-        nd = j - k
-        if nd == 0 or nd > 18 or (nd > 1 and PyUnicode_READ(tk, td, k) == u'0'):
-            return -1
-        if nd == 1 and PyUnicode_READ(tk, td, k) == u'0' and PyUnicode_READ(tk, td, k - 1) == u'-':
-            return -1                   # -0: orjson writes 0
-        if j >= end:
-            return -1
-        if PyUnicode_READ(tk, td, j) == u'}':
-            return j + 1
-        if PyUnicode_READ(tk, td, j) != u',':
-            return -1
-        i = j + 1
-
-
-cdef object _json_parse(str text, list pkeys, list pvalues):
-    """compact._json_fields(text) for an object of plain keys to plain strings, booleans,
-    null, integers of at most 18 digits, floats written with a point and no exponent and
-    objects of plain keys to such integers: (keys, value texts); None where the text
-    holds anything else (the caller asks the Python form). A float must read back as
-    itself (repr, which is what orjson writes for a float without an exponent), unless it
-    is the previous row's value text at the same place, which was checked then; one that
-    does not is handed to the Python form too, which keeps the field verbatim. Keys and
-    values equal to the previous row's at the same place are its objects, not new
-    strings."""
-    cdef unsigned int tk = PyUnicode_KIND(text)
-    cdef void *td = PyUnicode_DATA(text)
-    cdef Py_ssize_t n = len(text), end = n - 1, i, j, k, nd, m
-    cdef object pv
-    cdef list keys = [], values = []
-    cdef str key, tok
-    cdef Py_UCS4 c
-    cdef bint point, same_keys
-    if n < 5 or PyUnicode_READ(tk, td, 0) != u'"' or PyUnicode_READ(tk, td, 1) != u'{' or PyUnicode_READ(tk, td, n - 2) != u'}' or PyUnicode_READ(tk, td, n - 1) != u'"':
-        return None
-    i = 2
-    end = n - 2                      # the closing brace
-    while True:
-        if i + 1 >= end or PyUnicode_READ(tk, td, i) != u'"' or PyUnicode_READ(tk, td, i + 1) != u'"':
-            return None
-        j = _json_string_end(text, i, end)
-        if j < 0 or j >= end or PyUnicode_READ(tk, td, j) != u':':
-            return None
-        k = len(keys)
-        if k < len(pkeys) and _region_eq(text, i + 2, j - 2, <str>pkeys[k]):
-            key = pkeys[k]           # the previous row's key at this place, kept
-        else:
-            key = PyUnicode_Substring(text, i + 2, j - 2)
-        if key in keys:
-            return None              # a repeated key: orjson keeps one
-        keys.append(key)
-        i = j + 1
-        if i >= end:
-            return None
-        # the previous row's value text here: kept where this one is the same (it was
-        # checked then: psgate's values are canonical JSON texts)
-        m = len(values)
-        pv = pvalues[m] if m < len(pvalues) else None
-        c = PyUnicode_READ(tk, td, i)
-        if c == u'{':
-            j = _int_object_end(text, i, end)
-            if j < 0:
-                return None
-            tok = PyUnicode_Substring(text, i, j).replace('""', '"')
-            values.append(pv if pv is not None and tok == pv else tok)
-        elif c == u'"':
-            if i + 1 >= end or PyUnicode_READ(tk, td, i + 1) != u'"':
-                return None
-            j = _json_string_end(text, i, end)
-            if j < 0:
-                return None
-            if pv is not None and _region_eq_quoted(text, i + 2, j - 2, <str>pv):
-                values.append(pv)
-            else:
-                values.append('"' + PyUnicode_Substring(text, i + 2, j - 2) + '"')
-        elif c == u't' or c == u'f' or c == u'n':
-            j = i
-            while j < end and u'a' <= PyUnicode_READ(tk, td, j) <= u'z':
-                j += 1
-            if pv is not None and _region_eq(text, i, j, <str>pv):
-                values.append(pv)
-            else:
-                tok = PyUnicode_Substring(text, i, j)
-                if tok != "true" and tok != "false" and tok != "null":
-                    return None
-                values.append(tok)
-        elif c == u'-' or u'0' <= c <= u'9':
-            j = i + 1 if c == u'-' else i
-            k = j
-            while j < end and u'0' <= PyUnicode_READ(tk, td, j) <= u'9':
-                j += 1
-            nd = j - k
-            if nd == 0 or (nd > 1 and PyUnicode_READ(tk, td, k) == u'0'):
-                return None
-            point = j < end and PyUnicode_READ(tk, td, j) == u'.'
-            if point:
-                j += 1
-                k = j
-                while j < end and u'0' <= PyUnicode_READ(tk, td, j) <= u'9':
-                    j += 1
-                if j == k:
-                    return None
-            if j < end and (PyUnicode_READ(tk, td, j) == u'e' or PyUnicode_READ(tk, td, j) == u'E'):
-                return None
-            if pv is not None and _region_eq(text, i, j, <str>pv):
-                values.append(pv)
-            else:
-                tok = PyUnicode_Substring(text, i, j)
-                if point:
-                    if repr(float(tok)) != tok:
-                        return None
-                elif nd > 18 or tok == "-0":
-                    return None
-                values.append(tok)
-        else:
-            return None
-        i = j
-        if i == end:
-            break
-        if PyUnicode_READ(tk, td, i) != u',':
-            return None
-        i += 1
-    if keys == pkeys:
-        keys = pkeys                 # the same list: the caller compares it at once
-    return keys, values
-
-
-cdef str _csv_line(list codes):
-    """A row of codes as csv.writer writes it (quoted where a field holds a comma, a quote
-    or a line break, quotes doubled), without its line end."""
-    cdef Py_ssize_t i
-    for i in range(len(codes)):
-        codes[i] = csv_field(<str>codes[i])
-    return ",".join(codes)
 
 
 cdef struct _RowBuf:
@@ -1795,7 +1540,7 @@ cdef int _buf_str(_RowBuf *b, str s) except -1:
 
 
 cdef int _buf_code(_RowBuf *b, str code) except -1:
-    """"," and one code as csv.writer writes it (_csv_line)."""
+    """"," and one code as csv.writer writes it (CompactEncoder.encode_text)."""
     _buf_put(b, ",", 1)
     if not code:
         return 0
@@ -1838,92 +1583,35 @@ cdef inline bint _quoted_eq(str p, str name):
     """p == '"' + name + '"', without making the right side."""
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(p)
     return (n == PyUnicode_GET_LENGTH(name) + 2 and PyUnicode_READ_CHAR(p, 0) == u'"'
-            and PyUnicode_READ_CHAR(p, n - 1) == u'"' and _region_eq(p, 1, n - 1, name))
+            and PyUnicode_READ_CHAR(p, n - 1) == u'"' and _region_eq_at(p, 1, n - 1, name, 0))
 
 
 cdef class CompactCoder:
-    """compact.CompactEncoder.encode, compiled, with its own prediction state: rows of the
-    CSV ledger (each with its "\\n") in, compact rows out. A field's code and the hash
-    numbers are field_code's (code, HashIds, the encoder's own table), as the Python form's
-    are; splitting a common row, prediction and the JSON columns of the common flat objects
-    are done here, and an awkward row or JSON field goes to the functions the Python form
-    uses for its part (split_row, _json_fields), which decide it the same way."""
+    """The compact ledger's rows of LedgerWriter's eviction batches, coded from each row's
+    fields without making the row: the codes field_code.CompactEncoder gives the rows
+    eviction_rows would write, coded into that encoder's own state (its last row, its rows
+    by kind and its hash numbers), so the encoder codes the rows that follow as it would
+    have. Each field is coded by field_code (code, step), and a JSON column the memos do
+    not give, or whose text the fields here do not say, goes to the encoder's own
+    methods."""
 
-    cdef list shared_cols, own_cols, json_cols
-    cdef Py_ssize_t num_cols, seq_at, hash_col, hash_at, kind_col
-    cdef tuple last
-    cdef dict by_kind
-    cdef HashIds hashes
+    cdef CompactEncoder enc
     cdef Number num                 # field_code's scan and step write their values here
-    cdef tuple blank
-    cdef str last_kind
-    cdef Py_ssize_t shared_c[_MAX_FIELDS]
-    cdef Py_ssize_t own_c[_MAX_FIELDS]
-    cdef Py_ssize_t json_c[_MAX_FIELDS]
-    cdef Py_ssize_t num_shared, num_own, num_json
-    cdef bint fast, ledger_layout
-    cdef object json_py, dumps
     cdef set plain_names            # _plain_name's strings
     cdef tuple ps_debts             # the last debts _ps_codable took, and their texts
     cdef object ps_raw_t, ps_norm_t
     cdef long long lru_ns           # the last freed time _lru_codable took, and its text
     cdef object lru_t
 
-    def __init__(self, enc, json_py, dumps, bint ledger_layout=False):
-        self.shared_cols = list(enc.shared_cols)
-        self.own_cols = list(enc.own_cols)
-        self.json_cols = list(enc.json_cols)
-        self.num_cols = len(enc.columns)
-        self.seq_at = enc.seq_at
-        self.hash_col = enc.hash_col
-        self.hash_at = enc.hash_at
-        self.kind_col = enc.kind_col
-        self.last = tuple(enc.last)
-        self.blank = enc.blank
-        self.last_kind = ""
-        self.fast = self.num_cols <= _MAX_FIELDS    # else every row goes by field list
-        self.num_shared = len(self.shared_cols)
-        self.num_own = len(self.own_cols)
-        self.num_json = len(self.json_cols)
-        for i in range(min(self.num_shared, _MAX_FIELDS)):
-            self.shared_c[i] = self.shared_cols[i]
-        for i in range(min(self.num_own, _MAX_FIELDS)):
-            self.own_c[i] = self.own_cols[i]
-        for i in range(min(self.num_json, _MAX_FIELDS)):
-            self.json_c[i] = self.json_cols[i]
-        self.by_kind = {}
-        self.hashes = enc.hashes
+    def __init__(self, CompactEncoder enc):
+        """``enc``: an encoder of LedgerWriter's columns (compact.compiled_coder checks
+        them)."""
+        if enc.json_cols != [19, 23] or enc.num_cols != 24:
+            raise ValueError("not LedgerWriter's columns")
+        self.enc = enc
         self.num = Number()
-        self.json_py, self.dumps = json_py, dumps
         self.plain_names = set()
         self.ps_debts = None
-        # the columns are LedgerWriter's (encode_evictions codes its rows from their fields)
-        self.ledger_layout = ledger_layout and self.fast and self.json_cols == [19, 23]
-
-    cdef str _code_field(self, str line, Py_ssize_t a, Py_ssize_t b, str p, list out):
-        """The field line[a:b] coded against its prediction p and appended to out (empty
-        where it is p's text); returns the field's text."""
-        cdef str c
-        if _region_eq(line, a, b, p):
-            out.append("")
-            return p
-        c = PyUnicode_Substring(line, a, b)
-        out.append(code(c, p))
-        return c
-
-    def encode_text(self, rows):
-        """The compact stream's text for these rows (each ending in its "\\n"): encode()
-        of each, written as csv.writer(lineterminator="\\r\\n") writes a row of two or more
-        fields (quoted where a field holds a comma, a quote or a line break, quotes
-        doubled)."""
-        cdef str row
-        cdef list lines = []
-        for row in rows:
-            lines.append(_csv_line(self.encode(row[:len(row) - 1])))
-        if not lines:
-            return ""
-        lines.append("")
-        return "\r\n".join(lines)
 
     def encode_evictions(self, list decisions, list blocks, list hash_names, list owners,
                          tuple lead, Py_ssize_t seq, object q, object ff, JsonMemo seg_memo,
@@ -1935,13 +1623,6 @@ cdef class CompactCoder:
         request, group and contract fields. Returns (text, the last seq)."""
         cdef Py_ssize_t num = len(decisions)
         cdef _RowBuf buf
-        if not self.ledger_layout:
-            rows = []
-            seq = eviction_rows(rows, decisions, blocks, hash_names, owners,
-                                f"{lead[0]},{lead[1]},", seq,
-                                f"{lead[2]},{lead[3]},{lead[4]},{lead[5]},{lead[6]},", q, ff,
-                                seg_memo, rank_memo)
-            return self.encode_text(rows), seq
         if len(blocks) < num or len(hash_names) < num or len(owners) < num:
             num = min(num, len(blocks), len(hash_names), len(owners))
         if num == 0:
@@ -1984,7 +1665,7 @@ cdef class CompactCoder:
         cdef bint jint_ok[2 * _PS_JSON_MAX]
         for j in range(2 * _PS_JSON_MAX):
             jint_ok[j] = False
-        prev = self.by_kind.get(kind) or self.blank
+        prev = self.enc.by_kind.get(kind) or self.enc.blank
         ptext = list(<tuple>prev[0])
         prev_json = prev[1]
         for k in range(2):
@@ -2003,7 +1684,8 @@ cdef class CompactCoder:
             if i == 0:
                 shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
                 for j in range(7):
-                    _buf_code(buf, self._shared_code(j, shared[j]))
+                    _buf_code(buf, code(shared[j], self.enc.seq_pred() if j == self.enc.seq_at
+                                        else <str>self.enc.last[j]))
             else:
                 _buf_put(buf, ",,,,,,,", 7)
             # own columns: block, hash, owner, num_candidates, position, queue,
@@ -2014,7 +1696,7 @@ cdef class CompactCoder:
             t = csv_field(hash_names[i])
             hid = -1
             if t:
-                hid = self.hashes.see(t)
+                hid = self.enc.hashes.see(t)
             p = ptext[1]
             if t is p or t == p:
                 _buf_put(buf, ",", 1)
@@ -2039,8 +1721,8 @@ cdef class CompactCoder:
         for k in range(3):
             if pint_live[k]:
                 ptext[(0, 3, 4)[k]] = str(pint[k])
-        self.last = (lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6])
-        self.by_kind[kind] = (tuple(ptext), {19: (jtext[0], jkeys[0], jvals[0], jok[0]),
+        self.enc.last = (lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6])
+        self.enc.by_kind[kind] = (tuple(ptext), {19: (jtext[0], jkeys[0], jvals[0], jok[0]),
                                              23: (jtext[1], jkeys[1], jvals[1], jok[1])})
         return seq
 
@@ -2289,7 +1971,7 @@ cdef class CompactCoder:
                 else:
                     texts.append(<str>ov[j])
             tmp = []
-            self._json_known(tmp, (jtext[k], jkeys[k], jvals[k], jok[k]), keys, texts)
+            self.enc.known_codes(tmp, (jtext[k], jkeys[k], jvals[k], jok[k]), keys, texts)
             for c in tmp:
                 _buf_code(buf, c)
             jvals[k] = texts
@@ -2345,174 +2027,16 @@ cdef class CompactCoder:
         pj = (jtext[k], jkeys[k], jvals[k], jok[k])
         tmp = []
         if t is None:
-            self._json_known(tmp, pj, m.order, m.vtexts)
+            self.enc.known_codes(tmp, pj, m.order, m.vtexts)
             jtext[k], jkeys[k], jvals[k], jok[k] = None, m.order, list(m.vtexts), True
         elif jok[k] and jtext[k] is not None and t == jtext[k]:
             tmp.append("")
             tmp.extend([""] * len(jkeys[k]))
         else:
             json_now = {}
-            self._json_col(tmp, 19 if k == 0 else 23, pj, t, json_now)
+            self.enc.json_codes(tmp, 19 if k == 0 else 23, pj, t, json_now)
             pj = json_now[19 if k == 0 else 23]
             jtext[k], jkeys[k], jvals[k], jok[k] = pj[0], pj[1], list(<list>pj[2]), pj[3]
         for c in tmp:
             _buf_code(buf, c)
         return 0
-
-    cdef int _json_col(self, list out, Py_ssize_t i, tuple pj, str text,
-                       dict json_now) except -1:
-        """The codes of JSON column i, whose text is not its prediction's (pj)."""
-        cdef list pkeys = pj[1], pvalues = pj[2], keys, values
-        cdef object parsed
-        cdef Py_ssize_t j
-        cdef str c, p
-        if not text:
-            parsed = ([], [])
-        else:
-            parsed = _json_parse(text, pkeys, pvalues)
-            if parsed is None:
-                parsed = self.json_py(text)
-        if parsed is None:
-            out.append("!" + text)
-            json_now[i] = (text, pkeys, pvalues, False)
-            return 0
-        self._json_known(out, pj, parsed[0], parsed[1])
-        json_now[i] = (text, parsed[0], parsed[1], True)
-        return 0
-
-    cdef int _json_known(self, list out, tuple pj, list keys, list values) except -1:
-        """The codes of a JSON column read as ``keys`` and ``values`` (value texts)
-        against its prediction pj."""
-        cdef list pkeys = pj[1], pvalues = pj[2]
-        cdef Py_ssize_t j
-        cdef str c, p
-        if keys is pkeys or keys == pkeys:
-            out.append("")
-            for j in range(len(values)):
-                c = values[j]
-                p = pvalues[j]
-                out.append("" if c is p or c == p else code(c, p))
-        else:
-            out.append("=" + self.dumps(keys).decode())
-            for c in values:
-                out.append("=" + c)
-        return 0
-
-    cpdef list encode(self, str line):
-        """CompactEncoder.encode(line). Fields are compared in place with their
-        predictions, and only those that differ become strings; a row _bounds leaves to
-        split_row goes through the field list (_encode_fields)."""
-        cdef Py_ssize_t fs[_MAX_FIELDS]
-        cdef Py_ssize_t fe[_MAX_FIELDS]
-        cdef int nf = _bounds(line, fs, fe)
-        cdef Py_ssize_t i, j, a, b, hid, nshared = self.num_shared
-        cdef long long pv
-        cdef str kind, c, p
-        cdef tuple prev, prev_own, pj, last = self.last
-        cdef dict prev_json, json_now
-        cdef list out, cur, own
-        if not self.fast or nf != self.num_cols:
-            return self._encode_fields(split_row(line))
-        a = fs[self.kind_col]
-        b = fe[self.kind_col]
-        kind = self.last_kind
-        if not _region_eq(line, a, b, kind):
-            kind = PyUnicode_Substring(line, a, b)
-            self.last_kind = kind
-        prev = self.by_kind.get(kind) or self.blank
-        prev_own = prev[0]
-        prev_json = prev[1]
-        out = [kind]
-        cur = [None] * nshared
-        for j in range(nshared):
-            i = self.shared_c[j]
-            a = fs[i]
-            b = fe[i]
-            p = last[j]
-            if j == self.seq_at:
-                c = PyUnicode_Substring(line, a, b)
-                if is_int(p):
-                    pv = int_of(p) + 1
-                    if is_int(c) and int_of(c) == pv:
-                        out.append("")          # the same canonical number: the same text
-                        cur[j] = c
-                        continue
-                    p = str(pv)
-                out.append("" if c == p else code(c, p))
-                cur[j] = c
-            else:
-                cur[j] = self._code_field(line, a, b, p, out)
-        own = [None] * self.num_own
-        for j in range(self.num_own):
-            i = self.own_c[j]
-            a = fs[i]
-            b = fe[i]
-            own[j] = self._code_field(line, a, b, prev_own[j], out)
-        c = own[self.hash_at - 1 - nshared]
-        if c:
-            hid = self.hashes.see(c)
-            if hid >= 0 and out[self.hash_at]:
-                out[self.hash_at] = f"#{hid}"
-        json_now = dict(prev_json)
-        for j in range(self.num_json):
-            i = self.json_c[j]
-            pj = prev_json[i]
-            a = fs[i]
-            b = fe[i]
-            if pj[3] and pj[0] is not None and _region_eq(line, a, b, <str>pj[0]):
-                out.append("")
-                out.extend([""] * len(<list>pj[1]))
-                continue
-            self._json_col(out, i, pj, PyUnicode_Substring(line, a, b), json_now)
-        self.last = tuple(cur)
-        self.by_kind[kind] = (tuple(own), json_now)
-        return out
-
-    cdef str _shared_code(self, Py_ssize_t j, str c):
-        """The code of shared column j's field c, against the previous row's (its seq plus
-        one)."""
-        cdef str p = self.last[j]
-        if j == self.seq_at and is_int(p):
-            p = str(int_of(p) + 1)
-        return "" if c == p else code(c, p)
-
-    cdef list _encode_fields(self, list fields):
-        """encode() of a row already split into its fields."""
-        cdef Py_ssize_t i, j
-        cdef str kind, c, p
-        cdef tuple prev, prev_own, cur, own, pj
-        cdef dict prev_json, json_now
-        cdef list out
-        cdef Py_ssize_t hid
-        if len(fields) != self.num_cols:
-            raise ValueError(f"{len(fields)} fields, the header has {self.num_cols}")
-        kind = fields[self.kind_col]
-        prev = self.by_kind.get(kind) or self.blank
-        prev_own = prev[0]
-        prev_json = prev[1]
-        cur = tuple([fields[i] for i in self.shared_cols])
-        own = tuple([fields[i] for i in self.own_cols])
-        out = [kind]
-        for j in range(len(cur)):
-            out.append(self._shared_code(j, cur[j]))
-        for j in range(len(own)):
-            c = own[j]
-            p = prev_own[j]
-            out.append("" if c == p else code(c, p))
-        c = fields[self.hash_col]
-        if c:
-            hid = self.hashes.see(c)
-            if hid >= 0 and out[self.hash_at]:
-                out[self.hash_at] = f"#{hid}"
-        json_now = dict(prev_json)
-        for j in range(len(self.json_cols)):
-            i = self.json_cols[j]
-            pj = prev_json[i]
-            if pj[3] and pj[0] is not None and fields[i] == pj[0]:
-                out.append("")
-                out.extend([""] * len(<list>pj[1]))
-                continue
-            self._json_col(out, i, pj, fields[i], json_now)
-        self.last = cur
-        self.by_kind[kind] = (own, json_now)
-        return out

@@ -3,8 +3,8 @@
 Two kinds of compiled code serve a replay:
 - ``psgate/_core.pyx`` (Cython) holds compiled forms of loops whose Python form stays in
   its module as the readable reference: prefixshield's victim choice and bookkeeping
-  (``PrefixShieldView``, over the policy's own state) and the compact ledger's coder
-  (``CompactCoder``). A differential test (tests/test_core_differential.py)
+  (``PrefixShieldView``, over the policy's own state) and the compact ledger's coder of
+  eviction batches from their fields (``CompactCoder``). A differential test (tests/test_core_differential.py)
   holds both forms to byte-identical receipts and ledgers. A compiled loop takes the
   common case only and hands anything unusual (a violation, a key outside the flat
   tables) back to the Python form at the point where it stopped.

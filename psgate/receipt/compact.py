@@ -25,6 +25,10 @@ Every field's exact text is kept, so :func:`decode` gives the CSV byte for byte 
 receipt's ledger digest covers the compact file as written. The compact stream itself is
 CSV (csv.writer, "\\r\\n" rows, so a lone carriage return is quoted) under a gzip header with
 no name and no time: its bytes, too, depend only on the rows.
+
+The coding is field_code's (``CompactEncoder``, compiled where the install compiled it;
+the compiled core codes eviction batches from their fields into the same encoder); this
+module holds the file and its reader.
 """
 
 from __future__ import annotations
@@ -36,15 +40,15 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import compress
-from operator import itemgetter
 
 import orjson
 
 from psgate import core
 from psgate.errors import InputError
 from psgate.inputs import open_input
-from psgate.receipt.field_code import (HashIds, Number, code, decimal_in, is_int, is_time,
-                                       split_row)
+from psgate.receipt import field_code
+from psgate.receipt.field_code import (KIND_COL, CompactEncoder, HashIds, Number,
+                                       decimal_in, is_int, is_time, json_text)
 from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
@@ -52,17 +56,9 @@ VERSION = "2"
 # Version 1 had no "%" code and numbered at most HASH_LIMIT_V1 hashes; its files read
 # as they were written.
 READS = ("1", "2")
-# Hashes numbered before HashIds starts over. A replay's two runs evict much the same
-# blocks, so the table holds a whole run of a real trace's evictions (414,592 distinct
-# hashes in 600 Mooncake requests at 16,384 blocks), and the other run's are numbers.
-HASH_LIMIT = 1 << 20
 HASH_LIMIT_V1 = 1 << 18
 _FIELD_LIMIT = 1 << 30
 _DELTA = re.compile(r"-?[0-9]{1,20}\Z")
-_KIND_COL = 4
-REQUIRED = ("run", "policy", "seq", "t", "kind", "request", "group", "contract", "hash")
-_SEQ_COL = 2
-_SHARED = 8                 # columns 0..7 predicted from the previous row of any kind
 
 
 def _ns(t: str) -> int:
@@ -70,8 +66,8 @@ def _ns(t: str) -> int:
 
 
 def _unplaces(v: int, places: int) -> str:
-    """The decimal of integer v with ``places`` places (the inverse of field_code.decimal_in's
-    value and places)."""
+    """The decimal of integer v with ``places`` places (the inverse of the value and
+    places field_code.decimal_in reads)."""
     q, r = divmod(abs(v), 10 ** places)
     return f"{'-' if v < 0 else ''}{q}.{r:0{places}d}"
 
@@ -102,122 +98,22 @@ def _uncode(code: str, pred: str) -> str:
     raise ValueError(f"a field code starts with {code[0]!r}")
 
 
-def _json_fields(text: str) -> tuple[list[str], list[str]] | None:
-    """(keys, each value's JSON text) of a quoted compact JSON object field, or None when
-    the field is not one that :func:`_json_text` gives back exactly."""
-    if not (text.startswith('"{') and text.endswith('}"')):
-        return None
-    inner = text[1:-1].replace('""', '"')
-    try:
-        obj = orjson.loads(inner)
-    except orjson.JSONDecodeError:
-        return None
-    if (type(obj) is not dict or not obj or orjson.dumps(obj) != inner.encode()
-            or '"' + inner.replace('"', '""') + '"' != text):
-        return None
-    return list(obj), [orjson.dumps(v).decode() for v in obj.values()]
-
-
-def _json_text(keys: list[str], values: list[str]) -> str:
-    body = ",".join(f"{orjson.dumps(k).decode()}:{v}" for k, v in zip(keys, values))
-    return '"{' + body.replace('"', '""') + '}"'
-
-
-class CompactEncoder:
-    """Rows of the CSV ledger in, compact rows out (one per row, same order)."""
-
-    def __init__(self, header: str) -> None:
-        self.columns = split_row(header)
-        missing = [c for c in REQUIRED if c not in self.columns]
-        if missing or self.columns.index("kind") != _KIND_COL or self.columns[_SEQ_COL] != "seq":
-            raise ValueError(f"not the ledger's columns (missing {missing or 'kind/seq'})")
-        self.json_cols = [i for i, c in enumerate(self.columns) if c in ("segments", "rank")]
-        self.plain_cols = [i for i in range(len(self.columns))
-                           if i != _KIND_COL and i not in self.json_cols]
-        shared = self.shared_cols = [i for i in self.plain_cols if i < _SHARED]
-        own = self.own_cols = [i for i in self.plain_cols if i >= _SHARED]
-        self.kind_col = _KIND_COL
-        self._shared = itemgetter(*shared)
-        self._own = itemgetter(*own)
-        # the row layout, read too by the compiled coder (psgate._core.CompactCoder)
-        self.seq_at = shared.index(_SEQ_COL)
-        self.hash_col = self.columns.index("hash")
-        self.hash_at = 1 + len(shared) + own.index(self.hash_col)
-        self.hashes = HashIds(HASH_LIMIT)
-        self.last = ("",) * len(shared)
-        self.blank = (("",) * len(own), {i: ("", [], [], True) for i in self.json_cols})
-        # per kind: its last row's own fields, and per JSON column (text, keys, values,
-        # whether it was coded by key)
-        self._by_kind: dict[str, tuple[tuple, dict]] = {}
-
-    def predict(self, last: tuple, prev_own: tuple) -> list[str]:
-        """Each plain column's prediction, in plain_cols order: ``last`` is the previous
-        row's shared columns (its seq plus one), ``prev_own`` the rest of the previous row
-        of the same kind."""
-        pred = list(last)
-        seq = pred[self.seq_at]
-        if is_int(seq):
-            pred[self.seq_at] = str(int(seq) + 1)
-        pred += prev_own
-        return pred
-
-    def encode(self, line: str) -> list[str]:
-        fields = split_row(line)
-        if len(fields) != len(self.columns):
-            raise ValueError(f"{len(fields)} fields, the header has {len(self.columns)}")
-        kind = fields[_KIND_COL]
-        prev_own, prev_json = self._by_kind.get(kind) or self.blank
-        cur = self._shared(fields)
-        own = self._own(fields)
-        out = [kind]
-        out += ["" if c == p else code(c, p)
-                for c, p in zip(cur + own, self.predict(self.last, prev_own))]
-        h = fields[self.hash_col]
-        if h:
-            hid = self.hashes.see(h)
-            if hid >= 0 and out[self.hash_at]:
-                out[self.hash_at] = f"#{hid}"
-        json_now = dict(prev_json)
-        for i in self.json_cols:
-            text = fields[i]
-            ptext, pkeys, pvalues, pok = prev_json[i]
-            if text == ptext and pok:
-                out.append("")
-                out += [""] * len(pkeys)
-                continue
-            parsed = _json_fields(text) if text else ([], [])
-            if parsed is None:
-                out.append("!" + text)
-                json_now[i] = (text, pkeys, pvalues, False)
-                continue
-            keys, values = parsed
-            if keys == pkeys:
-                out.append("")
-                out += ["" if c == p else code(c, p) for c, p in zip(values, pvalues)]
-            else:
-                out.append("=" + orjson.dumps(keys).decode())
-                out += ["=" + v for v in values]
-            json_now[i] = (text, keys, values, True)
-        self.last = cur
-        self._by_kind[kind] = (own, json_now)
-        return out
-
-
 def compiled_coder(enc: CompactEncoder):
-    """The compiled form of ``enc``'s encode (psgate._core.CompactCoder), starting from
-    ``enc``'s state, or None where the core is off or not built."""
+    """The compiled coder of eviction batches from their fields (psgate._core.CompactCoder),
+    coding into ``enc``'s state, or None where the core is off or not built or the
+    columns are not LedgerWriter's."""
     kernels = core.get()
-    if kernels is None:
+    if kernels is None or tuple(enc.columns) != LEDGER_COLUMNS:
         return None
-    return kernels.CompactCoder(enc, _json_fields, orjson.dumps,
-                                tuple(enc.columns) == LEDGER_COLUMNS)
+    return kernels.CompactCoder(enc)
 
 
 class CompactLedgerFile:
     """A text sink for the ledger writer: takes whole CSV rows, writes the compact gzip
-    stream. The first row it is given is the header. Rows are coded by the compiled core
-    where it is built (the same codes: tests/test_core_differential.py), else by
-    CompactEncoder."""
+    stream. The first row it is given is the header. Rows are coded by CompactEncoder
+    (compiled where the install compiled field_code), and eviction batches, where the
+    compiled core is built, from their fields by its coder (the same codes:
+    tests/test_core_differential.py)."""
 
     def __init__(self, path, level: int = GZIP_LEVEL) -> None:
         self._raw = open(path, "wb")
@@ -239,11 +135,7 @@ class CompactLedgerFile:
             w.writerow([line])
             self._enc = CompactEncoder(line)
             self._coder = compiled_coder(self._enc)
-        if self._coder is not None:
-            self._fh.write(self._coder.encode_text(rows))
-            return
-        encode = self._enc.encode
-        w.writerows(encode(row[:-1]) for row in rows)
+        self._fh.write(self._enc.encode_text(rows))
 
     @property
     def codes_evictions(self) -> bool:
@@ -283,7 +175,7 @@ class CompactReader:
         self._ns, self._no = len(enc.shared_cols), len(enc.own_cols)
         self._seq_at = enc.seq_at
         self._hash_at = enc.own_cols.index(enc.hash_col)
-        self._hashes = HashIds(HASH_LIMIT_V1 if version == "1" else HASH_LIMIT)
+        self._hashes = HashIds(HASH_LIMIT_V1 if version == "1" else field_code.HASH_LIMIT)
         self._where = {}                # column name -> (0 shared / 1 own / 2 JSON, index)
         for j, i in enumerate(enc.shared_cols):
             self._where[self.columns[i]] = (0, j)
@@ -291,7 +183,7 @@ class CompactReader:
             self._where[self.columns[i]] = (1, j)
         for i in enc.json_cols:
             self._where[self.columns[i]] = (2, i)
-        self._where["kind"] = (3, _KIND_COL)
+        self._where["kind"] = (3, KIND_COL)
         self._last = [""] * self._ns
         self._seq: int | None = None    # the seq column as a number while it is one
         self._by_kind: dict[str, list] = {}
@@ -413,7 +305,7 @@ class CompactReader:
         if j in self._raw:
             return self._raw[j]
         keys = self._keys[j]
-        return _json_text(keys, self._values[j]) if keys else ""
+        return json_text(keys, self._values[j]) if keys else ""
 
     def value(self, name: str) -> str:
         """The current row's field ``name`` as csv reads it, in a ``simple`` row."""
@@ -430,7 +322,7 @@ class CompactReader:
     def line(self) -> str:
         """The current row as the CSV ledger has it."""
         fields = [""] * len(self.columns)
-        fields[_KIND_COL] = self.kind
+        fields[KIND_COL] = self.kind
         last = self._last
         for j, i in enumerate(self._shared_cols):
             fields[i] = last[j]
@@ -443,7 +335,7 @@ class CompactReader:
                 fields[i] = self._raw[i]
             else:
                 keys = self._keys[i]
-                fields[i] = _json_text(keys, self._values[i]) if keys else ""
+                fields[i] = json_text(keys, self._values[i]) if keys else ""
         return ",".join(fields) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""One field of the compact ledger coded against its prediction, and the row's fields.
+"""The compact ledger's codes: a row of the CSV ledger coded against the rows before it.
 
     code(cur, pred) -> ""            cur == pred
                        "~" + delta   both integers (INT): the difference
@@ -9,20 +9,41 @@
                        "=" + cur     anything else, verbatim
     split_row(line) -> the fields of one CSV row exactly as written, quotes included
     HashIds.see(h)  -> the number trace hash h was given when first seen, or -1
+    CompactEncoder.encode(line) -> the row's codes (compact.py's table): its kind, each
+                                   plain column's code against its prediction, the
+                                   JSON columns' codes
 
-The compact encoder and its reader (``compact.py``) and the compiled coder of
-``psgate._core`` all code fields through these, so a field is coded one way whichever
-writes it. The module is written in Cython's pure-Python mode and is their only source:
-``pip install`` compiles it (``field_code.pxd`` gives the types), and without a compiler
-it runs as written. A number's form is read by one loop over its characters (scan) rather than
-by regular expressions: compiled, the loop reads the string in place and the value comes
-out of the same pass (tests/receipt/test_field_code.py holds them to the grammar as regular expressions).
+The compact ledger's writer and reader (``compact.py``) and the compiled coder of
+``psgate._core``, which codes eviction batches from their fields into the encoder's
+state, all code through these, so a row is coded one way whichever writes it.
+
+The module is written in Cython's pure-Python mode and is their only source: ``pip
+install`` compiles it (``field_code.pxd`` gives the types), and without a compiler it runs
+as written. A number's form is read by one loop over its characters (scan) rather than by
+regular expressions: compiled, the loop reads the string in place and the value comes out
+of the same pass (tests/receipt/test_field_code.py holds it to the grammar written as
+regular expressions, and the encoder as installed to its interpreted form).
 """
+
+from orjson import JSONDecodeError, dumps, loads
+
+from psgate.receipt.row_text import csv_field
 
 try:
     import cython
 except ImportError:
     from psgate import cython_shadow as cython
+
+# The ledger's layout as the encoder needs it
+REQUIRED = ("run", "policy", "seq", "t", "kind", "request", "group", "contract", "hash")
+JSON_COLUMNS = ("segments", "rank")
+KIND_COL = 4
+SEQ_COL = 2
+SHARED = 8                  # columns 0..7 predicted from the previous row of any kind
+# Hashes numbered before HashIds starts over. A replay's two runs evict much the same
+# blocks, so the table holds a whole run of a real trace's evictions (414,592 distinct
+# hashes in 600 Mooncake requests at 16,384 blocks), and the other run's are numbers.
+HASH_LIMIT = 1 << 20
 
 
 # scan()'s forms of a number, as bits (C constants where compiled: field_code.pxd)
@@ -247,3 +268,176 @@ class HashIds:
         if not 0 <= hid < len(self.names):
             raise ValueError(f"no trace hash numbered {hid}")
         return self.names[hid]
+
+
+def json_fields(text: str):
+    """(keys, each value's JSON text) of a quoted compact JSON object field, or None when
+    the field is not one that :func:`json_text` gives back exactly."""
+    if not (text.startswith('"{') and text.endswith('}"')):
+        return None
+    inner = text[1:-1].replace('""', '"')
+    try:
+        obj = loads(inner)
+    except JSONDecodeError:
+        return None
+    if (type(obj) is not dict or not obj or dumps(obj) != inner.encode()
+            or '"' + inner.replace('"', '""') + '"' != text):
+        return None
+    return list(obj), [dumps(v).decode() for v in obj.values()]
+
+
+def json_text(keys: list, values: list) -> str:
+    """The quoted JSON object field of these keys and value texts (json_fields' inverse)."""
+    body = ",".join([dumps(k).decode() + ":" + v for k, v in zip(keys, values)])
+    return '"{' + body.replace('"', '""') + '}"'
+
+
+@cython.cclass
+class CompactEncoder:
+    """Rows of the CSV ledger in, compact rows out (one per row, same order).
+
+    State, from row to row: ``last`` (the previous row's shared columns), ``by_kind``
+    (per kind: its last row's own fields, and per JSON column its text, keys, value texts
+    and whether it was coded by key; ``blank`` before a kind's first row) and ``hashes``.
+    The compiled coder of ``psgate._core`` reads and writes the same state."""
+
+    def __init__(self, header: str) -> None:
+        columns = split_row(header)
+        missing = [c for c in REQUIRED if c not in columns]
+        if missing or columns.index("kind") != KIND_COL or columns[SEQ_COL] != "seq":
+            raise ValueError(f"not the ledger's columns (missing {missing or 'kind/seq'})")
+        self.columns = columns
+        self.json_cols = [i for i in range(len(columns)) if columns[i] in JSON_COLUMNS]
+        plain = [i for i in range(len(columns))
+                 if i != KIND_COL and i not in self.json_cols]
+        self.shared_cols = [i for i in plain if i < SHARED]
+        self.own_cols = [i for i in plain if i >= SHARED]
+        self.num_cols = len(columns)
+        self.kind_col = KIND_COL
+        self.seq_at = self.shared_cols.index(SEQ_COL)
+        self.hash_col = columns.index("hash")
+        self.hash_at = 1 + len(self.shared_cols) + self.own_cols.index(self.hash_col)
+        self.hashes = HashIds(HASH_LIMIT)
+        self.last = ("",) * len(self.shared_cols)
+        self.blank = (("",) * len(self.own_cols),
+                      {i: ("", [], [], True) for i in self.json_cols})
+        self.by_kind = {}
+        self.num = Number()
+
+    def encode(self, line: str) -> list:
+        """The codes of one CSV row (its newline left out)."""
+        return self.encode_fields(split_row(line))
+
+    def encode_text(self, rows) -> str:
+        """The compact stream's text for these CSV rows (each ending in its "\\n"): each
+        row's codes as csv.writer(lineterminator="\\r\\n") writes a row of two or more
+        fields (csv_field's quoting)."""
+        row: str
+        line: str
+        codes: list
+        lines: list = []
+        for row in rows:
+            codes = self.encode_fields(split_row(row[:len(row) - 1]))
+            line = ",".join(codes)
+            # a code that holds a comma, a quote or a line break is quoted (most hold none)
+            if (line.count(",") != len(codes) - 1 or '"' in line or "\r" in line
+                    or "\n" in line):
+                line = ",".join([csv_field(c) for c in codes])
+            lines.append(line)
+        if not lines:
+            return ""
+        lines.append("")
+        return "\r\n".join(lines)
+
+    def encode_fields(self, fields: list) -> list:
+        """The codes of one row split into its fields."""
+        j: cython.Py_ssize_t
+        i: cython.Py_ssize_t
+        hid: cython.Py_ssize_t
+        prev: tuple
+        prev_own: tuple
+        last: tuple = self.last
+        pj: tuple
+        kind: str
+        c: str
+        p: str
+        h: str
+        text: str
+        if len(fields) != self.num_cols:
+            raise ValueError(f"{len(fields)} fields, the header has {self.num_cols}")
+        kind = fields[self.kind_col]
+        prev = self.by_kind.get(kind) or self.blank
+        prev_own = prev[0]
+        prev_json: dict = prev[1]
+        out: list = [kind]
+        cur: list = []
+        for j in range(len(self.shared_cols)):
+            i = self.shared_cols[j]
+            c = fields[i]
+            p = self.seq_pred() if j == self.seq_at else last[j]
+            out.append("" if c == p else code(c, p))
+            cur.append(c)
+        own: list = []
+        for j in range(len(self.own_cols)):
+            i = self.own_cols[j]
+            c = fields[i]
+            p = prev_own[j]
+            out.append("" if c == p else code(c, p))
+            own.append(c)
+        h = fields[self.hash_col]
+        if h:
+            hid = self.hashes.see(h)
+            if hid >= 0 and out[self.hash_at]:
+                out[self.hash_at] = "#" + str(hid)
+        json_now: dict = dict(prev_json)
+        for j in range(len(self.json_cols)):
+            i = self.json_cols[j]
+            pj = prev_json[i]
+            text = fields[i]
+            if pj[3] and text == pj[0]:
+                out.append("")
+                out.extend([""] * len(pj[1]))
+            else:
+                self.json_codes(out, i, pj, text, json_now)
+        self.last = tuple(cur)
+        self.by_kind[kind] = (tuple(own), json_now)
+        return out
+
+    def seq_pred(self) -> str:
+        """The seq column's prediction: the previous row's plus one, where it is an
+        integer."""
+        p: str = self.last[self.seq_at]
+        if int_in(p, self.num):
+            return str(self.num.value + 1)
+        return p
+
+    def json_codes(self, out: list, i: cython.Py_ssize_t, pj: tuple, text: str,
+                   json_now: dict) -> cython.int:
+        """The codes of JSON column i, whose text is not its prediction's (pj: the column's
+        last text, keys, value texts and whether it was coded by key), appended to out;
+        json_now[i] takes the column's state after this row. A text json_fields does not
+        give back exactly is kept verbatim ("!")."""
+        parsed = json_fields(text) if text else ([], [])
+        if parsed is None:
+            out.append("!" + text)
+            json_now[i] = (text, pj[1], pj[2], False)
+            return 0
+        self.known_codes(out, pj, parsed[0], parsed[1])
+        json_now[i] = (text, parsed[0], parsed[1], True)
+        return 0
+
+    def known_codes(self, out: list, pj: tuple, keys: list, values: list) -> cython.int:
+        """The codes of a JSON column read as ``keys`` and their value texts, against its
+        prediction pj: "" and each value's code against the last row's where the keys are
+        the last row's, else "=" and the keys as a JSON array, then each value verbatim."""
+        j: cython.Py_ssize_t
+        pvalues: list = pj[2]
+        if keys == pj[1]:
+            out.append("")
+            for j in range(len(values)):
+                out.append(code(values[j], pvalues[j]))
+        else:
+            out.append("=" + dumps(keys).decode())
+            for j in range(len(values)):
+                out.append("=" + values[j])
+        return 0

@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgate.policies import policy_names
-from psgate.receipt.compact import (CompactEncoder, CompactLedgerFile, compiled_coder, decode,
-                                    open_compact, split_row)
+from helpers import interpreted
+from psgate.receipt import field_code
+from psgate.receipt.compact import CompactEncoder, CompactLedgerFile, decode, open_compact
+from psgate.receipt.field_code import split_row
 from psgate.receipt.ledger import LEDGER_COLUMNS, open_text
 from psgate.receipt.row_text import canonical, csv_field, fmt_f
 from psgate.errors import InputError
@@ -184,8 +186,7 @@ def test_damaged_compact_ledgers_are_named_errors(tmp_path):
 
 
 def test_repeated_hashes_are_numbered_and_the_table_starts_over(tmp_path, monkeypatch):
-    from psgate.receipt import compact
-    monkeypatch.setattr(compact, "HASH_LIMIT", 3)
+    monkeypatch.setattr(field_code, "HASH_LIMIT", 3)
     hashes = ["a1" * 16, "b2" * 16, "a1" * 16, "c3" * 16, "d4" * 16, "a1" * 16, "b2" * 16,
               "", "d4" * 16, "d4" * 16]
     rows = [row(run="baseline", policy="lru", seq=i + 1, t="1.000000000", kind="evict",
@@ -251,7 +252,7 @@ def test_each_version_numbers_hashes_up_to_its_own_limit(tmp_path, monkeypatch):
     """A version-1 file's hash table started over at its own (smaller) limit: decoding
     numbers its hashes as it was written, not as version 2 would."""
     from psgate.receipt import compact
-    monkeypatch.setattr(compact, "HASH_LIMIT", 3)
+    monkeypatch.setattr(field_code, "HASH_LIMIT", 3)
     hashes = ["a1", "b2", "c3", "d4", "a1", "b2", "e5", "a1", "d4"] * 2
     rows = [row(run="baseline", policy="lru", seq=i + 1, t="1.000000000", kind="evict",
                 block=i, hash=h * 16) for i, h in enumerate(hashes)]
@@ -260,7 +261,7 @@ def test_each_version_numbers_hashes_up_to_its_own_limit(tmp_path, monkeypatch):
     assert "".join(decode(io.StringIO(text))) == HEADER + "".join(rows)
     as_v1 = "psgate-compact-ledger,1" + text[len("psgate-compact-ledger,2"):]
     monkeypatch.setattr(compact, "HASH_LIMIT_V1", 3)
-    monkeypatch.setattr(compact, "HASH_LIMIT", 5)
+    monkeypatch.setattr(field_code, "HASH_LIMIT", 5)
     assert "".join(decode(io.StringIO(as_v1))) == HEADER + "".join(rows)
     monkeypatch.setattr(compact, "HASH_LIMIT_V1", 5)   # another limit: other hashes
     assert "".join(decode(io.StringIO(as_v1))) != HEADER + "".join(rows)
@@ -278,22 +279,34 @@ def test_huge_ids_and_fields_round_trip(tmp_path):
     assert roundtrip(huge, tmp_path) == HEADER + "".join(huge)
 
 
-# -- the compiled coder (psgate._core.CompactCoder) against CompactEncoder ---------------
+# -- the encoder as installed (compiled where the install compiled field_code) against
+# -- its interpreted form, written by csv.writer ------------------------------------------
+
+FORMS = {}
+
+
+def interpreted_codes() -> object:
+    if "interpreted" not in FORMS:
+        FORMS["interpreted"] = interpreted(field_code)
+    return FORMS["interpreted"]
+
 
 def _python_text(rows: list[str]) -> str:
-    enc = CompactEncoder(HEADER[:-1])
+    """The rows' codes by the interpreted encoder's encode, written by csv.writer."""
+    enc = interpreted_codes().CompactEncoder(HEADER[:-1])
     s = io.StringIO()
     csv.writer(s, lineterminator="\r\n").writerows(enc.encode(r[:-1]) for r in rows)
     return s.getvalue()
 
 
 def _compiled_text(rows: list[str], batch: int = 3) -> str:
-    coder = compiled_coder(CompactEncoder(HEADER[:-1]))
-    if coder is None:
-        if os.environ.get("CI"):
-            pytest.fail("psgate._core is not built: pip install -e . must build it here")
-        pytest.skip("psgate._core is not built here (no C compiler or Cython at install)")
-    return "".join(coder.encode_text(rows[i:i + batch]) for i in range(0, len(rows), batch))
+    """The rows' compact text by the installed encoder's encode_text, ``batch`` rows a
+    call."""
+    if not field_code.__file__.endswith((".so", ".pyd")) and os.environ.get("CI"):
+        pytest.fail("psgate.receipt.field_code is not compiled: pip install -e . must "
+                    "compile it here")
+    enc = CompactEncoder(HEADER[:-1])
+    return "".join(enc.encode_text(rows[i:i + batch]) for i in range(0, len(rows), batch))
 
 
 JSON_EDGES = [
@@ -326,7 +339,7 @@ DECIMAL_EDGES = ["6817.914304", "6818.914304", "-0.5", "0.5", "-0.0", "0.0", "1.
                  "3.\u0665", " 1.5", "1.5 "]
 
 
-def test_the_compiled_coder_writes_the_python_codes_at_its_edges():
+def test_the_installed_encoder_writes_the_interpreted_codes_at_its_edges():
     lines = list(AWKWARD)
     for i, text in enumerate(JSON_EDGES + JSON_EDGES[::-1]):
         lines.append(row(run="r", policy="p", seq=i, t="1.000000000", kind="evict", block=i,
@@ -354,7 +367,7 @@ def test_the_compiled_coder_writes_the_python_codes_at_its_edges():
                               JSON_EDGES + TIME_EDGES + INT_EDGES + DECIMAL_EDGES)),
                               min_size=len(LEDGER_COLUMNS) - 1,
                               max_size=len(LEDGER_COLUMNS) - 1)), max_size=12))
-def test_the_compiled_coder_writes_the_python_codes(rows):
+def test_the_installed_encoder_writes_the_interpreted_codes(rows):
     lines = []
     for kind, fields in rows:
         vals = fields[:4] + [kind] + fields[4:]
@@ -362,9 +375,9 @@ def test_the_compiled_coder_writes_the_python_codes(rows):
     assert _compiled_text(lines) == _python_text(lines)
 
 
-def test_the_compiled_coder_numbers_hashes_as_the_python_one(monkeypatch):
-    from psgate.receipt import compact
-    monkeypatch.setattr(compact, "HASH_LIMIT", 3)
+def test_the_installed_encoder_numbers_hashes_as_the_interpreted_one(monkeypatch):
+    monkeypatch.setattr(field_code, "HASH_LIMIT", 3)
+    monkeypatch.setattr(interpreted_codes(), "HASH_LIMIT", 3)
     hashes = ["a1", "b2", "a1", "c3", "d4", "a1", "", "d4", "d4"] * 3
     lines = [row(run="b", policy="lru", seq=i + 1, t="1.000000000", kind="evict", block=i,
                  hash=h) for i, h in enumerate(hashes)]
