@@ -1616,8 +1616,8 @@ cdef class CompactCoder:
     def encode_evictions(self, list decisions, list blocks, list hash_names, list owners,
                          tuple lead, Py_ssize_t seq, object q, object ff, JsonMemo seg_memo,
                          JsonMemo rank_memo):
-        """encode_text of the rows eviction_rows formats for one batch, coded from each
-        row's fields without making the row: the JSON columns' keys and value texts are
+        """The encoder's encode_text of the rows eviction_rows formats for one batch, coded
+        from each row's fields without making the row: the JSON columns' keys and value texts are
         the memos' (a field they do not give, or whose text the reader here would not
         take back, is coded from its text). ``lead``: the rows' run, policy, time, kind,
         request, group and contract fields. Returns (text, the last seq)."""
@@ -1640,12 +1640,13 @@ cdef class CompactCoder:
                                 list hash_names, list owners, tuple lead, Py_ssize_t seq,
                                 Py_ssize_t num, object q, object ff, JsonMemo seg_memo,
                                 JsonMemo rank_memo) except? -1:
-        """encode_evictions' rows, written to buf: what _encode_fields codes for each row's
-        fields, without making the fields. The rows share their run, policy, time, request
+        """encode_evictions' rows, written to buf: what the encoder's encode_fields codes
+        for each row's fields, without making the fields. The rows share their run, policy, time, request
         and kind, and seq counts up, so after the first row every shared column is its
         prediction. The own columns' predictions are held here from row to row (an
         integer field as its value, a number's text beside its value), and the batch's
-        last row is the prediction state afterwards, as _encode_fields leaves it."""
+        last row is the encoder's prediction state afterwards, as encode_fields leaves
+        it."""
         cdef Py_ssize_t i, j, k
         cdef object d, x, blk
         cdef str kind = lead[3], t, p
