@@ -1641,12 +1641,12 @@ cdef class CompactCoder:
                                 Py_ssize_t num, object q, object ff, JsonMemo seg_memo,
                                 JsonMemo rank_memo) except? -1:
         """encode_evictions' rows, written to buf: what the encoder's encode_fields codes
-        for each row's fields, without making the fields. The rows share their run, policy, time, request
-        and kind, and seq counts up, so after the first row every shared column is its
-        prediction. The own columns' predictions are held here from row to row (an
-        integer field as its value, a number's text beside its value), and the batch's
-        last row is the encoder's prediction state afterwards, as encode_fields leaves
-        it."""
+        for each row's fields, without making the fields. The rows share their run,
+        policy, time, request and kind, and seq counts up, so after the first row every
+        shared column is its prediction. The own columns' predictions are held here from
+        row to row (an integer field as its value, a number's text beside its value), and
+        the batch's last row is the encoder's prediction state afterwards, as
+        encode_fields leaves it."""
         cdef Py_ssize_t i, j, k
         cdef object d, x, blk
         cdef str kind = lead[3], t, p
