@@ -1583,7 +1583,8 @@ cdef inline bint _quoted_eq(str p, str name):
     """p == '"' + name + '"', without making the right side."""
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(p)
     return (n == PyUnicode_GET_LENGTH(name) + 2 and PyUnicode_READ_CHAR(p, 0) == u'"'
-            and PyUnicode_READ_CHAR(p, n - 1) == u'"' and _region_eq_at(p, 1, n - 1, name, 0))
+            and PyUnicode_READ_CHAR(p, n - 1) == u'"'
+            and _region_eq_at(p, 1, n - 1, name, 0))
 
 
 cdef class CompactCoder:
@@ -1616,11 +1617,12 @@ cdef class CompactCoder:
     def encode_evictions(self, list decisions, list blocks, list hash_names, list owners,
                          tuple lead, Py_ssize_t seq, object q, object ff, JsonMemo seg_memo,
                          JsonMemo rank_memo):
-        """The encoder's encode_text of the rows eviction_rows formats for one batch, coded
-        from each row's fields without making the row: the JSON columns' keys and value texts are
-        the memos' (a field they do not give, or whose text the reader here would not
-        take back, is coded from its text). ``lead``: the rows' run, policy, time, kind,
-        request, group and contract fields. Returns (text, the last seq)."""
+        """The encoder's encode_text of the rows eviction_rows formats for one batch,
+        coded from each row's fields without making the row: the JSON columns' keys and
+        value texts are the memos' (a field they do not give, or whose text the reader
+        here would not take back, is coded from its text). ``lead``: the rows' run,
+        policy, time, kind, request, group and contract fields. Returns (text, the last
+        seq)."""
         cdef Py_ssize_t num = len(decisions)
         cdef _RowBuf buf
         if len(blocks) < num or len(hash_names) < num or len(owners) < num:
@@ -1685,8 +1687,8 @@ cdef class CompactCoder:
             if i == 0:
                 shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
                 for j in range(7):
-                    _buf_code(buf, code(shared[j], self.enc.seq_pred() if j == self.enc.seq_at
-                                        else <str>self.enc.last[j]))
+                    p = self.enc.seq_pred() if j == self.enc.seq_at else self.enc.last[j]
+                    _buf_code(buf, code(shared[j], p))
             else:
                 _buf_put(buf, ",,,,,,,", 7)
             # own columns: block, hash, owner, num_candidates, position, queue,
