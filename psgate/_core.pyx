@@ -22,7 +22,7 @@ from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
-from psgate.receipt.field_code cimport CompactEncoder, Number, code, int_in, step
+from psgate.receipt.field_code cimport CompactEncoder, FieldCoder, Number, int_in
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
                                       json_value, memo_text, memo_update, number_text,
                                       plain_value, reads_back)
@@ -1547,17 +1547,17 @@ cdef int _buf_code(_RowBuf *b, str code) except -1:
     return _buf_str(b, csv_field(code))
 
 
-cdef int _buf_code_c(_RowBuf *b, str cur, str pred, Number delta) except -1:
-    """"," and code(cur, pred) (cur != pred), a step written without making its text
-    (``delta``: the coder's Number for step's difference)."""
-    cdef int mark = step(cur, pred, delta)
+cdef int _buf_code_c(_RowBuf *b, str cur, str pred, FieldCoder fields) except -1:
+    """"," and fields.code(cur, pred) (cur != pred), a step written without making its
+    text."""
+    cdef int mark = fields.step(cur, pred)
     cdef char head[2]
     if mark == 0:
-        return _buf_code(b, code(cur, pred))
+        return _buf_code(b, fields.code(cur, pred))
     head[0] = 44
     head[1] = <char>mark
     _buf_put(b, head, 2)
-    return _buf_int(b, delta.value)
+    return _buf_int(b, fields.delta.value)
 
 
 cdef int _buf_int(_RowBuf *b, long long v) except -1:
@@ -1592,12 +1592,12 @@ cdef class CompactCoder:
     fields without making the row: the codes field_code.CompactEncoder gives the rows
     eviction_rows would write, coded into that encoder's own state (its last row, its rows
     by kind and its hash numbers), so the encoder codes the rows that follow as it would
-    have. Each field is coded by field_code (code, step), and a JSON column the memos do
-    not give, or whose text the fields here do not say, goes to the encoder's own
-    methods."""
+    have. Each field is coded by the encoder's FieldCoder (code, step), and a JSON
+    column the memos do not give, or whose text the fields here do not say, goes to the
+    encoder's own methods."""
 
     cdef CompactEncoder enc
-    cdef Number num                 # field_code's scan and step write their values here
+    cdef FieldCoder fields          # the encoder's
     cdef set plain_names            # _plain_name's strings
     cdef tuple ps_debts             # the last debts _ps_codable took, and their texts
     cdef object ps_raw_t, ps_norm_t
@@ -1610,7 +1610,7 @@ cdef class CompactCoder:
         if enc.json_cols != [19, 23] or enc.num_cols != 24:
             raise ValueError("not LedgerWriter's columns")
         self.enc = enc
-        self.num = Number()
+        self.fields = enc.fields
         self.plain_names = set()
         self.ps_debts = None
 
@@ -1688,7 +1688,7 @@ cdef class CompactCoder:
                 shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
                 for j in range(7):
                     p = self.enc.seq_pred() if j == self.enc.seq_at else self.enc.last[j]
-                    _buf_code(buf, code(shared[j], p))
+                    _buf_code(buf, self.fields.code(shared[j], p))
             else:
                 _buf_put(buf, ",,,,,,,", 7)
             # own columns: block, hash, owner, num_candidates, position, queue,
@@ -1707,7 +1707,7 @@ cdef class CompactCoder:
                 _buf_put(buf, ",#", 2)
                 _buf_int(buf, hid)
             else:
-                _buf_code_c(buf, t, p, self.num)
+                _buf_code_c(buf, t, p, self.fields)
             ptext[1] = t
             x = owners[i]
             self._text_col(buf, ptext, 2, cached_field(q, x))
@@ -1735,7 +1735,7 @@ cdef class CompactCoder:
         if t is p or t == p:
             _buf_put(buf, ",", 1)
         else:
-            _buf_code_c(buf, t, p, self.num)
+            _buf_code_c(buf, t, p, self.fields)
             ptext[j] = t
         return 0
 
@@ -1768,14 +1768,14 @@ cdef class CompactCoder:
                 _buf_int(buf, a - pint[k])
         else:
             p = ptext[j]
-            if int_in(p, self.num):
-                if a == self.num.value:
+            if int_in(p, self.fields.pred):
+                if a == self.fields.pred.value:
                     _buf_put(buf, ",", 1)
                 else:
                     _buf_put(buf, ",~", 2)
-                    _buf_int(buf, a - self.num.value)
+                    _buf_int(buf, a - self.fields.pred.value)
             else:
-                _buf_code_c(buf, str(a), p, self.num)
+                _buf_code_c(buf, str(a), p, self.fields)
         pint[k] = a
         pint_live[k] = True
         return 0

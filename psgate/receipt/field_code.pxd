@@ -1,4 +1,4 @@
-# C declarations for field_code.py (Cython's pure-Python mode): the compact ledger's field
+# C declarations for field_code.py (Cython's pure-Python mode): the compact ledger's
 # codes, which the compiled coder of psgate._core cimports.
 
 from psgate.receipt.row_text cimport csv_field
@@ -10,16 +10,21 @@ cdef class Number:
 
 
 cdef int INT, TIME, BIG_TIME, DECIMAL
-cdef Number SCRATCH, CUR, PRED, DELTA
 
 cpdef int scan(str s, Number num) except -1
 cpdef bint is_int(str s) except -1
 cpdef bint int_in(str s, Number num) except -1
 cpdef bint is_time(str s) except -1
 cpdef bint decimal_in(str s, Number num) except -1
-cpdef long long int_of(str s) except? -1
-cpdef int step(str cur, str pred, Number delta) except -1
-cpdef str code(str cur, str pred)
+
+
+cdef class FieldCoder:
+    cdef readonly Number cur, pred, delta
+
+    cpdef int step(self, str cur, str pred) except -1
+    cpdef str code(self, str cur, str pred)
+
+
 cpdef list split_row(str line)
 
 
@@ -38,7 +43,7 @@ cdef class CompactEncoder:
     cdef readonly HashIds hashes
     cdef public tuple last, blank
     cdef public dict by_kind
-    cdef Number num
+    cdef readonly FieldCoder fields
 
     cpdef list encode(self, str line)
     cpdef str encode_text(self, rows)

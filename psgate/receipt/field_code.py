@@ -1,12 +1,13 @@
 """The compact ledger's codes: a row of the CSV ledger coded against the rows before it.
 
-    code(cur, pred) -> ""            cur == pred
-                       "~" + delta   both integers (INT): the difference
-                       "^" + delta   both times as fmt_t writes them (TIME): the
-                                     difference in ns
-                       "%" + delta   both decimals with the same number of places
-                                     (DECIMAL): the difference in the last place
-                       "=" + cur     anything else, verbatim
+    FieldCoder.code(cur, pred) -> ""            cur == pred
+                                  "~" + delta   both integers (INT): the difference
+                                  "^" + delta   both times as fmt_t writes them (TIME):
+                                                the difference in ns
+                                  "%" + delta   both decimals with the same number of
+                                                places (DECIMAL): the difference in the
+                                                last place
+                                  "=" + cur     anything else, verbatim
     split_row(line) -> the fields of one CSV row exactly as written, quotes included
     HashIds.see(h)  -> the number trace hash h was given when first seen, or -1
     CompactEncoder.encode(line) -> the row's codes (compact.py's table): its kind, each
@@ -51,7 +52,7 @@ INT = 1             # "0", or an optional minus, a digit 1-9 and at most 17 digi
 TIME = 2            # as fmt_t writes a time: 0 or 1-10 digits without a leading zero, a
                     # point, nine digits
 BIG_TIME = 4        # with TIME: ten digits before the point (the difference of two may
-                    # not fit a machine word: code() takes those as Python integers)
+                    # not fit a machine word: FieldCoder.code takes Python integers)
 DECIMAL = 8         # an optional minus, 0 or digits without a leading zero, a point, at
                     # least one digit; at most 18 digits in all
 
@@ -121,7 +122,7 @@ def scan(s: str, num: Number) -> cython.int:
 
 def is_int(s: str) -> cython.bint:
     """s is an integer the "~" code takes (INT)."""
-    return scan(s, SCRATCH) & INT != 0
+    return scan(s, Number()) & INT != 0
 
 
 def int_in(s: str, num: Number) -> cython.bint:
@@ -131,7 +132,7 @@ def int_in(s: str, num: Number) -> cython.bint:
 
 def is_time(s: str) -> cython.bint:
     """s is a time as fmt_t writes it (TIME)."""
-    return scan(s, SCRATCH) & TIME != 0
+    return scan(s, Number()) & TIME != 0
 
 
 def decimal_in(s: str, num: Number) -> cython.bint:
@@ -140,58 +141,56 @@ def decimal_in(s: str, num: Number) -> cython.bint:
     return scan(s, num) & DECIMAL != 0
 
 
-def int_of(s: str) -> cython.longlong:
-    """The value of a text is_int took."""
-    scan(s, SCRATCH)
-    return SCRATCH.value
+@cython.cclass
+class FieldCoder:
+    """A field's code against its prediction (the module's table), with the Numbers its
+    scans write: each encoder holds its own, so two never share them."""
 
+    def __init__(self) -> None:
+        self.cur = Number()
+        self.pred = Number()
+        self.delta = Number()
 
-def step(cur: str, pred: str, delta: Number) -> cython.int:
-    """The code of cur against its prediction pred, cur != pred, where it is a step: its
-    mark ("~", "^" or "%", as a character code) with the difference in ``delta.value``;
-    0 for any other code (verbatim, or a step of two BIG_TIMEs, whose difference may not
-    fit a machine word). The compiled coder writes a step's mark and difference without
-    making its text."""
-    a: cython.int
-    b: cython.int
-    a = scan(cur, CUR)
-    if a == 0:
-        return 0
-    b = scan(pred, PRED)
-    if a & b & INT:
-        delta.value = CUR.value - PRED.value
-        return 126                                  # "~"
-    if a & b & TIME:
-        if (a | b) & BIG_TIME:
+    def step(self, cur: str, pred: str) -> cython.int:
+        """The code of cur against its prediction pred, cur != pred, where it is a step:
+        its mark ("~", "^" or "%", as a character code) with the difference in
+        ``delta.value``; 0 for any other code (verbatim, or a time step from or to a
+        BIG_TIME, whose difference may not fit a machine word). The compiled coder writes
+        a step's mark and difference without making its text."""
+        a: cython.int
+        b: cython.int
+        c: Number = self.cur
+        p: Number = self.pred
+        a = scan(cur, c)
+        if a == 0:
             return 0
-        delta.value = CUR.value - PRED.value
-        return 94                                   # "^"
-    if (a & b & DECIMAL and CUR.places == PRED.places
-            and (CUR.value != 0 or cur[0] != "-")):
-        delta.value = CUR.value - PRED.value
-        return 37                                   # "%"
-    return 0
+        b = scan(pred, p)
+        if a & b & INT:
+            self.delta.value = c.value - p.value
+            return 126                                  # "~"
+        if a & b & TIME:
+            if (a | b) & BIG_TIME:
+                return 0
+            self.delta.value = c.value - p.value
+            return 94                                   # "^"
+        if (a & b & DECIMAL and c.places == p.places
+                and (c.value != 0 or cur[0] != "-")):
+            self.delta.value = c.value - p.value
+            return 37                                   # "%"
+        return 0
 
-
-def code(cur: str, pred: str) -> str:
-    """cur's code against its prediction pred (the module's table). A negative zero
-    decimal ("-0.0") is kept verbatim: its digits read back as "0.0"."""
-    mark: cython.int
-    if cur == pred:
-        return ""
-    mark = step(cur, pred, DELTA)
-    if mark:
-        return chr(mark) + str(DELTA.value)
-    if scan(cur, CUR) & scan(pred, PRED) & TIME:       # two BIG_TIMEs: Python integers
-        return "^" + str(int(cur.replace(".", "")) - int(pred.replace(".", "")))
-    return "=" + cur
-
-
-# the Numbers of is_int, int_of, step and code (each reads its value before the next scan)
-SCRATCH = Number()
-CUR = Number()
-PRED = Number()
-DELTA = Number()
+    def code(self, cur: str, pred: str) -> str:
+        """cur's code against its prediction pred. A negative zero decimal ("-0.0") is
+        kept verbatim: its digits read back as "0.0"."""
+        mark: cython.int
+        if cur == pred:
+            return ""
+        mark = self.step(cur, pred)
+        if mark:
+            return chr(mark) + str(self.delta.value)
+        if scan(cur, self.cur) & scan(pred, self.pred) & TIME:    # from or to a BIG_TIME
+            return "^" + str(int(cur.replace(".", "")) - int(pred.replace(".", "")))
+        return "=" + cur
 
 
 def split_row(line: str) -> list:
@@ -322,7 +321,7 @@ class CompactEncoder:
         self.blank = (("",) * len(self.own_cols),
                       {i: ("", [], [], True) for i in self.json_cols})
         self.by_kind = {}
-        self.num = Number()
+        self.fields = FieldCoder()
 
     def encode(self, line: str) -> list:
         """The codes of one CSV row (its newline left out)."""
@@ -375,14 +374,14 @@ class CompactEncoder:
             i = self.shared_cols[j]
             c = fields[i]
             p = self.seq_pred() if j == self.seq_at else last[j]
-            out.append("" if c == p else code(c, p))
+            out.append("" if c == p else self.fields.code(c, p))
             cur.append(c)
         own: list = []
         for j in range(len(self.own_cols)):
             i = self.own_cols[j]
             c = fields[i]
             p = prev_own[j]
-            out.append("" if c == p else code(c, p))
+            out.append("" if c == p else self.fields.code(c, p))
             own.append(c)
         h = fields[self.hash_col]
         if h:
@@ -407,8 +406,9 @@ class CompactEncoder:
         """The seq column's prediction: the previous row's plus one, where it is an
         integer."""
         p: str = self.last[self.seq_at]
-        if int_in(p, self.num):
-            return str(self.num.value + 1)
+        num: Number = self.fields.pred
+        if int_in(p, num):
+            return str(num.value + 1)
         return p
 
     def json_codes(self, out: list, i: cython.Py_ssize_t, pj: tuple, text: str,
@@ -435,7 +435,7 @@ class CompactEncoder:
         if keys == pj[1]:
             out.append("")
             for j in range(len(values)):
-                out.append(code(values[j], pvalues[j]))
+                out.append(self.fields.code(values[j], pvalues[j]))
         else:
             out.append("=" + dumps(keys).decode())
             for j in range(len(values)):

@@ -218,7 +218,7 @@ def test_decimals_are_coded_by_their_last_place(tmp_path):
     """A probability or debt that moves from row to row is coded as its step in the last
     place, and every decimal edge decodes to its text."""
     from psgate.receipt.compact import _uncode
-    from psgate.receipt.field_code import code
+    code = field_code.FieldCoder().code
     assert code("6817.914304", "6818.914304") == "%-1000000"
     assert code("-0.5", "0.5") == "%-10"
     assert code("0.5", "-0.0") == "%5"
