@@ -1547,17 +1547,17 @@ cdef int _buf_code(_RowBuf *b, str code) except -1:
     return _buf_str(b, csv_field(code))
 
 
-cdef int _buf_code_c(_RowBuf *b, str cur, str pred, FieldCoder fields) except -1:
-    """"," and fields.code(cur, pred) (cur != pred), a step written without making its
+cdef int _buf_code_c(_RowBuf *b, str cur, str pred, FieldCoder coder) except -1:
+    """"," and coder.code(cur, pred) (cur != pred), a step written without making its
     text."""
-    cdef int mark = fields.step(cur, pred)
+    cdef int mark = coder.step(cur, pred)
     cdef char head[2]
     if mark == 0:
-        return _buf_code(b, fields.code(cur, pred))
+        return _buf_code(b, coder.code(cur, pred))
     head[0] = 44
     head[1] = <char>mark
     _buf_put(b, head, 2)
-    return _buf_int(b, fields.delta.value)
+    return _buf_int(b, coder.delta.value)
 
 
 cdef int _buf_int(_RowBuf *b, long long v) except -1:
@@ -1597,7 +1597,7 @@ cdef class CompactCoder:
     encoder's own methods."""
 
     cdef CompactEncoder enc
-    cdef FieldCoder fields          # the encoder's
+    cdef FieldCoder field_coder     # the encoder's
     cdef set plain_names            # _plain_name's strings
     cdef tuple ps_debts             # the last debts _ps_codable took, and their texts
     cdef object ps_raw_t, ps_norm_t
@@ -1610,7 +1610,7 @@ cdef class CompactCoder:
         if enc.json_cols != [19, 23] or enc.num_cols != 24:
             raise ValueError("not LedgerWriter's columns")
         self.enc = enc
-        self.fields = enc.fields
+        self.field_coder = enc.field_coder
         self.plain_names = set()
         self.ps_debts = None
 
@@ -1688,7 +1688,7 @@ cdef class CompactCoder:
                 shared = [lead[0], lead[1], str(seq), lead[2], lead[4], lead[5], lead[6]]
                 for j in range(7):
                     p = self.enc.seq_pred() if j == self.enc.seq_at else self.enc.last[j]
-                    _buf_code(buf, self.fields.code(shared[j], p))
+                    _buf_code(buf, self.field_coder.code(shared[j], p))
             else:
                 _buf_put(buf, ",,,,,,,", 7)
             # own columns: block, hash, owner, num_candidates, position, queue,
@@ -1707,7 +1707,7 @@ cdef class CompactCoder:
                 _buf_put(buf, ",#", 2)
                 _buf_int(buf, hid)
             else:
-                _buf_code_c(buf, t, p, self.fields)
+                _buf_code_c(buf, t, p, self.field_coder)
             ptext[1] = t
             x = owners[i]
             self._text_col(buf, ptext, 2, cached_field(q, x))
@@ -1735,7 +1735,7 @@ cdef class CompactCoder:
         if t is p or t == p:
             _buf_put(buf, ",", 1)
         else:
-            _buf_code_c(buf, t, p, self.fields)
+            _buf_code_c(buf, t, p, self.field_coder)
             ptext[j] = t
         return 0
 
@@ -1768,14 +1768,14 @@ cdef class CompactCoder:
                 _buf_int(buf, a - pint[k])
         else:
             p = ptext[j]
-            if int_in(p, self.fields.pred):
-                if a == self.fields.pred.value:
+            if int_in(p, self.field_coder.pred):
+                if a == self.field_coder.pred.value:
                     _buf_put(buf, ",", 1)
                 else:
                     _buf_put(buf, ",~", 2)
-                    _buf_int(buf, a - self.fields.pred.value)
+                    _buf_int(buf, a - self.field_coder.pred.value)
             else:
-                _buf_code_c(buf, str(a), p, self.fields)
+                _buf_code_c(buf, str(a), p, self.field_coder)
         pint[k] = a
         pint_live[k] = True
         return 0

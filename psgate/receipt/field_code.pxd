@@ -43,7 +43,7 @@ cdef class CompactEncoder:
     cdef readonly HashIds hashes
     cdef public tuple last, blank
     cdef public dict by_kind
-    cdef readonly FieldCoder fields
+    cdef readonly FieldCoder field_coder
 
     cpdef list encode(self, str line)
     cpdef str encode_text(self, rows)

@@ -321,7 +321,7 @@ class CompactEncoder:
         self.blank = (("",) * len(self.own_cols),
                       {i: ("", [], [], True) for i in self.json_cols})
         self.by_kind = {}
-        self.fields = FieldCoder()
+        self.field_coder = FieldCoder()
 
     def encode(self, line: str) -> list:
         """The codes of one CSV row (its newline left out)."""
@@ -374,14 +374,14 @@ class CompactEncoder:
             i = self.shared_cols[j]
             c = fields[i]
             p = self.seq_pred() if j == self.seq_at else last[j]
-            out.append("" if c == p else self.fields.code(c, p))
+            out.append("" if c == p else self.field_coder.code(c, p))
             cur.append(c)
         own: list = []
         for j in range(len(self.own_cols)):
             i = self.own_cols[j]
             c = fields[i]
             p = prev_own[j]
-            out.append("" if c == p else self.fields.code(c, p))
+            out.append("" if c == p else self.field_coder.code(c, p))
             own.append(c)
         h = fields[self.hash_col]
         if h:
@@ -406,7 +406,7 @@ class CompactEncoder:
         """The seq column's prediction: the previous row's plus one, where it is an
         integer."""
         p: str = self.last[self.seq_at]
-        num: Number = self.fields.pred
+        num: Number = self.field_coder.pred
         if int_in(p, num):
             return str(num.value + 1)
         return p
@@ -435,7 +435,7 @@ class CompactEncoder:
         if keys == pj[1]:
             out.append("")
             for j in range(len(values)):
-                out.append(self.fields.code(values[j], pvalues[j]))
+                out.append(self.field_coder.code(values[j], pvalues[j]))
         else:
             out.append("=" + dumps(keys).decode())
             for j in range(len(values)):
