@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgate.policies import policy_names
-from helpers import interpreted
 from psgate.receipt import field_code
 from psgate.receipt.compact import CompactEncoder, CompactLedgerFile, decode, open_compact
 from psgate.receipt.field_code import split_row
@@ -23,6 +22,7 @@ from psgate.receipt.ledger import LEDGER_COLUMNS, open_text
 from psgate.receipt.row_text import canonical, csv_field, fmt_f
 from psgate.errors import InputError
 
+from helpers import interpreted
 from test_cli import GOLDEN_ARGS, assert_one_line_error, psgate
 
 HEADER = ",".join(LEDGER_COLUMNS) + "\n"
