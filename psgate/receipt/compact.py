@@ -48,7 +48,7 @@ from psgate.errors import InputError
 from psgate.inputs import open_input
 from psgate.receipt import field_code
 from psgate.receipt.field_code import (KIND_COL, CompactEncoder, HashIds, Number,
-                                       decimal_in, is_int, is_time, json_text)
+                                       decimal_in, is_int, is_time, json_text, time_ns)
 from psgate.receipt.ledger import GZIP_LEVEL, LEDGER_COLUMNS, fmt_t, gzip_writer
 
 MAGIC = "psgate-compact-ledger"
@@ -59,10 +59,6 @@ READS = ("1", "2")
 HASH_LIMIT_V1 = 1 << 18
 _FIELD_LIMIT = 1 << 30
 _DELTA = re.compile(r"-?[0-9]{1,20}\Z")
-
-
-def _ns(t: str) -> int:
-    return int(t.replace(".", ""))
 
 
 def _unplaces(v: int, places: int) -> str:
@@ -84,7 +80,7 @@ def _uncode(code: str, pred: str) -> str:
     if code[0] == "^":
         if not is_time(pred):
             raise ValueError(f"a time step from {pred[:40]!r}, which is not a time")
-        ns = _ns(pred) + int(code[1:])
+        ns = time_ns(pred) + int(code[1:])
         if ns < 0:
             raise ValueError("a time step to before zero")
         return fmt_t(ns)

@@ -135,6 +135,11 @@ def is_time(s: str) -> cython.bint:
     return scan(s, Number()) & TIME != 0
 
 
+def time_ns(t: str):
+    """A TIME's ns as a Python integer, whatever its number of digits (a BIG_TIME's too)."""
+    return int(t.replace(".", ""))
+
+
 def decimal_in(s: str, num: Number) -> cython.bint:
     """s is a decimal the "%" code takes (DECIMAL), with its digits as an integer in
     ``num.value`` and its number of places in ``num.places`` where it is one."""
@@ -189,7 +194,7 @@ class FieldCoder:
         if mark:
             return chr(mark) + str(self.delta.value)
         if scan(cur, self.cur) & scan(pred, self.pred) & TIME:    # from or to a BIG_TIME
-            return "^" + str(int(cur.replace(".", "")) - int(pred.replace(".", "")))
+            return "^" + str(time_ns(cur) - time_ns(pred))
         return "=" + cur
 
 
