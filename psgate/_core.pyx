@@ -21,6 +21,7 @@ from psgate.flat cimport byte_items, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
+from psgate.policy.seq_queues cimport SeqQueues
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
 from psgate.receipt.field_code cimport CompactEncoder, FieldCoder, Number, int_in
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
@@ -47,10 +48,6 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
-
-cdef int SHIFT_C = 22           # SeqQueues.SHIFT: entries are seq << 22 | block
-cdef long long SEQ_MASK = (<long long>1 << 22) - 1
-SEQ_SHIFT = SHIFT_C
 
 
 
@@ -130,50 +127,6 @@ cdef BEntry _hp_pop(BHeap *h) noexcept:
     return top
 
 
-ctypedef struct QHeap:
-    long long *a                # entries seq << SHIFT_C | block, a binary min-heap
-    Py_ssize_t n, cap
-    Py_ssize_t live             # entries whose block is still in this queue at that seq
-
-
-cdef int _q_push(QHeap *h, long long e) except -1:
-    cdef Py_ssize_t i, parent
-    if h.n == h.cap:
-        h.a = <long long *>_grown(h.a, &h.cap, sizeof(long long))
-    i = h.n
-    h.n += 1
-    while i > 0:
-        parent = (i - 1) >> 1
-        if h.a[parent] <= e:
-            break
-        h.a[i] = h.a[parent]
-        i = parent
-    h.a[i] = e
-    return 0
-
-
-cdef void _q_sift(long long *a, Py_ssize_t n, Py_ssize_t i, long long e) noexcept:
-    """Slot i takes e, which sinks below every smaller child."""
-    cdef Py_ssize_t c
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and a[c + 1] < a[c]:
-            c += 1
-        if a[c] >= e:
-            break
-        a[i] = a[c]
-        i = c
-    a[i] = e
-
-
-cdef inline void _q_pop(QHeap *h) noexcept:
-    h.n -= 1
-    if h.n > 0:
-        _q_sift(h.a, h.n, 0, h.a[h.n])
-
-
 ctypedef struct Rank:
     # PrefixShield._ranked's (top, P, runner-up, its P) without Python objects: top_g is
     # the top group when num_top is 1 (the tied groups, num_top > 1, are the view's ties)
@@ -182,171 +135,6 @@ ctypedef struct Rank:
     double top_p
     int runner_g                # -1: none
     double runner_p
-
-
-cdef class LiveCounts:
-    """SeqHeaps.live: each queue's number of live entries, by index (SeqQueues.live)."""
-    cdef SeqHeaps qs
-
-    def __cinit__(self, SeqHeaps qs):
-        self.qs = qs
-
-    def __len__(self):
-        return self.qs.num_q
-
-    def __getitem__(self, Py_ssize_t q):
-        if q < 0:
-            q += self.qs.num_q
-        if not 0 <= q < self.qs.num_q:
-            raise IndexError("queue index out of range")
-        return self.qs.qs[q].live
-
-
-cdef class SeqHeaps:
-    """SeqQueues (psgate/policy/queues.py) with each queue's heap a C array of the same
-    entries, ``seq << 22 | block``, removed lazily and compacted by the same rule. Entries
-    are whole numbers compared as numbers, so a queue's head is the same block whatever
-    either heap's layout: prefixshield's compiled view keeps its queues here, and its
-    Python methods reach them through this API (push, remove, head, live) while the view
-    is bound."""
-
-    SHIFT = SHIFT_C
-    MASK = SEQ_MASK
-    cdef readonly object where, seq
-    cdef int[:] wv
-    cdef long long[:] sv
-    cdef QHeap *qs
-    cdef Py_ssize_t num_q, cap_q, num_blocks
-
-    def __cinit__(self):
-        self.qs = NULL
-        self.num_q = self.cap_q = 0
-
-    def __init__(self, Py_ssize_t num_blocks, Py_ssize_t num_queues=0):
-        if num_blocks > SEQ_MASK:
-            raise ValueError(f"SeqQueues supports at most {SEQ_MASK} blocks")
-        self.num_blocks = num_blocks
-        self.where = carray.array("i", [-1]) * num_blocks
-        self.seq = carray.array("q", [0]) * num_blocks
-        self.wv = self.where
-        self.sv = self.seq
-        for _ in range(num_queues):
-            self._add()
-
-    def __dealloc__(self):
-        cdef Py_ssize_t q
-        for q in range(self.num_q):
-            free(self.qs[q].a)
-        free(self.qs)
-
-    cdef Py_ssize_t _add(self) except -1:
-        if self.num_q == self.cap_q:
-            self.qs = <QHeap *>_grown(self.qs, &self.cap_q, sizeof(QHeap))
-        self.qs[self.num_q].a = NULL
-        self.qs[self.num_q].n = self.qs[self.num_q].cap = self.qs[self.num_q].live = 0
-        self.num_q += 1
-        return self.num_q - 1
-
-    cdef int _push(self, int q, int b, long long sq) except -1:
-        self.wv[b] = q
-        self.sv[b] = sq
-        _q_push(&self.qs[q], (sq << SHIFT_C) | b)
-        self.qs[q].live += 1
-        return 0
-
-    cdef int _remove(self, int b) except -1:
-        """b leaves its queue (it is in one)."""
-        cdef int q = self.wv[b]
-        cdef QHeap *h = &self.qs[q]
-        self.wv[b] = -1
-        h.live -= 1
-        if h.n > 2 * h.live + 32:
-            self._compact(q)
-        return 0
-
-    cdef void _compact(self, int q) noexcept:
-        """Queue q's heap keeps its live entries only."""
-        cdef QHeap *h = &self.qs[q]
-        cdef Py_ssize_t i, m = 0
-        cdef long long e
-        cdef int b
-        for i in range(h.n):
-            e = h.a[i]
-            b = <int>(e & SEQ_MASK)
-            if self.wv[b] == q and self.sv[b] == e >> SHIFT_C:
-                h.a[m] = e
-                m += 1
-        h.n = m
-        i = m // 2 - 1
-        while i >= 0:                   # heapify
-            _q_sift(h.a, m, i, h.a[i])
-            i -= 1
-
-    cdef int _head(self, int q) noexcept:
-        """The block at the head of queue q, -1 when it is empty (dropping dead entries
-        from the top, as SeqQueues.head pops them)."""
-        cdef QHeap *h = &self.qs[q]
-        cdef long long e
-        cdef int b
-        while h.n:
-            e = h.a[0]
-            b = <int>(e & SEQ_MASK)
-            if self.wv[b] == q and self.sv[b] == e >> SHIFT_C:
-                return b
-            _q_pop(h)
-        return -1
-
-    cdef inline bint _ok(self, Py_ssize_t q) noexcept:
-        return 0 <= q < self.num_q
-
-    def add_queue(self):
-        return self._add()
-
-    def push(self, int q, int b, long long seq):
-        if not self._ok(q) or not 0 <= b < self.num_blocks:
-            raise IndexError(f"queue {q} or block {b} out of range")
-        self._push(q, b, seq)
-
-    def remove(self, int b):
-        if not 0 <= b < self.num_blocks or self.wv[b] < 0:
-            raise ValueError(f"block {b} is in no queue")
-        self._remove(b)
-
-    def head(self, int q):
-        if not self._ok(q):
-            raise IndexError(f"queue {q} out of range")
-        return self._head(q)
-
-    def items(self, int q):
-        """The blocks of queue q in order."""
-        if not self._ok(q):
-            raise IndexError(f"queue {q} out of range")
-        cdef QHeap *h = &self.qs[q]
-        cdef Py_ssize_t i
-        cdef long long e
-        return [e & SEQ_MASK for e in sorted([h.a[i] for i in range(h.n)])
-                if self.wv[e & SEQ_MASK] == q and self.sv[e & SEQ_MASK] == e >> SHIFT_C]
-
-    def __contains__(self, int b):
-        if not 0 <= b < self.num_blocks:
-            raise IndexError(f"block {b} out of range")
-        return self.wv[b] != -1
-
-    @property
-    def live(self):
-        return LiveCounts(self)
-
-    def fill_global(self, SeqHeaps gq):
-        """PrefixShield.global_queues' rebuild: every block queued in gq (group queues,
-        q = 3 * g + segment), here in its segment's queue at its seq."""
-        cdef Py_ssize_t b
-        cdef int q
-        if gq.num_blocks != self.num_blocks or self.num_q < 3:
-            raise ValueError("not queues of the same pool")
-        for b in range(self.num_blocks):
-            q = gq.wv[b]
-            if q >= 0:
-                self._push(q % 3, <int>b, gq.sv[b])
 
 
 cdef class PSDecision(FieldDecision):
@@ -421,8 +209,8 @@ cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
 
 cdef class PrefixShieldView(CachedHook):
     """prefixshield's per-request, per-block and per-victim paths over the policy's own
-    state: its arrays are read and written in place, and its queues are SeqHeaps (C
-    heaps with SeqQueues' API), so the Python methods and these interleave freely. What
+    state: its arrays are read and written in place, and its queues are the policy's
+    SeqQueues, called as C methods, so the Python methods and these interleave freely. What
     ranks the groups (the batch heap, the per-k heaps and batch_mod) and an admission's
     new blocks are held here as C structs: the Python methods that read or write them
     (on_admit, end_admit, _relist, _ranked, _p, _evicted's responsible half, _end_batch,
@@ -432,8 +220,8 @@ cdef class PrefixShieldView(CachedHook):
     method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a subclass
     that overrides them (prefixshield-b) runs the Python ones."""
     cdef object pol, tree
-    cdef SeqHeaps gq            # the group queues, q = 3 * g + segment
-    cdef SeqHeaps gl            # the all-groups queues while has_glob
+    cdef SeqQueues gq           # the group queues, q = 3 * g + segment
+    cdef SeqQueues gl           # the all-groups queues while has_glob
     # the policy's num_eligible and gver, array('q')s that grow by a group at a time
     # (read through their data pointer: no buffer is held, so they can grow)
     cdef carray.array num_eligible, gver
@@ -730,9 +518,9 @@ cdef class PrefixShieldView(CachedHook):
         cdef int g = self.owner[b]
         cdef int s = self.cls[b] if self.segments else 0
         cdef long long sq = self.freed_seq[b]
-        self.gq._push(3 * g + s, b, sq)
+        self.gq.push(3 * g + s, b, sq)
         if self.has_glob:
-            self.gl._push(s, b, sq)
+            self.gl.push(s, b, sq)
         self.num_eligible.data.as_longlongs[g] += 1
         if self.num_eligible.data.as_longlongs[g] == 1:
             self._relist(g)
@@ -912,13 +700,11 @@ cdef class PrefixShieldView(CachedHook):
         cdef int g
         self.cand[b] = 0
         self.num_cand -= 1
-        if self.gq.wv[b] >= 0:
+        if ints(self.gq.where)[b] >= 0:
             g = self.owner[b]
-            self.gq._remove(b)
+            self.gq.remove(b)
             if self.has_glob:
-                if self.gl.wv[b] < 0:
-                    raise RuntimeError(f"block {b} is queued by its group but not globally")
-                self.gl._remove(b)
+                self.gl.remove(b)
             self.num_eligible.data.as_longlongs[g] -= 1
             if self.num_eligible.data.as_longlongs[g] == 0:
                 self._flush()
@@ -930,7 +716,7 @@ cdef class PrefixShieldView(CachedHook):
         """PrefixShield._best_of: g's best eligible block (its segment in seg), or -1."""
         cdef int s, b
         for s in range(3):
-            b = self.gq._head(3 * g + s)
+            b = self.gq.head(3 * g + s)
             if b >= 0:
                 seg[0] = s
                 return b
@@ -944,7 +730,7 @@ cdef class PrefixShieldView(CachedHook):
         cdef long long best_seq = 0, next_seq = 0, sq
         for g in top:
             b = self._best_of(g, &s)
-            sq = self.gq.sv[b] if b >= 0 else 0
+            sq = llongs(self.gq.seq)[b] if b >= 0 else 0
             if best_g < 0 or s < best_s or (s == best_s and sq < best_seq):
                 next_g, next_s, next_seq = best_g, best_s, best_seq
                 best_g, best_s, best_seq = g, s, sq
@@ -1352,7 +1138,7 @@ cdef class PrefixShieldView(CachedHook):
                           int runner, double runner_p):
         """PrefixShield.decision for a victim of responsible group g."""
         cdef int q = 3 * g
-        cdef QHeap *qh = &self.gq.qs[q]
+        cdef long long *live = llongs(self.gq.live)
         cdef PSDecision d = PSDecision.__new__(PSDecision)
         d.victim = b
         d.num_cand = self.num_cand
@@ -1363,9 +1149,9 @@ cdef class PrefixShieldView(CachedHook):
         if runner >= 0:
             d.runner_up = self.gnames[runner]
             d.runner_p = runner_p
-        d.live[0] = qh[0].live
-        d.live[1] = qh[1].live
-        d.live[2] = qh[2].live
+        d.live[0] = live[q]
+        d.live[1] = live[q + 1]
+        d.live[2] = live[q + 2]
         d.seg_name = self.seg_names[seg]
         d.class_name = self.class_names[self.cls[b]]
         d.contract_name = self.contract_names[self.contract[b]]

@@ -34,3 +34,12 @@ cdef inline int append_llong(object a, long long v) except -1:
     carray.resize_smart(x, n + 1)
     x.data.as_longlongs[n] = v
     return 0
+
+
+cdef inline int truncate_llongs(object a, Py_ssize_t n) except -1:
+    llongs(a)                              # checks the item type
+    cdef carray.array x = <carray.array>a
+    if not 0 <= n <= len(x):
+        raise IndexError(f"cannot cut an array of {len(x)} items to {n}")
+    carray.resize_smart(x, n)
+    return 0

@@ -7,8 +7,9 @@ these functions give the array itself; compiled, ``flat.pxd`` gives a pointer to
 items (refused, with what was found, where the array's item type is not the one asked
 for), so the loop pays no buffer acquisition per call. A pointer is not bounds checked:
 the loop checks its indices itself, and takes the pointer again after any call that may
-resize or replace the array. ``append_llong`` grows an ``array('q')`` by one item; compiled,
-it does so without a Python method call.
+resize or replace the array. ``append_llong`` grows an ``array('q')`` by one item and
+``truncate_llongs`` cuts one to its first items; compiled, they do so without a Python
+method call.
 
 This module is not compiled itself; its ``.pxd`` is what compiled callers ``cimport``.
 """
@@ -33,3 +34,11 @@ def append_llong(a, v) -> None:
     """``a.append(v)`` for an ``array('q')``: compiled, a resize in place (the array's own
     spare room, grown as ``append`` grows it) and one store, not a method call."""
     a.append(v)
+
+
+def truncate_llongs(a, n) -> None:
+    """``del a[n:]`` for an ``array('q')`` (``0 <= n <= len(a)``): compiled, a resize in
+    place (the array keeps its room unless it shrinks to a quarter)."""
+    if not 0 <= n <= len(a):
+        raise IndexError(f"cannot cut an array of {len(a)} items to {n}")
+    del a[n:]

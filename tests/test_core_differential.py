@@ -680,53 +680,7 @@ def test_compact_eviction_rows_code_from_fields(monkeypatch, tmp_path):
     assert texts["compact"] == texts["none"]
 
 
-@settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "remove", "head", "add"]),
-                              st.integers(0, 3), st.integers(0, 15), st.integers(0, 6)),
-                    max_size=120))
-def test_the_c_heap_queues_are_seqqueues(ops):
-    """SeqHeaps (prefixshield's queues under the core) against SeqQueues: the same heads
-    (popping dead entries), items, live counts and membership after any sequence of
-    pushes (a block again, at an older or the same seq), removals and new queues, with
-    compactions along the way."""
-    from psgate.policy.queues import SeqQueues
-    mod = _compiled()
-    py, c = SeqQueues(16, 2), mod.SeqHeaps(16, 2)
-    for op, q, b, seq in ops:
-        q %= len(py.live)
-        if op == "add":
-            assert py.add_queue() == c.add_queue()
-        elif op == "push":
-            if b in py:                    # a queued block leaves first, as the policy does
-                py.remove(b)
-                c.remove(b)
-            py.push(q, b, seq)
-            c.push(q, b, seq)
-        elif op == "remove" and b in py:
-            py.remove(b)
-            c.remove(b)
-        elif op == "head":
-            assert py.head(q) == c.head(q)
-        assert (b in py) == (b in c)
-        assert list(py.live) == [c.live[i] for i in range(len(c.live))]
-    for q in range(len(py.live)):
-        assert py.items(q) == c.items(q)
-        assert py.head(q) == c.head(q)
-    assert py.where.tobytes() == c.where.tobytes() and py.seq.tobytes() == c.seq.tobytes()
-    with pytest.raises(ValueError):
-        c.remove(-1)
-    with pytest.raises(IndexError):
-        c.head(len(py.live))
-
-
 # -- building and falling back ---------------------------------------------------------
-
-def test_the_core_reads_queue_entries_as_seq_queues_lays_them_out():
-    mod = _compiled()
-    from psgate.policy.queues import SeqQueues
-    assert mod.SEQ_SHIFT == SeqQueues.SHIFT
-
-
 
 def test_the_core_refuses_arrays_of_another_item_type():
     """The loops read the flat arrays through raw pointers (psgate.flat): an array whose

@@ -50,7 +50,6 @@ from psgate.policy import (BucketAudit, Decision, DEFAULT_CONTRACTS, EvictionPol
                           PrefixHistory, SeqQueues)
 
 NS_PER_S = 1_000_000_000
-_SHIFT = SeqQueues.SHIFT
 SEGMENTS = ("probationary", "normal", "reuse")
 _ZHEAP_SLACK = 64          # stale zheap entries tolerated beyond two per bucket
 PROBATIONARY, NORMAL, REUSE = 0, 1, 2
@@ -125,18 +124,15 @@ class PrefixShield(EvictionPolicy):
         self.num_cand = 0
         self.free_seq = 0
         self.tree = LeafTracker(n) if self.params["leaf_only"] else None
-        # The compiled core's view (below) keeps the queues' heaps in C (SeqHeaps, the
-        # same API and heads); the Python methods reach them through that API.
         compiled_core = kernels()
         compiled = compiled_core is not None and type(self) in _COMPILED
-        self._queues = compiled_core.SeqHeaps if compiled else SeqQueues
-        self.gq = self._queues(n)                # per (group, segment): q = 3*g + s
+        self.gq = SeqQueues(n)                   # per (group, segment): q = 3*g + s
         # All groups' eligible blocks per segment, for the fallback when nobody is in
         # debt. Kept up to date only while it may be needed: after a run of evictions
         # that never used it as long as the pool (debt picked every victim), it is
         # dropped (None), and the next fallback rebuilds it from the group queues, so its
         # upkeep costs nothing where debt decides and the rebuild is paid for by that run.
-        self.glob: SeqQueues | None = self._queues(n, 3)
+        self.glob: SeqQueues | None = SeqQueues(n, 3)
         self.glob_budget = self.glob_patience = n
         # groups
         self.groups = GroupIds()
@@ -426,46 +422,18 @@ class PrefixShield(EvictionPolicy):
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
         gq = self.gq
-        if self._view is not None:
-            for s in range(3):
-                b = gq.head(3 * g + s)
-                if b >= 0:
-                    return s, gq.seq[b], b
-            return 3, 0, -1
-        heaps, where, seq, shift, mask = gq.heaps, gq.where, gq.seq, gq.SHIFT, gq.MASK
         for s in range(3):
-            q = 3 * g + s
-            h = heaps[q]
-            while h:                     # SeqQueues.head
-                e = h[0]
-                b = e & mask
-                if where[b] == q and seq[b] == e >> shift:
-                    return s, seq[b], b
-                heappop(h)
+            b = gq.head(3 * g + s)
+            if b >= 0:
+                return s, gq.seq[b], b
         return 3, 0, -1
 
     def global_queues(self) -> SeqQueues:
         """The all-groups queues, rebuilt if they were dropped; a use keeps them."""
-        n = self.pool.num_blocks
         self.glob_budget = self.glob_patience
-        if self.glob is None and self._view is not None:
-            self.glob = self._queues(n, 3)
-            self.glob.fill_global(self.gq)
-        elif self.glob is None:
-            gl = SeqQueues(n, 3)
-            where, seq = self.gq.where, self.gq.seq
-            heaps = gl.heaps
-            for b in range(n):
-                q = where[b]
-                if q >= 0:
-                    s = q % 3
-                    gl.where[b] = s
-                    gl.seq[b] = seq[b]
-                    heaps[s].append((seq[b] << _SHIFT) | b)
-            for s in range(3):
-                heapify(heaps[s])
-                gl.live[s] = len(heaps[s])
-            self.glob = gl
+        if self.glob is None:
+            self.glob = SeqQueues(self.pool.num_blocks, 3)
+            self.glob.gather(self.gq, 3)         # group queue 3 * g + s into s
         return self.glob
 
     def global_best(self) -> tuple[int, int]:
@@ -537,18 +505,9 @@ class PrefixShield(EvictionPolicy):
             return
         g, s = self.owner[b], (self.cls[b] if self._segments else 0)
         seq = self.freed_seq[b]
-        e = (seq << _SHIFT) | b
-        gq, q = self.gq, 3 * g + s           # gq.push(q, b, seq), glob.push(s, b, seq)
-        gq.where[b] = q
-        gq.seq[b] = seq
-        heappush(gq.heaps[q], e)
-        gq.live[q] += 1
-        gl = self.glob
-        if gl is not None:
-            gl.where[b] = s
-            gl.seq[b] = seq
-            heappush(gl.heaps[s], e)
-            gl.live[s] += 1
+        self.gq.push(3 * g + s, b, seq)
+        if self.glob is not None:
+            self.glob.push(s, b, seq)
         ne = self.num_eligible
         ne[g] += 1
         if ne[g] == 1:
@@ -560,23 +519,11 @@ class PrefixShield(EvictionPolicy):
             return
         self.cand[b] = 0
         self.num_cand -= 1
-        gq = self.gq
-        q = gq.where[b]
-        if q >= 0:
+        if self.gq.where[b] >= 0:
             g = self.owner[b]
-            gq.where[b] = -1                   # gq.remove(b), glob.remove(b)
-            live = gq.live[q] - 1
-            gq.live[q] = live
-            if len(gq.heaps[q]) > 2 * live + 32:
-                gq._compact(q)
-            gl = self.glob
-            if gl is not None:
-                q = gl.where[b]
-                gl.where[b] = -1
-                live = gl.live[q] - 1
-                gl.live[q] = live
-                if len(gl.heaps[q]) > 2 * live + 32:
-                    gl._compact(q)
+            self.gq.remove(b)
+            if self.glob is not None:
+                self.glob.remove(b)
             self.num_eligible[g] -= 1
             if self.num_eligible[g] == 0:
                 self.gver[g] += 1          # its heap entries are stale now

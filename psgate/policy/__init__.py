@@ -57,7 +57,8 @@ from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyReques
                                 PoolInfo, RetentionRange, non_finite)
 from psgate.policy.field_decision import FieldDecision
 from psgate.policy.history import PrefixHistory
-from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker, SeqQueues
+from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker
+from psgate.policy.seq_queues import SeqQueues
 
 API_VERSION = 1
 NS_PER_S = 1_000_000_000

@@ -3,18 +3,19 @@
 Every policy keeps its eviction order here: a block sits in at most one queue,
 append/remove/head are O(1), and the cost is three int32 slots per block plus
 three per queue, not a Python object per block. Queue ``q``'s sentinel lives at
-index ``num_blocks + q``. ``SeqQueues`` orders blocks by a key instead (heaps);
-``LeafTracker`` and ``LeafCandidates`` keep a leaf-first policy's tree and candidates.
+index ``num_blocks + q``. ``SeqQueues`` (``psgate.policy.seq_queues``) orders blocks by a
+key instead (heaps); ``LeafTracker`` and ``LeafCandidates`` keep a leaf-first policy's tree
+and candidates.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from heapq import heapify, heappop, heappush
 from typing import Any
 
 from psgate.policy.base import Decision
+from psgate.policy.seq_queues import SeqQueues
 
 
 class BlockQueues:
@@ -86,74 +87,6 @@ class BlockQueues:
             out.append(b)
             b = self.next[b]
         return out
-
-
-class SeqQueues:
-    """Queues ordered by a per-block sequence number, with O(log n) insertion at
-    the block's own position.
-
-    Native free-queue order is the order blocks were freed; a block that becomes
-    eligible late (a parent whose last child just left) must go back to *its*
-    place, not the tail, which a linked list cannot do cheaply. Entries are
-    ints ``seq << 22 | block`` in one heap per queue; removal is lazy (an entry
-    is live while the block is still in that queue with that seq) and a heap is
-    compacted when it holds more than twice its live entries.
-    """
-
-    SHIFT = 22
-    MASK = (1 << SHIFT) - 1
-
-    def __init__(self, num_blocks: int, num_queues: int = 0) -> None:
-        if num_blocks > self.MASK:
-            raise ValueError(f"SeqQueues supports at most {self.MASK} blocks")
-        self.where = array("i", [BlockQueues.NONE]) * num_blocks
-        self.seq = array("q", [0]) * num_blocks
-        self.heaps: list[list[int]] = [[] for _ in range(num_queues)]
-        self.live: list[int] = [0] * num_queues
-
-    def add_queue(self) -> int:
-        self.heaps.append([])
-        self.live.append(0)
-        return len(self.heaps) - 1
-
-    def push(self, q: int, b: int, seq: int) -> None:
-        self.where[b] = q
-        self.seq[b] = seq
-        heappush(self.heaps[q], (seq << self.SHIFT) | b)
-        self.live[q] += 1
-
-    def remove(self, b: int) -> None:
-        q = self.where[b]
-        self.where[b] = BlockQueues.NONE
-        self.live[q] -= 1
-        h = self.heaps[q]
-        if len(h) > 2 * self.live[q] + 32:
-            self._compact(q)
-
-    def _compact(self, q: int) -> None:
-        where, seq, shift, mask = self.where, self.seq, self.SHIFT, self.MASK
-        h = [e for e in self.heaps[q] if where[e & mask] == q and seq[e & mask] == e >> shift]
-        heapify(h)
-        self.heaps[q] = h
-
-    def head(self, q: int) -> int:
-        h = self.heaps[q]
-        where, seq, shift, mask = self.where, self.seq, self.SHIFT, self.MASK
-        while h:
-            e = h[0]
-            b = e & mask
-            if where[b] == q and seq[b] == e >> shift:
-                return b
-            heappop(h)
-        return BlockQueues.NONE
-
-    def __contains__(self, b: int) -> bool:
-        return self.where[b] != BlockQueues.NONE
-
-    def items(self, q: int) -> list[int]:
-        where, seq, shift, mask = self.where, self.seq, self.SHIFT, self.MASK
-        return [e & mask for e in sorted(self.heaps[q])
-                if where[e & mask] == q and seq[e & mask] == e >> shift]
 
 
 class LeafTracker:
@@ -233,10 +166,7 @@ class LeafCandidates:
         self.tree = LeafTracker(num_blocks)
         self.q = SeqQueues(num_blocks, 2)
         self.cand = bytearray(num_blocks)
-        # the arrays push() writes, bound once (none of them is ever replaced)
-        self._children = self.tree.children
-        self._where, self._seq = self.q.where, self.q.seq
-        self._heaps, self._live = self.q.heaps, self.q.live
+        self._children = self.tree.children      # never replaced
 
     def cached(self, b: int, parent: int) -> None:
         """b now holds content computed on top of parent (-1: none)."""
@@ -244,11 +174,7 @@ class LeafCandidates:
 
     def push(self, b: int, key: int) -> None:
         """b became a candidate, ranked by key: in LEAVES if it has no resident child."""
-        w = 1 if self._children[b] else 0           # NONLEAF / LEAVES
-        self._where[b] = w
-        self._seq[b] = key
-        heappush(self._heaps[w], (key << SeqQueues.SHIFT) | b)
-        self._live[w] += 1
+        self.q.push(1 if self._children[b] else 0, b, key)     # NONLEAF / LEAVES
         self.cand[b] = 1
 
     def remove(self, b: int) -> None:

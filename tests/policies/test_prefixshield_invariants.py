@@ -62,9 +62,14 @@ class _SkipsRecompute(PrefixShield):
     name = "test-ps-skips-recompute"
 
     def end_admit(self, req, now_ns):
-        if req.num_new_full_blocks == 1 and req.num_prompt_blocks > 1:
-            self.new_blocks = []
-        return super().end_admit(req, now_ns)
+        if not (req.num_new_full_blocks == 1 and req.num_prompt_blocks > 1):
+            return super().end_admit(req, now_ns)
+        dropped, self.new_blocks = self.new_blocks, []
+        note = super().end_admit(req, now_ns)
+        for b, _ in dropped:        # owned, as PrefixShield's queues need, but not charged
+            self.owner[b] = self.gids[req.group]
+            self.contract[b] = self.cidx[req.contract]
+        return note
 
 
 class _FastRefill(PrefixShield):

@@ -1,0 +1,28 @@
+# C declarations for seq_queues.py (Cython's pure-Python mode): SeqQueues' fields, declared
+# once here, and its methods, which PrefixShield's compiled paths call as C methods.
+
+from psgate.flat cimport append_llong, ints, llongs, truncate_llongs
+
+cdef int COMPACT_SLACK
+
+cdef void sift_down(long long *a, Py_ssize_t n, Py_ssize_t i, long long s,
+                    long long b) noexcept
+cdef int heap_push(object h, long long s, long long b) except -1
+cdef int heap_pop(object h) except -1
+cdef void heapify(long long *a, Py_ssize_t n) noexcept
+
+
+cdef class SeqQueues:
+    cdef readonly Py_ssize_t num_blocks
+    cdef readonly object where          # array('i')
+    cdef readonly object seq            # array('q')
+    cdef readonly object live           # array('q'), per queue
+    cdef list heaps                     # per queue, an array('q') of (seq, block) entries
+
+    cpdef Py_ssize_t add_queue(self) except -1
+    cpdef void push(self, int q, int b, long long seq) except *
+    cpdef void remove(self, int b) except *
+    cpdef void compact(self, int q) except *
+    cpdef int head(self, int q) except -2
+    cpdef list items(self, int q)
+    cpdef void gather(self, SeqQueues other, Py_ssize_t stride) except *
