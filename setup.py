@@ -36,7 +36,7 @@ COMPILED_PY = ["psgate/engines/pool_work.py", "psgate/engines/step_work.py",
                "psgate/invariants/checker.py",
                "psgate/invariants/prefixshield.py",
                "psgate/policy/field_decision.py", "psgate/policy/history.py",
-               "psgate/policy/seq_queues.py",
+               "psgate/policy/buckets.py", "psgate/policy/seq_queues.py",
                "psgate/policies/lru.py", "psgate/receipt/field_code.py",
                "psgate/receipt/row_text.py",
                "psgate/trace/hashes.py"]

@@ -17,11 +17,12 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND,
                               PyUnicode_READ, PyUnicode_READ_CHAR)
 
-from psgate.flat cimport byte_items, ints, llongs
+from psgate.flat cimport byte_items, doubles, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.policy.seq_queues cimport SeqQueues
+from psgate.policy.buckets cimport TokenBuckets
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
 from psgate.receipt.field_code cimport CompactEncoder, FieldCoder, Number, int_in
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
@@ -202,9 +203,7 @@ cdef class PSDecision(FieldDecision):
             self.runner_up_p, self.segments, self.rank)
 
 
-from heapq import heappush as _zpush, heappop as _zpop, heapify as _zheapify
 NS_PER_S = 1_000_000_000
-cdef Py_ssize_t ZHEAP_SLACK = 64        # prefixshield._ZHEAP_SLACK
 
 
 cdef class PrefixShieldView(CachedHook):
@@ -243,8 +242,7 @@ cdef class PrefixShieldView(CachedHook):
     cdef object glob_obj
     cdef double eps, min_rho
     cdef Py_ssize_t n
-    cdef list S, k
-    cdef list bB, bt0, bzero_t, brho, bbeta, bw, group_buckets    # the buckets' lists
+    cdef TokenBuckets buckets   # the policy's (its groups' S and k read in place)
     cdef dict debt_cache
     # PrefixShield.batch_mod, the groups this batch moved and their P: bm_in[g] and
     # bm_p[g] for g below bm_cap, and the groups in the order they were first set
@@ -292,15 +290,7 @@ cdef class PrefixShieldView(CachedHook):
 
     def __init__(self, pol, decision_cls, class_names):
         self.pol = pol
-        self.S = pol.S
-        self.k = pol.k
-        self.bB = pol.B
-        self.bt0 = pol.t0
-        self.bzero_t = pol.zero_t
-        self.brho = pol.bucket_rho
-        self.bbeta = pol.bucket_beta
-        self.bw = pol.bucket_w
-        self.group_buckets = pol.group_buckets
+        self.buckets = pol.buckets
         self.debt_cache = pol.debt_cache
         self.qnames = pol.qnames
         self.gnames = pol.gnames
@@ -396,7 +386,8 @@ cdef class PrefixShieldView(CachedHook):
         """PrefixShield._p: g's P in this batch, or its kinetic one."""
         if self._moved(g):
             return self.bm_p[g]
-        return self.min_rho * (<double>self.S[g] - <long long>self.k[g] * self.now)
+        return self.min_rho * (doubles(self.buckets.S)[g]
+                               - llongs(self.buckets.k)[g] * self.now)
 
     def p(self, int g):
         """PrefixShield._p."""
@@ -439,58 +430,24 @@ cdef class PrefixShieldView(CachedHook):
 
     cdef tuple _debts(self, int g):
         """PrefixShield._debts: (raw debt, normalized debt, W_g) at the batch's time, once
-        per batch. The same float operations in the same order: bhat's min, each owed
-        amount's max(0, -bhat), the sums from 0 and W_g as the first largest weight."""
+        per batch."""
         cdef tuple d = self.debt_cache.get(g)
-        cdef double t, x, beta, owed, wi, w = 0.0, raw = 0.0, norm = 0.0
-        cdef bint has_w = False
-        cdef list buckets
-        cdef Py_ssize_t i
-        if d is not None:
-            return d
-        buckets = self.group_buckets[g]
-        if not buckets:
-            d = (0, 0, 1.0)                 # sum() of nothing is the int 0
-        else:
-            t = self.pol.now_s
-            for ib in buckets:
-                i = ib
-                x = <double>self.bB[i] + <double>self.brho[i] * (t - <double>self.bt0[i])
-                beta = self.bbeta[i]
-                if not x < beta:            # min(beta, x)
-                    x = beta
-                owed = -x if -x > 0.0 else 0.0
-                wi = self.bw[i]
-                raw += owed
-                norm += owed / wi
-                if <double>self.bzero_t[i] > t and (not has_w or wi > w):
-                    w = wi
-                    has_w = True
-            d = (raw, norm, w if has_w else 1.0)
-        self.debt_cache[g] = d
+        if d is None:
+            d = self.buckets.debts(g, self.pol.now_s)
+            self.debt_cache[g] = d
         return d
 
     cdef double _inv_w(self, int g) except? -1.0:
         """1 / W_g, W_g as _debts gives it (the largest weight among g's buckets in debt at
         the batch's time, else 1), without the debts' tuple where _debts has not made it."""
         cdef tuple d
-        cdef double t = self.now, w = 0.0, wi, inv
-        cdef bint has_w = False
-        cdef Py_ssize_t i, cap, j
+        cdef double inv
+        cdef Py_ssize_t cap, j
         cdef void *grown
         if g < self.iw_cap and self.iw_ok[g]:
             return self.iw_v[g]
         d = self.debt_cache.get(g)
-        if d is not None:
-            inv = 1.0 / <double>d[2]
-        else:
-            for ib in <list>self.group_buckets[g]:
-                i = ib
-                wi = self.bw[i]
-                if <double>self.bzero_t[i] > t and (not has_w or wi > w):
-                    w = wi
-                    has_w = True
-            inv = 1.0 / (w if has_w else 1.0)
+        inv = 1.0 / (<double>d[2] if d is not None else self.buckets.weight(g, self.now))
         if g >= self.iw_cap:
             cap = max(2 * self.iw_cap, g + 1, 64)
             grown = realloc(self.iw_v, cap * sizeof(double))
@@ -538,12 +495,12 @@ cdef class PrefixShieldView(CachedHook):
         if self._moved(g):
             _hp_push(&self.bh, -self.bm_p[g], g, ver)
         else:
-            kg = self.k[g]
+            kg = llongs(self.buckets.k)[g]
             if kg > 0:
                 h = self._kheap(kg)
                 if h.n > 2 * len(self.gnames) + 32:
                     self._k_compact(h)
-                _hp_push(h, -<double>self.S[g], g, ver)
+                _hp_push(h, -doubles(self.buckets.S)[g], g, ver)
         return 0
 
     cdef void _k_compact(self, BHeap *h) noexcept:
@@ -961,39 +918,9 @@ cdef class PrefixShieldView(CachedHook):
             if num_denied:
                 pol.denied += num_denied
 
-    cdef double _bhat(self, Py_ssize_t i, double t) except? -1.0:
-        """PrefixShield.bhat: min(beta, B + rho (t - t0)), as Python's min picks."""
-        cdef double x = <double>self.bB[i] + <double>self.brho[i] * (t - <double>self.bt0[i])
-        cdef double beta = self.bbeta[i]
-        return x if x < beta else beta
-
     cdef double _charge(self, int g, Py_ssize_t i, double n, double t) except? -1.0:
         """PrefixShield._charge of bucket i (g's): n blocks at time t; the new balance."""
-        pol = self.pol
-        cdef list zero_t = self.bzero_t, bver = pol.bver, S = self.S, k = self.k
-        cdef double old_z = zero_t[i]
-        cdef double b = self._bhat(i, t) - n
-        cdef double z
-        cdef list zh
-        self.bB[i] = b
-        self.bt0[i] = t
-        z = t - b / <double>self.brho[i] if b < 0 else float("-inf")
-        zero_t[i] = z
-        bver[i] = bver[i] + 1
-        if old_z > t:                # was counted in S_g / k_g
-            S[g] = <double>S[g] - old_z
-            k[g] = k[g] - 1
-        if z > t:
-            S[g] = <double>S[g] + z
-            k[g] = k[g] + 1
-            zh = pol.zheap
-            _zpush(zh, (z, i, bver[i]))
-            if len(zh) > 2 * len(bver) + ZHEAP_SLACK:
-                # entries are unique tuples, so the pop order does not depend on the layout
-                zh[:] = [e for e in zh if e[2] == bver[e[1]]]
-                _zheapify(zh)
-        if k[g] == 0:
-            S[g] = 0.0
+        cdef double b = self.buckets.charge(i, n, t)
         self._w_moved(g)
         self._relist(g)
         return b
@@ -1003,25 +930,14 @@ cdef class PrefixShieldView(CachedHook):
         the admission's time leave their group's kinetic sums (_advance), the group gets
         its id, and the batch's state starts afresh."""
         pol = self.pol
-        cdef list zh = pol.zheap, bver = pol.bver, S = self.S, k = self.k
-        cdef list bucket_group = pol.bucket_group
-        cdef tuple e
         cdef int g
         self.end_batch()
         t = now_ns / NS_PER_S
-        while zh and (<tuple>zh[0])[0] <= t:        # PrefixShield._advance
-            e = _zpop(zh)
-            i = e[1]
-            if e[2] != bver[i]:
-                continue
-            g = bucket_group[i]
-            S[g] = S[g] - e[0]
-            k[g] = k[g] - 1
-            if k[g] == 0:
-                S[g] = 0.0
-            bver[i] = bver[i] + 1
+        g = self.buckets.clear_next(t)             # PrefixShield._advance
+        while g >= 0:
             self._w_moved(g)
             self._relist(g)
+            g = self.buckets.clear_next(t)
         pol.now_s = t
         if req.group not in pol.gids:
             pol.group_id(req.group)
@@ -1040,9 +956,9 @@ cdef class PrefixShieldView(CachedHook):
         pol = self.pol
         cdef int g = pol.gids[req.group]
         cdef int c = pol.cidx[req.contract]
-        cdef list keys = self.nb_keys, group_buckets
+        cdef list keys = self.nb_keys
         cdef Py_ssize_t n = self.nb_n, j, i
-        cdef double t, raw = 0.0, x
+        cdef double t
         cdef object n_out, ow, amount, balance, label
         self.end_batch()
         t = pol.now_s
@@ -1053,16 +969,12 @@ cdef class PrefixShieldView(CachedHook):
         if n:
             balance = self._charge(g, i, amount, t)
         else:
-            balance = self._bhat(i, t)
+            balance = self.buckets.bhat(i, t)
         promoted, denied = pol.promoted, pol.denied
         pol.last_audit = {"group": req.group, "contract": req.contract, "charged": n,
                           "promoted": promoted, "promotion_debt": pol.promotion_debt}
-        group_buckets = self.group_buckets[g]
-        for ib in group_buckets:         # raw_debt(g, t): the sum from 0, in bucket order
-            x = -self._bhat(ib, t)
-            raw += x if x > 0.0 else 0.0
         note = {"charged": n, "balance": round(balance, 9),
-                "raw_debt": round(raw if group_buckets else 0, 9),
+                "raw_debt": round(self.buckets.raw_debt(g, t), 9),
                 "promoted": promoted, "promotion_denied": denied}
         if amount != n:
             note["output_blocks"] = n_out

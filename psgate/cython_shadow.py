@@ -29,7 +29,7 @@ class _CType:
 
 
 int = longlong = Py_ssize_t = bint = double = void = Py_UCS4 = _CType()   # noqa: A001 - Cython names
-p_int = p_longlong = p_uchar = _CType()      # pointers (psgate.flat gives the arrays themselves)
+p_int = p_longlong = p_double = p_uchar = _CType()      # pointers (psgate.flat gives the arrays themselves)
 NULL = None
 
 

@@ -25,6 +25,11 @@ def llongs(a):
     return a
 
 
+def doubles(a):
+    """The items of an ``array('d')``."""
+    return a
+
+
 def byte_items(a):
     """The bytes of a ``bytearray``."""
     return a
@@ -33,6 +38,11 @@ def byte_items(a):
 def append_llong(a, v) -> None:
     """``a.append(v)`` for an ``array('q')``: compiled, a resize in place (the array's own
     spare room, grown as ``append`` grows it) and one store, not a method call."""
+    a.append(v)
+
+
+def append_double(a, v) -> None:
+    """``a.append(v)`` for an ``array('d')``, as ``append_llong`` does it."""
     a.append(v)
 
 

@@ -131,10 +131,11 @@ def time_selection(loaded: Loaded, policy_name: str, capacity: int, groups: int)
     gc.collect()
     result = engine.run(loaded.events)
     in_debt = None
-    if hasattr(pol, "group_buckets"):
+    if hasattr(pol, "buckets"):
         now = engine.now / 1e9
+        buckets = pol.buckets
         in_debt = sum(1 for g in range(len(pol.gnames))
-                      if sum(1 for i in pol.group_buckets[g] if pol.bhat(i, now) < 0) >= 2)
+                      if sum(1 for i in buckets.group_buckets[g] if buckets.bhat(i, now) < 0) >= 2)
     return {"victims": acc["victims"], "batches": acc["batches"],
             "us_per_victim": 1e6 * acc["t"] / max(1, acc["victims"]),
             "evictions": result.evictions, "groups_in_debt_on_2_contracts": in_debt,

@@ -47,11 +47,10 @@ from typing import Any
 
 from psgate.policy import (BucketAudit, Decision, DEFAULT_CONTRACTS, EvictionPolicy,
                           GroupIds, kernels, LeafTracker, PolicyRequest, PoolInfo,
-                          PrefixHistory, SeqQueues)
+                          PrefixHistory, SeqQueues, TokenBuckets)
 
 NS_PER_S = 1_000_000_000
 SEGMENTS = ("probationary", "normal", "reuse")
-_ZHEAP_SLACK = 64          # stale zheap entries tolerated beyond two per bucket
 PROBATIONARY, NORMAL, REUSE = 0, 1, 2
 
 
@@ -141,27 +140,12 @@ class PrefixShield(EvictionPolicy):
         self.history = PrefixHistory(self.params["history_size"], pool.key_shift)
         self.num_eligible = array("q")           # per group (arrays: the core reads them)
         # buckets: (gid, contract idx) -> index
-        self.bidx: dict[tuple[int, int], int] = {}
-        self.B: list[float] = []
-        self.t0: list[float] = []
-        self.zero_t: list[float] = []            # when the bucket's debt clears
-        self.bver: list[int] = []
-        self.bucket_group: list[int] = []
-        self.bucket_contract: list[int] = []
-        self.bucket_rho: list[float] = []        # the bucket's contract's rho, beta and w
-        self.bucket_beta: list[float] = []
-        self.bucket_w: list[float] = []
-        self.group_buckets: list[list[int]] = []
-        # kinetic index of groups by normalized debt
-        self.S: list[float] = []
-        self.k: list[int] = []
+        # per (group, contract) and their groups' kinetic sums S_g, k_g, which rank the
+        # groups by normalized debt
+        self.buckets = TokenBuckets()
+        self.S, self.k = self.buckets.S, self.buckets.k
         self.gver = array("q")
         self.kheaps: dict[int, list] = {}
-        # (z, bucket, version) for each debt's clearing time; a charge pushes a new entry
-        # and leaves the bucket's older one stale, so the heap is compacted when stale
-        # entries outnumber the buckets (a tenant deep in debt is charged by every request
-        # long before time reaches its z: uncompacted, this grew with the trace)
-        self.zheap: list = []
         # per batch
         self.now_s = 0.0
         self.batch_mod: dict[int, float] = {}
@@ -195,9 +179,7 @@ class PrefixShield(EvictionPolicy):
             g = self.groups.add(group)
             self.history.add_group()
             self.num_eligible.append(0)
-            self.group_buckets.append([])
-            self.S.append(0.0)
-            self.k.append(0)
+            self.buckets.add_group()
             self.gver.append(0)
             for seg in self.seg_names:
                 self.gq.add_queue()
@@ -206,79 +188,34 @@ class PrefixShield(EvictionPolicy):
 
     def bucket_index(self, g: int, c: int) -> int:
         """The index of g's bucket for contract c in B, made full on first use."""
-        i = self.bidx.get((g, c))
-        if i is None:
-            i = len(self.B)
-            self.bidx[(g, c)] = i
-            self.B.append(self.beta[self.contract_names[c]])   # buckets start full
-            self.t0.append(self.now_s)
-            self.zero_t.append(float("-inf"))
-            self.bver.append(0)
-            self.bucket_group.append(g)
-            self.bucket_contract.append(c)
+        i = self.buckets.index.get((g, c))
+        if i is None:                            # buckets start full
             cname = self.contract_names[c]
-            self.bucket_rho.append(self.rho[cname])
-            self.bucket_beta.append(self.beta[cname])
-            self.bucket_w.append(self.weight[cname])
-            self.group_buckets[g].append(i)
+            i = self.buckets.add(g, c, self.rho[cname], self.beta[cname],
+                                 self.weight[cname], self.now_s)
         return i
 
-    # -- bucket arithmetic ----------------------------------------------------------
+    # -- bucket arithmetic (psgate.policy.buckets) ------------------------------------
     def bhat(self, i: int, t: float) -> float:
-        return min(self.bucket_beta[i], self.B[i] + self.bucket_rho[i] * (t - self.t0[i]))
+        return self.buckets.bhat(i, t)
 
     def raw_debt(self, g: int, t: float) -> float:
-        return sum(max(0.0, -self.bhat(i, t)) for i in self.group_buckets[g])
+        return self.buckets.raw_debt(g, t)
 
     def norm_debt(self, g: int, t: float) -> float:
-        return sum(max(0.0, -self.bhat(i, t)) / self.bucket_w[i] for i in self.group_buckets[g])
-
-    def _w(self, g: int, t: float) -> float:
-        ws = [self.bucket_w[i] for i in self.group_buckets[g] if self.zero_t[i] > t]
-        return max(ws) if ws else 1.0
+        return self.buckets.norm_debt(g, t)
 
     def _charge(self, g: int, c: int, n: float, t: float) -> float:
-        i = self.bucket_index(g, c)
-        old_z = self.zero_t[i]
-        cname = self.contract_names[c]
-        b = self.bhat(i, t) - n
-        self.B[i] = b
-        self.t0[i] = t
-        z = t - b / self.rho[cname] if b < 0 else float("-inf")
-        self.zero_t[i] = z
-        self.bver[i] += 1
-        if old_z > t:                # was counted in S_g / k_g
-            self.S[g] -= old_z
-            self.k[g] -= 1
-        if z > t:
-            self.S[g] += z
-            self.k[g] += 1
-            zh = self.zheap
-            heappush(zh, (z, i, self.bver[i]))
-            if len(zh) > 2 * len(self.bver) + _ZHEAP_SLACK:
-                # entries are unique tuples, so the pop order does not depend on the layout
-                bver = self.bver
-                zh[:] = [e for e in zh if e[2] == bver[e[1]]]
-                heapify(zh)
-        if self.k[g] == 0:
-            self.S[g] = 0.0
+        b = self.buckets.charge(self.bucket_index(g, c), n, t)
         self._relist(g)
         return b
 
     def _advance(self, t: float) -> None:
         """Buckets whose debt cleared by t leave their group's S_g / k_g."""
-        zh = self.zheap
-        while zh and zh[0][0] <= t:
-            z, i, ver = heappop(zh)
-            if ver != self.bver[i]:
-                continue
-            g = self.bucket_group[i]
-            self.S[g] -= z
-            self.k[g] -= 1
-            if self.k[g] == 0:
-                self.S[g] = 0.0
-            self.bver[i] += 1
+        g = self.buckets.clear_next(t)
+        while g >= 0:
             self._relist(g)
+            g = self.buckets.clear_next(t)
         self.now_s = t
 
     def _relist(self, g: int) -> None:
@@ -463,21 +400,10 @@ class PrefixShield(EvictionPolicy):
 
     def _debts(self, g: int) -> tuple[float, float, float]:
         """(raw debt, normalized debt, W_g) of g at the batch's time, computed once: the
-        sums of raw_debt and norm_debt and the max of _w, in one pass, in their order."""
+        sums of raw_debt and norm_debt and W_g, in one pass (TokenBuckets.debts)."""
         d = self.debt_cache.get(g)
         if d is None:
-            t = self.now_s
-            raw = norm = 0             # sum() starts from int 0 too
-            w = None
-            bhat, zero_t, weight = self.bhat, self.zero_t, self.bucket_w
-            for i in self.group_buckets[g]:
-                owed = max(0.0, -bhat(i, t))
-                raw += owed
-                norm += owed / weight[i]
-                if zero_t[i] > t and (w is None or weight[i] > w):
-                    w = weight[i]
-            d = (raw, norm, 1.0 if w is None else w)
-            self.debt_cache[g] = d
+            d = self.debt_cache[g] = self.buckets.debts(g, self.now_s)
         return d
 
     def on_hit(self, block: int, req: PolicyRequest, pos: int) -> None:

@@ -228,8 +228,8 @@ class PrefixShieldB(PrefixShield):
         """g owes nothing and has at least evidence_fill of every bucket's burst left. The
         second implies the first: a bucket at or above fill x beta >= 0 is not overdrawn,
         and raw debt > eps needs some bucket below 0."""
-        t, fill, beta = self.now_s, self.evidence_fill, self.bucket_beta
-        return all(self.bhat(i, t) >= fill * beta[i] for i in self.group_buckets[g])
+        t, fill, beta = self.now_s, self.evidence_fill, self.buckets.beta
+        return all(self.bhat(i, t) >= fill * beta[i] for i in self.buckets.group_buckets[g])
 
     def _settle(self, group: str, order: int, regret: bool) -> None:
         """One settled pair: a regret or a credit of ``order``, from ``group``."""

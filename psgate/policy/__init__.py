@@ -34,8 +34,10 @@ What it holds:
   :class:`PrefixHistory` (per-group bounded LRU sets of content keys), :class:`GroupIds`
   (dense group ids);
 - :data:`DEFAULT_CONTRACTS`, the contract table (refill blocks/s, burst blocks) that the
-  PrefixShield family charges against, and :class:`BucketAudit`, the independent
-  checker of invariants I1 and I2 for a policy that charges token buckets;
+  PrefixShield family charges against, :class:`TokenBuckets` (creation debt as token
+  buckets per group and contract, with each group's kinetic sums), and
+  :class:`BucketAudit`, the independent checker of invariants I1 and I2 for a policy
+  that charges token buckets;
 - :func:`non_finite`, whether a value holds a NaN or an infinity (no JSON, and a
   comparison with it decides nothing);
 - :func:`kernels`, psgate's compiled helpers over these types where they are built
@@ -58,6 +60,7 @@ from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyReques
 from psgate.policy.field_decision import FieldDecision
 from psgate.policy.history import PrefixHistory
 from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker
+from psgate.policy.buckets import TokenBuckets
 from psgate.policy.seq_queues import SeqQueues
 
 API_VERSION = 1
@@ -65,7 +68,7 @@ NS_PER_S = 1_000_000_000
 
 __all__ = ["API_VERSION", "NS_PER_S", "BlockQueues", "BucketAudit", "DEFAULT_CONTRACTS",
            "Decision", "EvictionPolicy", "FieldDecision", "GroupIds", "LeafCandidates",
-           "LeafTracker", "PolicyRequest", "PoolInfo", "PrefixHistory", "RetentionRange", "SeqQueues",
+           "LeafTracker", "PolicyRequest", "PoolInfo", "PrefixHistory", "RetentionRange", "SeqQueues", "TokenBuckets",
            "kernels", "non_finite"]
 
 

@@ -91,7 +91,7 @@ class Driver:
         self.p.on_free(list(reversed(blocks)), round(t * 1e9))
 
     def bucket(self, group, contract):
-        return self.p.bidx[(self.p.gids[group], self.p.cidx[contract])]
+        return self.p.buckets.index[(self.p.gids[group], self.p.cidx[contract])]
 
 
 # -- token buckets ---------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_buckets_start_full_and_refill_lazily_up_to_beta():
     # B = Bhat - n = 4 - 6 = -2 at t0 = 0.5
     _, note = d.admit(0.5, "g", "standard", new=6)
     assert (note["charged"], note["balance"], note["raw_debt"]) == (6, -2.0, 2.0)
-    assert (d.p.B[i], d.p.t0[i]) == (-2.0, 0.5)
+    assert (d.p.buckets.B[i], d.p.buckets.t0[i]) == (-2.0, 0.5)
     # Bhat(t) = min(beta, B + rho (t - t0))
     assert d.p.bhat(i, 0.5) == -2.0
     assert d.p.bhat(i, 1.75) == -0.75
@@ -127,13 +127,13 @@ def test_buckets_start_full_and_refill_lazily_up_to_beta():
     assert d.p.bhat(i, 100.0) == 4.0        # capped at the burst, not 95.5
     # a charge starts from the refilled value: Bhat(3.5) = 1, minus 3 -> -2
     _, note = d.admit(3.5, "g", "standard", new=3)
-    assert note["balance"] == -2.0 and (d.p.B[i], d.p.t0[i]) == (-2.0, 3.5)
+    assert note["balance"] == -2.0 and (d.p.buckets.B[i], d.p.buckets.t0[i]) == (-2.0, 3.5)
     # after a long quiet spell the charge starts from beta, not B + rho * dt
     _, note = d.admit(1000.0, "g", "standard", new=3)
     assert note["balance"] == 1.0
     # a pure hit does not store anything (its balance is the refilled value)
     _, note = d.admit(1000.5, "g", "standard")
-    assert note["balance"] == 1.5 and (d.p.B[i], d.p.t0[i]) == (1.0, 1000.0)
+    assert note["balance"] == 1.5 and (d.p.buckets.B[i], d.p.buckets.t0[i]) == (1.0, 1000.0)
     # other contracts and other groups have their own full buckets
     _, note = d.admit(1000.5, "g", "critical", new=1)
     assert note["balance"] == 7.0
@@ -194,7 +194,7 @@ def test_raw_and_normalized_debt_sum_over_contracts():
         p._advance(t)
         assert p.raw_debt(g, t) == raw, t
         assert p.norm_debt(g, t) == norm, t
-        assert p.k[g] == k and p._w(g, t) == w, t
+        assert p.k[g] == k and p.buckets.weight(g, t) == w, t
         assert p._p(g) == pytest.approx(norm, abs=1e-12), t     # the kinetic form
         assert p.raw_debt(h, t) == 0.0 and p._p(h) == 0.0
 

@@ -239,7 +239,7 @@ def test_evidence_against_the_defence_counts_only_from_a_group_in_good_standing(
     d.free([z], 0.25)
     # h owes nothing but has 1.5 of its 4-block burst left (below half): its regret of
     # segment order, evidence against the defence, is ignored
-    assert p.bhat(p.bidx[(p.gids["h"], p.cidx["standard"])], 0.5) == 1.5
+    assert p.bhat(p.buckets.index[(p.gids["h"], p.cidx["standard"])], 0.5) == 1.5
     (y2,), note = d.admit(0.5, "h", new=1, keys=[32])
     assert note["raw_debt"] == 0
     assert note["evidence"] == _ev(ignored=1) and p.bound == 1 and not p.pairs
@@ -434,8 +434,8 @@ def _step_replay(path, cap, params):
     # the checker's own buckets (charges from the engine's count of output blocks) agree
     (audit,) = engine.auditors
     for (g, c), (b, t0) in audit.buckets.items():
-        i = policy.bidx[(policy.gids[g], policy.cidx[c])]
-        assert b == pytest.approx(policy.B[i], abs=1e-9) and t0 == policy.t0[i]
+        i = policy.buckets.index[(policy.gids[g], policy.cidx[c])]
+        assert b == pytest.approx(policy.buckets.B[i], abs=1e-9) and t0 == policy.buckets.t0[i]
     return log, policy
 
 
@@ -459,15 +459,15 @@ def test_generated_token_blocks_are_charged_output_weight_each(tmp_path):
                 assert n["output_blocks"] == n["charged"]
                 assert n["charge"] == pytest.approx(weight * n["charged"])
         g = policy.gids["g"]
-        (i,) = policy.group_buckets[g]
-        assert policy.B[i] == pytest.approx(4 - (2 + weight * num_out), abs=1e-6)
+        (i,) = policy.buckets.group_buckets[g]
+        assert policy.buckets.B[i] == pytest.approx(4 - (2 + weight * num_out), abs=1e-6)
 
 
 def test_output_weight_zero_charges_prompt_blocks_only_and_is_valid(tmp_path):
     path = write(tmp_path, [{"t": 0.0, "id": "r", "blocks": ["a1", "a2"], "out": 17}])
     log, policy = _step_replay(path, 16, {"contracts": SLOW, "output_weight": 0.0})
-    (i,) = policy.group_buckets[policy.gids["g"]]
-    assert policy.B[i] == pytest.approx(4 - 2, abs=1e-6)
+    (i,) = policy.buckets.group_buckets[policy.gids["g"]]
+    assert policy.buckets.B[i] == pytest.approx(4 - 2, abs=1e-6)
 
 
 def test_the_checker_buckets_take_the_weight_from_the_engine_count():

@@ -73,7 +73,7 @@ def test_prefixshield_debt_heap_stays_bounded_while_tenants_stay_in_debt(tmp_pat
     stays in the heap until time reaches it, which for a tenant charged by every request
     is never. The heap is compacted: at most two entries per bucket and a fixed slack,
     however long the trace (uncompacted, 6,000 tiny requests left 592 entries for 4 buckets)."""
-    from psgate.policies.prefixshield import _ZHEAP_SLACK
+    from psgate.policy.buckets import ZHEAP_SLACK
     path = tmp_path / "tiny.jsonl"
     write_tiny_trace(path, 6_000)
     header, summary, hashes, events = _loaded(path)
@@ -83,7 +83,7 @@ def test_prefixshield_debt_heap_stays_bounded_while_tenants_stay_in_debt(tmp_pat
 
     def counted(req, now_ns):
         note = end(req, now_ns)
-        most["len"] = max(most["len"], len(pol.zheap))
+        most["len"] = max(most["len"], len(pol.buckets.zheap))
         most["charges"] += note["charged"] > 0
         return note
 
@@ -94,7 +94,7 @@ def test_prefixshield_debt_heap_stays_bounded_while_tenants_stay_in_debt(tmp_pat
         done_ids=summary.done_ids, cost=INSTANT, step_cost=INSTANT_STEPS,
         groups=summary.groups).run(events)
     assert most["charges"] > 1_000
-    assert 0 < most["len"] <= 2 * len(pol.bver) + _ZHEAP_SLACK + 1, most
+    assert 0 < most["len"] <= 2 * len(pol.buckets.B) + ZHEAP_SLACK + 1, most
 
 
 def _loaded(path: Path):
