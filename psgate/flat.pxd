@@ -1,6 +1,6 @@
 # What compiled callers of flat.py take: pointers to the items of an array('i'), an
 # array('q'), an array('d') and a bytearray, each checked for its item type; and an
-# array('q') or array('d') grown by one, or an array('q') cut.
+# array('q') grown by one or cut.
 
 from cpython cimport array as carray
 from cpython.bytearray cimport PyByteArray_AS_STRING
@@ -48,15 +48,6 @@ cdef inline int append_llong(object a, long long v) except -1:
     cdef Py_ssize_t n = len(x)
     carray.resize_smart(x, n + 1)
     x.data.as_longlongs[n] = v
-    return 0
-
-
-cdef inline int append_double(object a, double v) except -1:
-    cdef double *items = doubles(a)        # checks the item type
-    cdef carray.array x = <carray.array>a
-    cdef Py_ssize_t n = len(x)
-    carray.resize_smart(x, n + 1)
-    x.data.as_doubles[n] = v
     return 0
 
 

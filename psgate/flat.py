@@ -41,11 +41,6 @@ def append_llong(a, v) -> None:
     a.append(v)
 
 
-def append_double(a, v) -> None:
-    """``a.append(v)`` for an ``array('d')``, as ``append_llong`` does it."""
-    a.append(v)
-
-
 def truncate_llongs(a, n) -> None:
     """``del a[n:]`` for an ``array('q')`` (``0 <= n <= len(a)``): compiled, a resize in
     place (the array keeps its room unless it shrinks to a quarter)."""

@@ -1,7 +1,7 @@
 # C declarations for buckets.py (Cython's pure-Python mode): TokenBuckets' fields, declared
 # once here, and its methods, which PrefixShield's compiled paths call as C methods.
 
-from psgate.flat cimport append_double, append_llong, doubles, ints, llongs
+from psgate.flat cimport doubles, ints, llongs
 
 
 cdef class TokenBuckets:

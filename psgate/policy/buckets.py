@@ -31,7 +31,7 @@ from array import array
 from heapq import heapify, heappop, heappush
 
 if not cython.compiled:     # compiled, buckets.pxd cimports them
-    from psgate.flat import append_double, append_llong, doubles, ints, llongs
+    from psgate.flat import doubles, ints, llongs
 
 # Stale clearing-time entries tolerated beyond two per bucket before a compaction.
 ZHEAP_SLACK = 64
@@ -64,8 +64,8 @@ class TokenBuckets:
 
     def add_group(self):
         """A group with no bucket yet; its index."""
-        append_double(self.S, 0.0)
-        append_llong(self.k, 0)
+        self.S.append(0.0)
+        self.k.append(0)
         self.group_buckets.append([])
         return len(self.group_buckets) - 1
 
@@ -74,13 +74,13 @@ class TokenBuckets:
         weighs w), full at time t; its index."""
         i: cython.Py_ssize_t = len(self.B)
         self.index[(g, c)] = i
-        append_double(self.B, beta)
-        append_double(self.t0, t)
-        append_double(self.zero_t, float("-inf"))
-        append_double(self.rho, rho)
-        append_double(self.beta, beta)
-        append_double(self.w, w)
-        append_llong(self.version, 0)
+        self.B.append(beta)
+        self.t0.append(t)
+        self.zero_t.append(float("-inf"))
+        self.rho.append(rho)
+        self.beta.append(beta)
+        self.w.append(w)
+        self.version.append(0)
         self.group.append(g)
         self.contract.append(c)
         self.group_buckets[g].append(i)

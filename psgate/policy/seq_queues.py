@@ -37,6 +37,17 @@ if not cython.compiled:     # compiled, seq_queues.pxd cimports them
 COMPACT_SLACK = 32
 
 
+def before(s1, b1, s2, b2):
+    """Whether entry (s1, b1) comes before (s2, b2)."""
+    return s1 < s2 or (s1 == s2 and b1 < b2)
+
+
+def put(a, i, s, b):
+    """Entry i of a becomes (s, b)."""
+    a[2 * i] = s
+    a[2 * i + 1] = b
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def sift_down(a, n, i, s, b):
@@ -47,16 +58,13 @@ def sift_down(a, n, i, s, b):
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and (a[2 * c + 2] < a[2 * c]
-                          or (a[2 * c + 2] == a[2 * c] and a[2 * c + 3] < a[2 * c + 1])):
+        if c + 1 < n and before(a[2 * c + 2], a[2 * c + 3], a[2 * c], a[2 * c + 1]):
             c += 1
-        if a[2 * c] > s or (a[2 * c] == s and a[2 * c + 1] > b):
+        if not before(a[2 * c], a[2 * c + 1], s, b):
             break
-        a[2 * i] = a[2 * c]
-        a[2 * i + 1] = a[2 * c + 1]
+        put(a, i, a[2 * c], a[2 * c + 1])
         i = c
-    a[2 * i] = s
-    a[2 * i + 1] = b
+    put(a, i, s, b)
 
 
 @cython.boundscheck(False)
@@ -70,13 +78,11 @@ def heap_push(h, s, b):
     p: cython.Py_ssize_t
     while i > 0:
         p = (i - 1) >> 1
-        if a[2 * p] < s or (a[2 * p] == s and a[2 * p + 1] <= b):
+        if not before(s, b, a[2 * p], a[2 * p + 1]):
             break
-        a[2 * i] = a[2 * p]
-        a[2 * i + 1] = a[2 * p + 1]
+        put(a, i, a[2 * p], a[2 * p + 1])
         i = p
-    a[2 * i] = s
-    a[2 * i + 1] = b
+    put(a, i, s, b)
     return 0
 
 
