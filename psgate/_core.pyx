@@ -50,8 +50,6 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
 
-
-
 # The batch heap: the Python reference's entries (-P, g, version) as C structs, ordered as
 # the tuples compare (P is finite, so tuple order is this lexicographic order). A version
 # is pushed once per group, so no two entries are equal: every question the ranking asks
