@@ -45,7 +45,7 @@ class LeafLRUPolicy(EvictionPolicy):
     api_version = 1
     summary = "least recently used leaf: only blocks with no resident child are evicted"
     defaults = {}
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the sequence
+    max_blocks = SeqQueues.MASK        # the most blocks SeqQueues holds
 
     def bind(self, pool: PoolInfo) -> None:
         super().bind(pool)

@@ -70,7 +70,7 @@ class LFUPolicy(EvictionPolicy):
     summary = ("least frequently used leaf (SGLang lfu: hit count, then least recently "
                "used); counts halve every aging_factor x usable accesses (TinyLFU reset, 10)")
     defaults: dict[str, Any] = {"aging_factor": 10}
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the key
+    max_blocks = SeqQueues.MASK        # the most blocks SeqQueues holds
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

@@ -66,7 +66,7 @@ class PrefixShield(EvictionPolicy):
                                 "history_size": 65536, "leaf_only": True, "segments": True,
                                 "gate": True}
     family = "prefixshield"
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the sequence
+    max_blocks = SeqQueues.MASK        # the most blocks SeqQueues holds
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

@@ -74,7 +74,7 @@ class SLRUPolicy(EvictionPolicy):
                "protected segment of protected_ratio x usable (0.8, Caffeine's W-TinyLFU); "
                "victims from probation first, leaves only")
     defaults: dict[str, Any] = {"protected_ratio": 0.8}
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the key
+    max_blocks = SeqQueues.MASK        # the most blocks SeqQueues holds
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

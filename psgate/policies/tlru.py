@@ -93,7 +93,7 @@ class TLRUPolicy(EvictionPolicy):
     summary = ("time-to-live LRU: leaves not reused within ttl_s (300 s, a prompt cache's "
                "5 minutes) go first, then LRU; LRU within each")
     defaults: dict[str, Any] = {"ttl_s": 300.0}
-    max_blocks = SeqQueues.MASK        # block ids share a heap entry with the key
+    max_blocks = SeqQueues.MASK        # the most blocks SeqQueues holds
     honours_hints = ("retention_s",)
 
     def __init__(self, **params: Any) -> None:
