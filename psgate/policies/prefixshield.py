@@ -139,11 +139,9 @@ class PrefixShield(EvictionPolicy):
         self.qnames: list[str] = []              # "group/segment" for queue 3*g + s
         self.history = PrefixHistory(self.params["history_size"], pool.key_shift)
         self.num_eligible = array("q")           # per group (arrays: the core reads them)
-        # buckets: (gid, contract idx) -> index
-        # per (group, contract) and their groups' kinetic sums S_g, k_g, which rank the
-        # groups by normalized debt
+        # token buckets per (group, contract), and their groups' kinetic sums S_g, k_g,
+        # which rank the groups by normalized debt
         self.buckets = TokenBuckets()
-        self.S, self.k = self.buckets.S, self.buckets.k
         self.gver = array("q")
         self.kheaps: dict[int, list] = {}
         # per batch
@@ -229,11 +227,11 @@ class PrefixShield(EvictionPolicy):
             return
         if g in self.batch_mod:
             heappush(self.batch_heap, (-self.batch_mod[g], g, self.gver[g]))
-        elif self.k[g] > 0:
-            h = self.kheaps.setdefault(self.k[g], [])
+        elif self.buckets.k[g] > 0:
+            h = self.kheaps.setdefault(self.buckets.k[g], [])
             if len(h) > 2 * len(self.gnames) + 32:
                 self._k_compact(h)
-            heappush(h, (-self.S[g], g, self.gver[g]))
+            heappush(h, (-self.buckets.S[g], g, self.gver[g]))
 
     def _k_compact(self, h: list) -> None:
         """A per-k heap keeps its current entries only. Each relist leaves its group's
@@ -253,7 +251,8 @@ class PrefixShield(EvictionPolicy):
             return self._view.p(g)
         if g in self.batch_mod:
             return self.batch_mod[g]
-        return self.min_rho * (self.S[g] - self.k[g] * self.now_s)
+        buckets = self.buckets
+        return self.min_rho * (buckets.S[g] - buckets.k[g] * self.now_s)
 
     def _valid_k(self, entry) -> bool:
         _, g, ver = entry

@@ -7,7 +7,7 @@ from psgate.flat cimport doubles, ints, llongs
 cdef class TokenBuckets:
     cdef readonly object B, t0, zero_t, rho, beta, w     # array('d'), per bucket
     cdef readonly object version                          # array('q'), per bucket
-    cdef readonly object group, contract                  # array('i'), per bucket
+    cdef readonly object group                            # array('i'), per bucket
     cdef readonly dict index                              # (group, contract): bucket
     cdef readonly object S                                # array('d'), per group
     cdef readonly object k                                # array('q'), per group

@@ -42,8 +42,8 @@ class TokenBuckets:
     """The buckets (indices from 0, in the order they were made) and the groups' kinetic
     sums (the module docstring has the arithmetic). Per bucket i: ``B``, ``t0``,
     ``zero_t`` (-inf while not in debt), ``rho``, ``beta`` and ``w`` (its contract's
-    weight) are ``array('d')``s, ``version`` an ``array('q')``, ``group`` and
-    ``contract`` ``array('i')``s; ``index[(g, c)]`` is g's bucket for contract c. Per
+    weight) are ``array('d')``s, ``version`` an ``array('q')``, ``group`` an
+    ``array('i')``; ``index[(g, c)]`` is g's bucket for contract c. Per
     group g: ``S[g]``, ``k[g]`` and ``group_buckets[g]``, its buckets in order."""
 
     def __init__(self):
@@ -55,7 +55,6 @@ class TokenBuckets:
         self.w = array("d")
         self.version = array("q")
         self.group = array("i")
-        self.contract = array("i")
         self.index = {}
         self.S = array("d")
         self.k = array("q")
@@ -82,7 +81,6 @@ class TokenBuckets:
         self.w.append(w)
         self.version.append(0)
         self.group.append(g)
-        self.contract.append(c)
         self.group_buckets[g].append(i)
         return i
 

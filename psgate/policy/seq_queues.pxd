@@ -6,6 +6,8 @@ from psgate.flat cimport append_llong, ints, llongs, truncate_llongs
 cdef int COMPACT_SLACK
 
 cdef inline bint before(long long s1, long long b1, long long s2, long long b2) noexcept
+cdef inline bint is_live(int *where, long long *sq, int q, long long s,
+                        long long b) noexcept
 cdef inline void put(long long *a, Py_ssize_t i, long long s, long long b) noexcept
 cdef void sift_down(long long *a, Py_ssize_t n, Py_ssize_t i, long long s,
                     long long b) noexcept

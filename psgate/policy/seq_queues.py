@@ -42,6 +42,11 @@ def before(s1, b1, s2, b2):
     return s1 < s2 or (s1 == s2 and b1 < b2)
 
 
+def is_live(where, sq, q, s, b):
+    """Whether entry (s, b) of queue q is live: b is still in q, at seq s."""
+    return where[b] == q and sq[b] == s
+
+
 def put(a, i, s, b):
     """Entry i of a becomes (s, b)."""
     a[2 * i] = s
@@ -170,12 +175,9 @@ class SeqQueues:
         n: cython.Py_ssize_t = len(h) // 2
         i: cython.Py_ssize_t
         m: cython.Py_ssize_t = 0
-        b: cython.longlong
         for i in range(n):
-            b = a[2 * i + 1]
-            if where[b] == q and sq[b] == a[2 * i]:
-                a[2 * m] = a[2 * i]
-                a[2 * m + 1] = b
+            if is_live(where, sq, q, a[2 * i], a[2 * i + 1]):
+                put(a, m, a[2 * i], a[2 * i + 1])
                 m += 1
         heapify(a, m)
         truncate_llongs(h, 2 * m)
@@ -190,12 +192,10 @@ class SeqQueues:
         where: cython.p_int = ints(self.where)
         sq: cython.p_longlong = llongs(self.seq)
         a: cython.p_longlong
-        b: cython.longlong
         while len(h):
             a = llongs(h)
-            b = a[1]
-            if where[b] == q and sq[b] == a[0]:
-                return b
+            if is_live(where, sq, q, a[0], a[1]):
+                return a[1]
             heap_pop(h)
         return -1
 
@@ -203,9 +203,9 @@ class SeqQueues:
         """The blocks of queue q in order."""
         if not 0 <= q < len(self.heaps):
             raise IndexError(f"queue {q} out of range")
-        h, where, sq = self.heaps[q], self.where, self.seq
-        entries = sorted(zip(h[0::2], h[1::2]))
-        return [b for s, b in entries if where[b] == q and sq[b] == s]
+        h = self.heaps[q]
+        return [b for s, b in sorted(zip(h[0::2], h[1::2]))
+                if self.where[b] == q and self.seq[b] == s]
 
     def __contains__(self, b: cython.int) -> bool:
         if not 0 <= b < self.num_blocks:
@@ -223,18 +223,24 @@ class SeqQueues:
         b: cython.Py_ssize_t
         q: cython.int
         s: cython.Py_ssize_t
+        live: cython.p_longlong = llongs(self.live)
         for s in range(stride):
-            if llongs(self.live)[s] or len(self.heaps[s]):
+            if live[s] or len(self.heaps[s]):
                 raise ValueError(f"queue {s} is not empty")
+        # the heaps grow below; none of these arrays moves
+        where: cython.p_int = ints(self.where)
+        sq: cython.p_longlong = llongs(self.seq)
+        from_where: cython.p_int = ints(other.where)
+        from_seq: cython.p_longlong = llongs(other.seq)
         for b in range(self.num_blocks):
-            q = ints(other.where)[b]
+            q = from_where[b]
             if q >= 0:
                 s = q % stride
-                ints(self.where)[b] = s
-                llongs(self.seq)[b] = llongs(other.seq)[b]
-                append_llong(self.heaps[s], llongs(other.seq)[b])
+                where[b] = s
+                sq[b] = from_seq[b]
+                append_llong(self.heaps[s], from_seq[b])
                 append_llong(self.heaps[s], b)
-                llongs(self.live)[s] += 1
+                live[s] += 1
         for s in range(stride):
             h = self.heaps[s]
             heapify(llongs(h), len(h) // 2)

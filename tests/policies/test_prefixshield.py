@@ -194,7 +194,7 @@ def test_raw_and_normalized_debt_sum_over_contracts():
         p._advance(t)
         assert p.raw_debt(g, t) == raw, t
         assert p.norm_debt(g, t) == norm, t
-        assert p.k[g] == k and p.buckets.weight(g, t) == w, t
+        assert p.buckets.k[g] == k and p.buckets.weight(g, t) == w, t
         assert p._p(g) == pytest.approx(norm, abs=1e-12), t     # the kinetic form
         assert p.raw_debt(h, t) == 0.0 and p._p(h) == 0.0
 
