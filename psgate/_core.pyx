@@ -23,6 +23,7 @@ from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
 from psgate.policy.seq_queues cimport SeqQueues
 from psgate.policy.buckets cimport TokenBuckets
+from psgate.policy.debt_ranking cimport DebtRanking
 from psgate.engines.pool_work cimport CachedHook, cache_blocks
 from psgate.receipt.field_code cimport CompactEncoder, FieldCoder, Number, int_in
 from psgate.receipt.row_text cimport (JsonMemo, NumberTexts, cached_field, csv_field, csv_json,
@@ -50,84 +51,8 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
 
-# The batch heap: the Python reference's entries (-P, g, version) as C structs, ordered as
-# the tuples compare (P is finite, so tuple order is this lexicographic order). A version
-# is pushed once per group, so no two entries are equal: every question the ranking asks
-# of the heap (its least entry, the least of its root's children, pop order) has one
-# answer whatever the layout, which is why a heap of its own decides as heapq's did.
-ctypedef struct BEntry:
-    double key                  # -P
-    int g
-    long long ver
-
-
-ctypedef struct BHeap:
-    BEntry *a
-    Py_ssize_t n, cap
-
-
-cdef inline bint _b_lt(const BEntry *a, const BEntry *b) noexcept nogil:
-    if a.key != b.key:
-        return a.key < b.key
-    if a.g != b.g:
-        return a.g < b.g
-    return a.ver < b.ver
-
-
-cdef int _hp_push(BHeap *h, double key, int g, long long ver) except -1:
-    """heappush: the new entry climbs from the end while less than its parent."""
-    cdef Py_ssize_t i, parent
-    cdef BEntry e
-    if h.n == h.cap:
-        h.a = <BEntry *>_grown(h.a, &h.cap, sizeof(BEntry))
-    e.key = key
-    e.g = g
-    e.ver = ver
-    i = h.n
-    h.n += 1
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _b_lt(&e, &h.a[parent]):
-            break
-        h.a[i] = h.a[parent]
-        i = parent
-    h.a[i] = e
-    return 0
-
-
-cdef inline void _hp_sift(BHeap *h, BEntry e) noexcept:
-    """The root's slot takes e, which sinks below every smaller child (heapreplace)."""
-    _hp_sift_at(h, 0, e)
-
-
-cdef void _hp_sift_at(BHeap *h, Py_ssize_t i, BEntry e) noexcept:
-    """Slot i takes e, which sinks below every smaller child."""
-    cdef Py_ssize_t c, n = h.n
-    cdef BEntry *a = h.a
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and _b_lt(&a[c + 1], &a[c]):
-            c += 1
-        if not _b_lt(&a[c], &e):
-            break
-        a[i] = a[c]
-        i = c
-    a[i] = e
-
-
-cdef BEntry _hp_pop(BHeap *h) noexcept:
-    """heappop (the heap is not empty)."""
-    cdef BEntry top = h.a[0]
-    h.n -= 1
-    if h.n > 0:
-        _hp_sift(h, h.a[h.n])
-    return top
-
-
 ctypedef struct Rank:
-    # PrefixShield._ranked's (top, P, runner-up, its P) without Python objects: top_g is
+    # DebtRanking's result (top, P, runner-up, its P) without Python objects: top_g is
     # the top group when num_top is 1 (the tied groups, num_top > 1, are the view's ties)
     int num_top
     int top_g
@@ -206,28 +131,22 @@ NS_PER_S = 1_000_000_000
 
 cdef class PrefixShieldView(CachedHook):
     """prefixshield's per-request, per-block and per-victim paths over the policy's own
-    state: its arrays are read and written in place, and its queues are the policy's
-    SeqQueues, called as C methods, so the Python methods and these interleave freely. What
-    ranks the groups (the batch heap, the per-k heaps and batch_mod) and an admission's
-    new blocks are held here as C structs: the Python methods that read or write them
-    (on_admit, end_admit, _relist, _ranked, _p, _evicted's responsible half, _end_batch,
-    _eligible_push, uncandidate) call this view's forms while one is bound, and the
-    policy's batch_heap, kheaps and batch_mod are None. What is rare (the global fallback
+    state: its arrays are read and written in place, and its queues, buckets and ranking
+    are the policy's SeqQueues, TokenBuckets and DebtRanking, called as C methods, so the
+    Python methods and these interleave freely. The rank cache and an admission's new
+    blocks are held here: the Python methods that read or write them (on_admit,
+    end_admit, _relist, evicted's responsible half, _end_batch, _eligible_push,
+    uncandidate) call this view's forms while one is bound. What is rare (the global fallback
     when no group is in debt, a block outside the pool) calls the policy's own Python
     method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a subclass
     that overrides them (prefixshield-b) runs the Python ones."""
     cdef object pol, tree
     cdef SeqQueues gq           # the group queues, q = 3 * g + segment
     cdef SeqQueues gl           # the all-groups queues while has_glob
-    # the policy's num_eligible and gver, array('q')s that grow by a group at a time
-    # (read through their data pointer: no buffer is held, so they can grow)
-    cdef carray.array num_eligible, gver
-    cdef BHeap bh               # the batch heap (PrefixShield.batch_heap's entries)
-    # the per-k heaps (PrefixShield.kheaps): slot j holds k = kval[j]'s, slots in the
-    # order the dict's keys were first set (which decides between k's tied on P)
-    cdef BHeap *kh
-    cdef long long *kval
-    cdef Py_ssize_t num_k
+    # the policy's num_eligible, an array('q') that grows by a group at a time (read
+    # through its data pointer: no buffer is held, so it can grow)
+    cdef carray.array num_eligible
+    cdef DebtRanking rk         # the policy's ranking of the groups in debt
     cdef int[:] owner
     cdef signed char[:] cls
     cdef long long[:] freed_seq
@@ -238,16 +157,10 @@ cdef class PrefixShieldView(CachedHook):
     cdef int[:] t_children
     cdef bint segments, has_tree, has_glob
     cdef object glob_obj
-    cdef double eps, min_rho
+    cdef double eps
     cdef Py_ssize_t n
-    cdef TokenBuckets buckets   # the policy's (its groups' S and k read in place)
+    cdef TokenBuckets buckets   # the policy's
     cdef dict debt_cache
-    # PrefixShield.batch_mod, the groups this batch moved and their P: bm_in[g] and
-    # bm_p[g] for g below bm_cap, and the groups in the order they were first set
-    cdef unsigned char *bm_in
-    cdef double *bm_p
-    cdef int *bm_order
-    cdef Py_ssize_t bm_num, bm_cap
     cdef list qnames, gnames, contract_names
     cdef tuple seg_names, class_names
     cdef signed char[:] contract
@@ -257,13 +170,13 @@ cdef class PrefixShieldView(CachedHook):
     # before any call into the policy's Python that could read or change it)
     cdef Py_ssize_t num_cand
     # A run of victims of one responsible group g that stays alone above the runner-up:
-    # its batch state (batch_mod[g], gver[g], its batch-heap entry and the rank cache)
+    # its batch state (its P and version in the ranking, and the rank cache)
     # is written once, by _flush, when the run ends or before anything reads it, instead
     # of once per victim. pend_g is -1 outside a run; evict_batch never returns with one.
     cdef int pend_g, pend_runner
     cdef double pend_p, pend_runner_p, pend_inv_w
     cdef Py_ssize_t pend_n
-    cdef list ties              # _scan_c's tied top groups, sorted (num_top > 1)
+    cdef list ties              # the ranking's tied top groups, sorted (num_top > 1)
     # PrefixShield._rank_cache, held here while the view is bound (the policy's stays
     # None; its _choose asks rank_cache()): (top groups, P, runner-up, its P) as a Rank,
     # its tied top groups in rc_ties (num_top > 1); the tuple is made only for Python
@@ -297,10 +210,9 @@ cdef class PrefixShieldView(CachedHook):
         self.class_names = tuple(class_names)
         self.contract = pol.contract
         self.decision_cls = decision_cls
-        self.min_rho = pol.min_rho
         self.gq = pol.gq
         self.num_eligible = pol.num_eligible
-        self.gver = pol.gver
+        self.rk = pol.ranking
         self.owner = pol.owner
         self.cls = pol.cls
         self.freed_seq = pol.freed_seq
@@ -318,15 +230,6 @@ cdef class PrefixShieldView(CachedHook):
         self.glob_obj = False           # never the policy's: the first use syncs
         self.has_glob = False
         self.pend_g = -1
-        self.bh.a = NULL
-        self.bh.n = self.bh.cap = 0
-        self.kh = NULL
-        self.kval = NULL
-        self.num_k = 0
-        self.bm_in = NULL
-        self.bm_p = NULL
-        self.bm_order = NULL
-        self.bm_num = self.bm_cap = 0
         self.nb_b = NULL
         self.nb_n = self.nb_cap = self.nb_out = 0
         self.nb_keys = []
@@ -335,85 +238,9 @@ cdef class PrefixShieldView(CachedHook):
         self.iw_cap = 0
 
     def __dealloc__(self):
-        cdef Py_ssize_t j
         free(self.nb_b)
         free(self.iw_v)
         free(self.iw_ok)
-        free(self.bh.a)
-        for j in range(self.num_k):
-            free(self.kh[j].a)
-        free(self.kh)
-        free(self.kval)
-        free(self.bm_in)
-        free(self.bm_p)
-        free(self.bm_order)
-
-    cdef inline bint _moved(self, int g) noexcept:
-        """g in batch_mod."""
-        return g < self.bm_cap and self.bm_in[g]
-
-    cdef int _set_moved(self, int g, double p) except -1:
-        """batch_mod[g] = p."""
-        cdef Py_ssize_t cap, j
-        cdef void *grown
-        if g >= self.bm_cap:
-            cap = max(2 * self.bm_cap, g + 1, 64)
-            grown = realloc(self.bm_in, cap * sizeof(unsigned char))
-            if grown == NULL:
-                raise MemoryError()
-            self.bm_in = <unsigned char *>grown
-            grown = realloc(self.bm_p, cap * sizeof(double))
-            if grown == NULL:
-                raise MemoryError()
-            self.bm_p = <double *>grown
-            grown = realloc(self.bm_order, cap * sizeof(int))
-            if grown == NULL:
-                raise MemoryError()
-            self.bm_order = <int *>grown
-            for j in range(self.bm_cap, cap):
-                self.bm_in[j] = 0
-            self.bm_cap = cap
-        if not self.bm_in[g]:
-            self.bm_in[g] = 1
-            self.bm_order[self.bm_num] = g
-            self.bm_num += 1
-        self.bm_p[g] = p
-        return 0
-
-    cdef double _p(self, int g) except? -1.0:
-        """PrefixShield._p: g's P in this batch, or its kinetic one."""
-        if self._moved(g):
-            return self.bm_p[g]
-        return self.min_rho * (doubles(self.buckets.S)[g]
-                               - llongs(self.buckets.k)[g] * self.now)
-
-    def p(self, int g):
-        """PrefixShield._p."""
-        self.now = self.pol.now_s
-        return self._p(g)
-
-    cdef BHeap *_kheap(self, long long k) except NULL:
-        """k's heap, made (empty, in the next slot) on first use: kheaps.setdefault."""
-        cdef Py_ssize_t j
-        cdef BHeap *grown_h
-        cdef long long *grown_v
-        for j in range(self.num_k):
-            if self.kval[j] == k:
-                return &self.kh[j]
-        grown_h = <BHeap *>realloc(self.kh, (self.num_k + 1) * sizeof(BHeap))
-        if grown_h == NULL:
-            raise MemoryError()
-        self.kh = grown_h
-        grown_v = <long long *>realloc(self.kval, (self.num_k + 1) * sizeof(long long))
-        if grown_v == NULL:
-            raise MemoryError()
-        self.kval = grown_v
-        j = self.num_k
-        self.kh[j].a = NULL
-        self.kh[j].n = self.kh[j].cap = 0
-        self.kval[j] = k
-        self.num_k += 1
-        return &self.kh[j]
 
     cdef bint _sync_glob(self):
         """Whether the all-groups queues exist now (they are dropped and rebuilt). Only
@@ -483,154 +310,24 @@ cdef class PrefixShieldView(CachedHook):
 
     cdef int _relist(self, int g) except -1:
         """PrefixShield._relist."""
-        cdef BHeap *h
         self._flush()
-        self.gver.data.as_longlongs[g] += 1
-        ver = self.gver.data.as_longlongs[g]
+        self.rk.relist(g)
         self.rc_set = False
-        if self.num_eligible.data.as_longlongs[g] == 0:
-            return 0
-        if self._moved(g):
-            _hp_push(&self.bh, -self.bm_p[g], g, ver)
-        else:
-            kg = llongs(self.buckets.k)[g]
-            if kg > 0:
-                h = self._kheap(kg)
-                if h.n > 2 * len(self.gnames) + 32:
-                    self._k_compact(h)
-                _hp_push(h, -doubles(self.buckets.S)[g], g, ver)
         return 0
-
-    cdef void _k_compact(self, BHeap *h) noexcept:
-        """PrefixShield._k_compact: the per-k heap h keeps its current entries only (the
-        rest are stale for good), re-heapified; its heads do not change."""
-        cdef Py_ssize_t j, m = 0
-        cdef int g
-        for j in range(h.n):
-            g = h.a[j].g
-            if (h.a[j].ver == self.gver.data.as_longlongs[g]
-                    and self.num_eligible.data.as_longlongs[g] > 0):
-                h.a[m] = h.a[j]
-                m += 1
-        h.n = m
-        j = m // 2 - 1
-        while j >= 0:                   # heapify
-            _hp_sift_at(h, j, h.a[j])
-            j -= 1
-
-    cdef inline bint _valid_b(self, const BEntry *e) except -1:
-        cdef int g = e.g
-        return (e.ver == self.gver.data.as_longlongs[g] and self._moved(g)
-                and self.num_eligible.data.as_longlongs[g] > 0)
-
-    cdef int _scan_c(self, Rank *r) except -1:
-        """PrefixShield._scan_batch, into r."""
-        cdef list top
-        cdef BEntry e
-        cdef BEntry *c
-        cdef BEntry taken[2]
-        cdef Py_ssize_t n, num_taken = 0, i
-        cdef double top_key = 0.0
-        r.num_top = 0
-        r.top_g = -1
-        r.top_p = 0.0
-        r.runner_g = -1
-        r.runner_p = 0.0
-        while self.bh.n:
-            if self._valid_b(&self.bh.a[0]):
-                n = self.bh.n
-                r.num_top = 1
-                r.top_g = self.bh.a[0].g
-                r.top_p = -self.bh.a[0].key
-                if n == 1:
-                    return 0
-                c = &self.bh.a[1]
-                if n > 2 and not _b_lt(c, &self.bh.a[2]):
-                    c = &self.bh.a[2]
-                if self._valid_b(c) and c.key != self.bh.a[0].key:
-                    r.runner_g = c.g
-                    r.runner_p = -c.key
-                    return 0
-                break
-            _hp_pop(&self.bh)
-        # ties at the top: valid entries pop in order until one below the top; all of
-        # them go back (held in a list past the first two)
-        top = []
-        more = None
-        r.runner_g = -1
-        r.runner_p = 0.0
-        while self.bh.n:
-            e = _hp_pop(&self.bh)
-            if not self._valid_b(&e):
-                continue
-            if num_taken < 2:
-                taken[num_taken] = e
-            else:
-                if more is None:
-                    more = []
-                more.append((e.key, e.g, e.ver))
-            num_taken += 1
-            if not top or e.key == top_key:
-                top.append(e.g)
-                top_key = e.key
-            else:
-                r.runner_g = e.g
-                r.runner_p = -e.key
-                break
-        for i in range(min(num_taken, 2)):
-            _hp_push(&self.bh, taken[i].key, taken[i].g, taken[i].ver)
-        if more is not None:
-            for item in more:
-                _hp_push(&self.bh, item[0], item[1], item[2])
-        top.sort()
-        r.num_top = len(top)
-        r.top_g = top[0] if top else -1
-        r.top_p = -top_key if top else 0.0
-        self.ties = top
-        return 0
-
-    cdef Py_ssize_t _frontier(self, double *p_out) except -2:
-        """PrefixShield._frontier: the slot of the per-k heap whose head is the best
-        group (its P in p_out), or -1."""
-        cdef double t = self.now
-        cdef double p, best_p = 0.0
-        cdef Py_ssize_t j, best = -1
-        cdef BHeap *h
-        cdef BEntry *e
-        cdef int g
-        for j in range(self.num_k):
-            h = &self.kh[j]
-            while h.n:
-                e = &h.a[0]
-                g = e.g
-                if (e.ver == self.gver.data.as_longlongs[g] and not self._moved(g)
-                        and self.num_eligible.data.as_longlongs[g] > 0):
-                    p = self.min_rho * (-e.key - <double>self.kval[j] * t)
-                    if best < 0 or p > best_p:
-                        best = j
-                        best_p = p
-                    break
-                _hp_pop(h)
-        p_out[0] = best_p
-        return best
 
     cdef int _ranked_c(self, Rank *r) except -1:
-        """PrefixShield._ranked, with _pull inline, into r, at the view's now (its callers
-        take the policy's now_s on entry)."""
-        cdef double fp, p
-        cdef Py_ssize_t fj
-        cdef int g
-        while True:
-            self._scan_c(r)
-            fj = self._frontier(&fp)
-            if fj < 0 or (r.num_top and fp < r.top_p and r.runner_g >= 0
-                          and fp <= r.runner_p):
-                return 0
-            g = _hp_pop(&self.kh[fj]).g
-            p = self._p(g)
-            self._set_moved(g, p)
-            self.gver.data.as_longlongs[g] += 1
-            _hp_push(&self.bh, -<double>p, g, self.gver.data.as_longlongs[g])
+        """The ranking at the view's now (its callers take the policy's now_s on entry),
+        into r (its ties in self.ties)."""
+        cdef DebtRanking rk = self.rk
+        rk.rank(self.now)
+        r.num_top = rk.num_top
+        r.top_g = rk.top_g
+        r.top_p = rk.top_p
+        r.runner_g = rk.runner_g
+        r.runner_p = rk.runner_p
+        if rk.num_top > 1:
+            self.ties = rk.ties
+        return 0
 
     cdef tuple _rank_tuple(self, Rank *r, list ties):
         """The rank cache's tuple for r: (top groups, P, runner-up or -1, its P); ties
@@ -642,13 +339,6 @@ cdef class PrefixShieldView(CachedHook):
         else:
             top = []
         return top, r.top_p, r.runner_g, r.runner_p
-
-    cdef tuple _ranked(self):
-        """PrefixShield._ranked."""
-        cdef Rank r
-        self.now = self.pol.now_s
-        self._ranked_c(&r)
-        return self._rank_tuple(&r, self.ties)
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
@@ -663,7 +353,7 @@ cdef class PrefixShieldView(CachedHook):
             self.num_eligible.data.as_longlongs[g] -= 1
             if self.num_eligible.data.as_longlongs[g] == 0:
                 self._flush()
-                self.gver.data.as_longlongs[g] += 1
+                self.rk.drop(g)
                 self.rc_set = False
         return 0
 
@@ -708,21 +398,10 @@ cdef class PrefixShieldView(CachedHook):
     cdef int _batch_state(self, int g, double p_after, Py_ssize_t num, bint keep,
                           int runner, double runner_p) except -1:
         """_evicted's half for the responsible group g, after ``num`` victims of it: g at
-        p_after in batch_mod and the batch heap, its version ``num`` on, and the rank
-        cache, ([g], P, runner, runner_p) before, kept ([g] at p_after) while p_after is
-        above the runner-up's runner_p, or dropped. keep is false for a cache that g
-        did not top alone."""
-        cdef BEntry e
-        self._set_moved(g, p_after)
-        self.gver.data.as_longlongs[g] += num
-        ver = self.gver.data.as_longlongs[g]
-        if self.bh.n and self.bh.a[0].g == g:
-            e.key = -p_after
-            e.g = g
-            e.ver = ver
-            _hp_sift(&self.bh, e)            # heapreplace
-        else:
-            _hp_push(&self.bh, -p_after, g, ver)
+        p_after in the ranking, and the rank cache, ([g], P, runner, runner_p) before,
+        kept ([g] at p_after) while p_after is above the runner-up's runner_p, or dropped.
+        keep is false for a cache that g did not top alone."""
+        self.rk.responsible(g, p_after, num)
         if keep and p_after > runner_p:
             self.rc.num_top = 1
             self.rc.top_g = g
@@ -768,10 +447,6 @@ cdef class PrefixShieldView(CachedHook):
     def responsible(self, int g, p_after):
         """PrefixShield.evicted's half for the responsible group g."""
         self._responsible(g, p_after)
-
-    def ranked(self):
-        """PrefixShield._ranked."""
-        return self._ranked()
 
     def rank_cache(self):
         """PrefixShield.choose's ranking: the rank cache, made by _ranked where there is
@@ -849,17 +524,9 @@ cdef class PrefixShieldView(CachedHook):
 
     def end_batch(self):
         """PrefixShield._end_batch."""
-        cdef Py_ssize_t j, num = self.bm_num
-        cdef list mods
-        self.bh.n = 0
-        if not num:
-            return
-        mods = [self.bm_order[j] for j in range(num)]
-        for j in range(num):
-            self.bm_in[self.bm_order[j]] = 0
-        self.bm_num = 0
-        for mg in mods:
-            self._relist(mg)
+        self._flush()
+        if self.rk.end_batch():
+            self.rc_set = False
 
     def touched(self, list hits, ref_a, req):
         """The engine's touch loop over r's hits with on_touch and on_hit inline: each

@@ -33,21 +33,20 @@ Choices where the paper is silent (each a parameter or stated here):
 
 Finding g* costs O(log groups): indebted buckets' normalized debts all fall at the
 same rate (min rho), so Dn_g(t) = min_rho * (S_g - k_g t), with z the time a bucket
-clears, S_g the sum of z over g's k_g indebted buckets. Groups with equal k keep
-their order as time passes, so one heap per k (keyed by S_g) plus a heap of clearing
-times gives the maximum exactly; within a batch, groups already charged a victim
-move to a small heap of their own.
+clears, S_g the sum of z over g's k_g indebted buckets (psgate.policy.buckets). Groups
+with equal k keep their order as time passes, so one heap per k (keyed by S_g) plus a
+heap of clearing times gives the maximum exactly; within a batch, groups already charged
+a victim move to a small heap of their own (psgate.policy.debt_ranking).
 """
 
 from __future__ import annotations
 
 from array import array
-from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
-from psgate.policy import (BucketAudit, Decision, DEFAULT_CONTRACTS, EvictionPolicy,
-                          GroupIds, kernels, LeafTracker, PolicyRequest, PoolInfo,
-                          PrefixHistory, SeqQueues, TokenBuckets)
+from psgate.policy import (BucketAudit, DebtRanking, Decision, DEFAULT_CONTRACTS,
+                          EvictionPolicy, GroupIds, kernels, LeafTracker, PolicyRequest,
+                          PoolInfo, PrefixHistory, SeqQueues, TokenBuckets)
 
 NS_PER_S = 1_000_000_000
 SEGMENTS = ("probationary", "normal", "reuse")
@@ -142,12 +141,9 @@ class PrefixShield(EvictionPolicy):
         # token buckets per (group, contract), and their groups' kinetic sums S_g, k_g,
         # which rank the groups by normalized debt
         self.buckets = TokenBuckets()
-        self.gver = array("q")
-        self.kheaps: dict[int, list] = {}
+        self.ranking = DebtRanking(self.buckets, self.num_eligible, self.min_rho)
         # per batch
         self.now_s = 0.0
-        self.batch_mod: dict[int, float] = {}
-        self.batch_heap: list = []
         self.pending: tuple | None = None
         self.new_blocks: list[tuple[int, int]] = []
         self.num_new_output = 0                  # of new_blocks, generated-token blocks
@@ -159,14 +155,12 @@ class PrefixShield(EvictionPolicy):
         self._rank_cache: tuple | None = None
         self.debt_cache: dict[int, tuple[float, float, float]] = {}
         # The compiled forms of on_admit, on_free, evict_batch, on_cached and end_admit
-        # (psgate.core's PrefixShieldView), over this state (the group ranking and an
+        # (psgate.core's PrefixShieldView), over this state (the rank cache and an
         # admission's new blocks are the view's while bound); only for the classes whose
         # methods they mirror.
         self._view = compiled_core.PrefixShieldView(self, Decision, SEGMENTS) if compiled else None
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
-            # the view holds these, as C structs
-            self.batch_heap = self.kheaps = self.batch_mod = None
         else:
             self.__dict__.pop("on_cached", None)
 
@@ -178,7 +172,7 @@ class PrefixShield(EvictionPolicy):
             self.history.add_group()
             self.num_eligible.append(0)
             self.buckets.add_group()
-            self.gver.append(0)
+            self.ranking.add_group()
             for seg in self.seg_names:
                 self.gq.add_queue()
                 self.qnames.append(f"{group}/{seg}")
@@ -217,143 +211,27 @@ class PrefixShield(EvictionPolicy):
         self.now_s = t
 
     def _relist(self, g: int) -> None:
-        """g's ranking changed: invalidate its heap entries and push a fresh one."""
+        """g's ranking changed: its heap entries go stale and a fresh one is pushed."""
         if self._view is not None:
             self._view.relist(g)
             return
-        self.gver[g] += 1
+        self.ranking.relist(g)
         self._rank_cache = None
-        if self.num_eligible[g] == 0:
-            return
-        if g in self.batch_mod:
-            heappush(self.batch_heap, (-self.batch_mod[g], g, self.gver[g]))
-        elif self.buckets.k[g] > 0:
-            h = self.kheaps.setdefault(self.buckets.k[g], [])
-            if len(h) > 2 * len(self.gnames) + 32:
-                self._k_compact(h)
-            heappush(h, (-self.buckets.S[g], g, self.gver[g]))
 
-    def _k_compact(self, h: list) -> None:
-        """A per-k heap keeps its current entries only. Each relist leaves its group's
-        older entry stale, and with many groups relisted per batch the stale ones came
-        to outnumber the groups many times over, growing with the trace. An entry whose
-        version is not its group's is stale for good (versions only grow), and so is one
-        of a group without eligible blocks (it is relisted, with a new version, before it
-        has any). Entries are ordered by (-S, g, version), a total order, so the heap's
-        heads are the same with or without the stale ones."""
-        gver, elig = self.gver, self.num_eligible
-        h[:] = [e for e in h if e[2] == gver[e[1]] and elig[e[1]] > 0]
-        heapify(h)
-
-    # -- group ranking -----------------------------------------------------------
+    # -- group ranking (psgate.policy.debt_ranking) --------------------------------
     def _p(self, g: int) -> float:
-        if self._view is not None:
-            return self._view.p(g)
-        if g in self.batch_mod:
-            return self.batch_mod[g]
-        buckets = self.buckets
-        return self.min_rho * (buckets.S[g] - buckets.k[g] * self.now_s)
-
-    def _valid_k(self, entry) -> bool:
-        _, g, ver = entry
-        return ver == self.gver[g] and g not in self.batch_mod and self.num_eligible[g] > 0
-
-    def _valid_b(self, entry) -> bool:
-        _, g, ver = entry
-        return ver == self.gver[g] and g in self.batch_mod and self.num_eligible[g] > 0
-
-    def _frontier(self) -> tuple[float, int] | None:
-        """(P, k) of the best group still in the per-k heaps, or None."""
-        best = None
-        gver, mod, elig = self.gver, self.batch_mod, self.num_eligible
-        t = self.now_s
-        for k, h in self.kheaps.items():
-            while h:
-                _, g, ver = h[0]
-                if ver == gver[g] and g not in mod and elig[g] > 0:     # _valid_k
-                    p = self.min_rho * (-h[0][0] - k * t)
-                    if best is None or p > best[0]:
-                        best = (p, k)
-                    break
-                heappop(h)
-        return best
-
-    def _pull(self, k: int) -> None:
-        """Move the head of heap k into this batch's own heap, at its unmodified P."""
-        g = heappop(self.kheaps[k])[1]
-        p = self._p(g)
-        self.batch_mod[g] = p
-        self.gver[g] += 1
-        heappush(self.batch_heap, (-p, g, self.gver[g]))
-
-    def _scan_batch(self) -> tuple[list[int], float, int, float]:
-        """Top groups (ties), their P, runner-up and its P among the batch heap only."""
-        bh = self.batch_heap
-        gver, mod, elig = self.gver, self.batch_mod, self.num_eligible
-        # Fast path, the same answer as the scan below: stale entries at the top are
-        # dropped as the scan would drop them; after a valid top the entries pop in heap
-        # order, so the next one is the smaller of its children, and when that one is valid
-        # and not tied with the top, the scan would look no further.
-        while bh:
-            e = bh[0]
-            g = e[1]
-            if e[2] == gver[g] and g in mod and elig[g] > 0:      # _valid_b
-                n = len(bh)
-                if n == 1:
-                    return [g], -e[0], -1, 0.0
-                c = bh[1] if n == 2 or bh[1] < bh[2] else bh[2]
-                h = c[1]
-                if c[2] == gver[h] and h in mod and elig[h] > 0 and c[0] != e[0]:
-                    return [g], -e[0], h, -c[0]
-                break
-            heappop(bh)
-        taken: list[tuple] = []
-        top: list[int] = []
-        top_p = 0.0
-        runner, runner_p = -1, 0.0
-        while bh:
-            e = heappop(bh)
-            if not self._valid_b(e):
-                continue            # stale: dropped for good
-            taken.append(e)
-            if not top or -e[0] == top_p:
-                top.append(e[1])
-                top_p = -e[0]
-            else:
-                runner, runner_p = e[1], -e[0]
-                break
-        for e in taken:
-            heappush(bh, e)
-        return sorted(top), top_p, runner, runner_p
+        return self.ranking.p(g, self.now_s)
 
     def _ranked(self) -> tuple[list[int], float, int, float]:
-        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P).
-
-        Groups move from the per-k heaps into the batch heap as the ranking
-        reaches them (they go back when the batch ends), until no group left
-        outside could tie the top or beat the runner-up; so one call costs
-        O(log groups) amortized.
-        """
-        if self._view is not None:
-            return self._view.ranked()
-        while True:
-            ranked = self._scan_batch()
-            top, top_p, runner, runner_p = ranked
-            f = self._frontier()
-            if f is None or (top and f[0] < top_p and runner >= 0 and f[0] <= runner_p):
-                return ranked
-            self._pull(f[1])
+        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P)."""
+        return self.ranking.ranked(self.now_s)
 
     def _end_batch(self) -> None:
         """Groups decremented or looked at in this batch go back to the kinetic heaps."""
         if self._view is not None:
             self._view.end_batch()
-            return
-        mods = list(self.batch_mod)
-        self.batch_mod.clear()
-        self.batch_heap.clear()
-        for mg in mods:
-            self._relist(mg)
+        elif self.ranking.end_batch():
+            self._rank_cache = None
 
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
@@ -451,7 +329,7 @@ class PrefixShield(EvictionPolicy):
                 self.glob.remove(b)
             self.num_eligible[g] -= 1
             if self.num_eligible[g] == 0:
-                self.gver[g] += 1          # its heap entries are stale now
+                self.ranking.drop(g)       # its heap entries are stale now
                 self._rank_cache = None
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
@@ -568,18 +446,10 @@ class PrefixShield(EvictionPolicy):
 
     def evicted(self, b: int, g: int, p_after: float | None) -> None:
         """b is gone; g (>= 0) was responsible and is now projected at p_after."""
-        gver = self.gver
         if g >= 0 and self._view is not None:
             self._view.responsible(g, p_after)
         elif g >= 0:
-            self.batch_mod[g] = p_after
-            gver[g] += 1
-            entry = (-p_after, g, gver[g])
-            bh = self.batch_heap
-            if bh and bh[0][1] == g:
-                heapreplace(bh, entry)
-            else:
-                heappush(bh, entry)
+            self.ranking.responsible(g, p_after, 1)
             cache = self._rank_cache
             # g stays responsible while it is the only group above the runner-up
             if cache is not None and cache[0] == [g] and p_after > cache[3]:

@@ -35,7 +35,8 @@ What it holds:
   (dense group ids);
 - :data:`DEFAULT_CONTRACTS`, the contract table (refill blocks/s, burst blocks) that the
   PrefixShield family charges against, :class:`TokenBuckets` (creation debt as token
-  buckets per group and contract, with each group's kinetic sums), and
+  buckets per group and contract, with each group's kinetic sums),
+  :class:`DebtRanking` (the groups ranked by projected debt over those sums), and
   :class:`BucketAudit`, the independent checker of invariants I1 and I2 for a policy
   that charges token buckets;
 - :func:`non_finite`, whether a value holds a NaN or an infinity (no JSON, and a
@@ -61,15 +62,16 @@ from psgate.policy.field_decision import FieldDecision
 from psgate.policy.history import PrefixHistory
 from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker
 from psgate.policy.buckets import TokenBuckets
+from psgate.policy.debt_ranking import DebtRanking
 from psgate.policy.seq_queues import SeqQueues
 
 API_VERSION = 1
 NS_PER_S = 1_000_000_000
 
 __all__ = ["API_VERSION", "NS_PER_S", "BlockQueues", "BucketAudit", "DEFAULT_CONTRACTS",
-           "Decision", "EvictionPolicy", "FieldDecision", "GroupIds", "LeafCandidates",
-           "LeafTracker", "PolicyRequest", "PoolInfo", "PrefixHistory", "RetentionRange", "SeqQueues", "TokenBuckets",
-           "kernels", "non_finite"]
+           "DebtRanking", "Decision", "EvictionPolicy", "FieldDecision", "GroupIds",
+           "LeafCandidates", "LeafTracker", "PolicyRequest", "PoolInfo", "PrefixHistory",
+           "RetentionRange", "SeqQueues", "TokenBuckets", "kernels", "non_finite"]
 
 
 def kernels():
