@@ -19,24 +19,16 @@ compiled = False
 
 
 class _CType:
-    """A C type's name in an annotation: ``cython.int``, ``cython.int[::1]``, ``cython.int(v)``.
-    A number cast to it is converted as Cython's own shadow converts it (a C int type
-    takes a float's whole part, as a C cast does)."""
-
-    def __init__(self, convert=None):
-        self.convert = convert
+    """A C type's name in an annotation: ``cython.int``, ``cython.int[::1]``, ``cython.int(v)``."""
 
     def __getitem__(self, dims):
         return self
 
     def __call__(self, value):
-        return value if self.convert is None else self.convert(value)
+        return value
 
 
-_builtin_int, _builtin_float = int, float
-int = longlong = Py_ssize_t = _CType(_builtin_int)   # noqa: A001 - Cython names
-double = _CType(_builtin_float)
-bint = void = Py_UCS4 = _CType()
+int = longlong = Py_ssize_t = bint = double = void = Py_UCS4 = _CType()   # noqa: A001 - Cython names
 p_int = p_longlong = p_double = p_uchar = _CType()      # pointers (psgate.flat gives the arrays themselves)
 NULL = None
 
@@ -63,7 +55,7 @@ wraparound = boundscheck
 
 
 def cast(ctype, value):
-    return ctype(value) if isinstance(ctype, _CType) else value
+    return value
 
 
 def declare(ctype=None, value=None, **kwargs):

@@ -54,7 +54,9 @@ cdef class DebtRanking:
     cpdef void relist(self, int g) except *
     cpdef void responsible(self, int g, double p_after, long long num) except *
     cpdef Py_ssize_t end_batch(self) except -1
-    cdef int _scan(self) except -1
-    cdef Py_ssize_t _frontier(self, double t) except -2
+    cdef int _scan(self, long long *hlen, long long *gver, int *moved,
+                   long long *elig) except -1
+    cdef Py_ssize_t _frontier(self, double t, long long *hlen, long long *gver, int *moved,
+                              long long *elig) except -2
     cpdef int rank(self, double t) except -1
     cpdef tuple ranked(self, double t)

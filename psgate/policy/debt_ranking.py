@@ -109,7 +109,7 @@ def pop_top(a, n):
 def live(a, i, gver, moved, elig, in_batch):
     """Whether entry i of a is live (over the ranking's gver, moved and num_eligible),
     in_batch for the batch heap."""
-    g: cython.int = cython.cast(cython.int, a[3 * i + 1])
+    g: cython.int = int(a[3 * i + 1])
     return a[3 * i + 2] == gver[g] and (moved[g] != 0) == in_batch and elig[g] > 0
 
 
@@ -210,7 +210,7 @@ class DebtRanking:
         m: cython.Py_ssize_t = 0
         g: cython.int
         for i in range(n):
-            g = cython.cast(cython.int, a[3 * i + 1])
+            g = int(a[3 * i + 1])
             if a[3 * i + 2] == gver[g] and elig[g] > 0:
                 put(a, m, a[3 * i], a[3 * i + 1], a[3 * i + 2])
                 m += 1
@@ -285,12 +285,9 @@ class DebtRanking:
         return num
 
     # -- the ranking ------------------------------------------------------------
-    def _scan(self):
-        """The top groups, their P, the runner-up and its P, among the batch heap only."""
-        hlen: cython.p_longlong = llongs(self.hlen)
-        gver: cython.p_longlong = llongs(self.gver)         # none of these three moves
-        moved: cython.p_int = ints(self.moved)
-        elig: cython.p_longlong = llongs(self.num_eligible)
+    def _scan(self, hlen, gver, moved, elig):
+        """The top groups, their P, the runner-up and its P, among the batch heap only
+        (the arrays' items as rank took them)."""
         a: cython.p_double
         c: cython.Py_ssize_t
         self.num_top = 0
@@ -305,7 +302,7 @@ class DebtRanking:
         while hlen[BATCH]:
             if live(a, 0, gver, moved, elig, True):
                 self.num_top = 1
-                self.top_g = cython.cast(cython.int, a[1])
+                self.top_g = int(a[1])
                 self.top_p = -a[0]
                 if hlen[BATCH] == 1:
                     return 0
@@ -313,7 +310,7 @@ class DebtRanking:
                 if hlen[BATCH] > 2 and not before(a[3], a[4], a[5], a[6], a[7], a[8]):
                     c = 2
                 if live(a, c, gver, moved, elig, True) and a[3 * c] != a[0]:
-                    self.runner_g = cython.cast(cython.int, a[3 * c + 1])
+                    self.runner_g = int(a[3 * c + 1])
                     self.runner_p = -a[3 * c]
                     return 0
                 break
@@ -334,14 +331,14 @@ class DebtRanking:
             hlen[BATCH] = pop_top(a, hlen[BATCH])
             self._push(TAKEN, key, g, v)  # in order: each lands at the end
             if not ties or key == top_key:
-                ties.append(cython.cast(cython.int, g))
+                ties.append(int(g))
                 top_key = key
             else:
-                self.runner_g = cython.cast(cython.int, g)
+                self.runner_g = int(g)
                 self.runner_p = -key
                 break
         i: cython.Py_ssize_t
-        for i in range(llongs(self.hlen)[TAKEN]):
+        for i in range(hlen[TAKEN]):
             a = doubles(self.heaps[TAKEN])
             self._push(BATCH, a[3 * i], a[3 * i + 1], a[3 * i + 2])
         ties.sort()
@@ -352,13 +349,9 @@ class DebtRanking:
             self.top_p = -top_key
         return 0
 
-    def _frontier(self, t):
+    def _frontier(self, t, hlen, gver, moved, elig):
         """The slot of the per-k heap whose head is the best group at time t (its P in
         front_p), or -1."""
-        hlen: cython.p_longlong = llongs(self.hlen)
-        gver: cython.p_longlong = llongs(self.gver)         # none of these four moves
-        moved: cython.p_int = ints(self.moved)
-        elig: cython.p_longlong = llongs(self.num_eligible)
         kval: cython.p_longlong = llongs(self.kval)
         a: cython.p_double
         best: cython.Py_ssize_t = -1
@@ -386,18 +379,23 @@ class DebtRanking:
         s: cython.Py_ssize_t
         g: cython.int
         p: cython.double
+        # none of these arrays moves in a ranking (a push moves only its heap's items)
+        hlen: cython.p_longlong = llongs(self.hlen)
+        gver: cython.p_longlong = llongs(self.gver)
+        moved: cython.p_int = ints(self.moved)
+        elig: cython.p_longlong = llongs(self.num_eligible)
         while True:
-            self._scan()
-            s = self._frontier(t)
+            self._scan(hlen, gver, moved, elig)
+            s = self._frontier(t, hlen, gver, moved, elig)
             if s < 0 or (self.num_top and self.front_p < self.top_p and self.runner_g >= 0
                          and self.front_p <= self.runner_p):
                 return 0
-            g = cython.cast(cython.int, doubles(self.heaps[s])[1])
+            g = int(doubles(self.heaps[s])[1])
             self._pop(s)
             p = self.p(g, t)
             self._set_moved(g, p)
-            llongs(self.gver)[g] += 1
-            self._push(BATCH, -p, g, llongs(self.gver)[g])
+            gver[g] += 1
+            self._push(BATCH, -p, g, gver[g])
 
     def ranked(self, t):
         """rank(t) as (top groups sorted, their P, runner-up or -1, its P)."""
