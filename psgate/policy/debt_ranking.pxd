@@ -46,7 +46,6 @@ cdef class DebtRanking:
     cpdef double p(self, int g, double t) except? -1.0
     cpdef void drop(self, int g) except *
     cdef int _push(self, Py_ssize_t s, double k, double g, double v) except -1
-    cdef int _pop(self, Py_ssize_t s) except -1
     cdef Py_ssize_t _kslot(self, long long k) except -1
     cdef int _compact(self, Py_ssize_t s) except -1
     cpdef dict heap_sizes(self)

@@ -179,12 +179,6 @@ class DebtRanking:
         hlen[s] = n + 1
         return 0
 
-    def _pop(self, s):
-        """Heap s (not empty) loses its least entry."""
-        hlen: cython.p_longlong = llongs(self.hlen)
-        hlen[s] = pop_top(doubles(self.heaps[s]), hlen[s])
-        return 0
-
     def _kslot(self, k):
         """The slot of k's heap, made empty on first use."""
         kval: cython.p_longlong = llongs(self.kval)
@@ -379,6 +373,7 @@ class DebtRanking:
         s: cython.Py_ssize_t
         g: cython.int
         p: cython.double
+        a: cython.p_double
         # none of these arrays moves in a ranking (a push moves only its heap's items)
         hlen: cython.p_longlong = llongs(self.hlen)
         gver: cython.p_longlong = llongs(self.gver)
@@ -390,8 +385,9 @@ class DebtRanking:
             if s < 0 or (self.num_top and self.front_p < self.top_p and self.runner_g >= 0
                          and self.front_p <= self.runner_p):
                 return 0
-            g = int(doubles(self.heaps[s])[1])
-            self._pop(s)
+            a = doubles(self.heaps[s])
+            g = int(a[1])
+            hlen[s] = pop_top(a, hlen[s])
             p = self.p(g, t)
             self._set_moved(g, p)
             gver[g] += 1

@@ -204,8 +204,9 @@ class SeqQueues:
         if not 0 <= q < len(self.heaps):
             raise IndexError(f"queue {q} out of range")
         h = self.heaps[q]
-        return [b for s, b in sorted(zip(h[0::2], h[1::2]))
-                if self.where[b] == q and self.seq[b] == s]
+        where: cython.p_int = ints(self.where)
+        sq: cython.p_longlong = llongs(self.seq)
+        return [b for s, b in sorted(zip(h[0::2], h[1::2])) if is_live(where, sq, q, s, b)]
 
     def __contains__(self, b: cython.int) -> bool:
         if not 0 <= b < self.num_blocks:
