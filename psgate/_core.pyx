@@ -51,16 +51,6 @@ cdef void *_grown(void *p, Py_ssize_t *cap, size_t item) except NULL:
 
 # -- prefixshield (psgate/policies/prefixshield.py) ------------------------------------
 
-ctypedef struct Rank:
-    # DebtRanking's result (top, P, runner-up, its P) without Python objects: top_g is
-    # the top group when num_top is 1 (the tied groups, num_top > 1, are the view's ties)
-    int num_top
-    int top_g
-    double top_p
-    int runner_g                # -1: none
-    double runner_p
-
-
 cdef class PSDecision(FieldDecision):
     """prefixshield's Decision for a victim the compiled view chose among the groups in
     debt."""
@@ -132,11 +122,11 @@ NS_PER_S = 1_000_000_000
 cdef class PrefixShieldView(CachedHook):
     """prefixshield's per-request, per-block and per-victim paths over the policy's own
     state: its arrays are read and written in place, and its queues, buckets and ranking
-    are the policy's SeqQueues, TokenBuckets and DebtRanking, called as C methods, so the
-    Python methods and these interleave freely. The rank cache and an admission's new
-    blocks are held here: the Python methods that read or write them (on_admit,
-    end_admit, _relist, evicted's responsible half, _end_batch, _eligible_push,
-    uncandidate) call this view's forms while one is bound. What is rare (the global fallback
+    (with the batch's rank cache and runs) are the policy's SeqQueues, TokenBuckets and
+    DebtRanking, called as C methods, so the Python methods and these interleave freely.
+    An admission's new blocks are held here: the Python methods that read or write them
+    (on_admit, end_admit), and those that change the queues (_eligible_push,
+    uncandidate), call this view's forms while one is bound. What is rare (the global fallback
     when no group is in debt, a block outside the pool) calls the policy's own Python
     method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a subclass
     that overrides them (prefixshield-b) runs the Python ones."""
@@ -169,29 +159,6 @@ cdef class PrefixShieldView(CachedHook):
     # the policy's num_cand while a kernel runs (read on entry, written back on exit and
     # before any call into the policy's Python that could read or change it)
     cdef Py_ssize_t num_cand
-    # A run of victims of one responsible group g that stays alone above the runner-up:
-    # its batch state (its P and version in the ranking, and the rank cache)
-    # is written once, by _flush, when the run ends or before anything reads it, instead
-    # of once per victim. pend_g is -1 outside a run; evict_batch never returns with one.
-    cdef int pend_g, pend_runner
-    cdef double pend_p, pend_runner_p, pend_inv_w
-    cdef Py_ssize_t pend_n
-    cdef list ties              # the ranking's tied top groups, sorted (num_top > 1)
-    # PrefixShield._rank_cache, held here while the view is bound (the policy's stays
-    # None; its _choose asks rank_cache()): (top groups, P, runner-up, its P) as a Rank,
-    # its tied top groups in rc_ties (num_top > 1); the tuple is made only for Python
-    cdef Rank rc
-    cdef bint rc_set
-    cdef list rc_ties
-    # 1 / W_g per group (iw_ok[g]: iw_v[g] holds it). W_g moves only when one of g's
-    # buckets enters or leaves debt, and both go through a relist of g: a charge (_charge
-    # here, PrefixShield._charge through relist()) or a debt that clears (on_admit's
-    # _advance), each of which drops g's value (_w_moved); time alone moves no bucket
-    # across its zero_t before _advance has seen it. With many groups in debt, each victim
-    # comes from another group, and W_g per admission was a walk over its buckets' lists.
-    cdef double *iw_v
-    cdef unsigned char *iw_ok
-    cdef Py_ssize_t iw_cap
     # the admission's new blocks (PrefixShield.new_blocks: blocks here, keys in nb_keys)
     # and how many of them hold generated tokens (num_new_output)
     cdef int *nb_b
@@ -229,18 +196,12 @@ cdef class PrefixShieldView(CachedHook):
             self.t_children = self.tree.children
         self.glob_obj = False           # never the policy's: the first use syncs
         self.has_glob = False
-        self.pend_g = -1
         self.nb_b = NULL
         self.nb_n = self.nb_cap = self.nb_out = 0
         self.nb_keys = []
-        self.iw_v = NULL
-        self.iw_ok = NULL
-        self.iw_cap = 0
 
     def __dealloc__(self):
         free(self.nb_b)
-        free(self.iw_v)
-        free(self.iw_ok)
 
     cdef bint _sync_glob(self):
         """Whether the all-groups queues exist now (they are dropped and rebuilt). Only
@@ -262,39 +223,6 @@ cdef class PrefixShieldView(CachedHook):
             self.debt_cache[g] = d
         return d
 
-    cdef double _inv_w(self, int g) except? -1.0:
-        """1 / W_g, W_g as _debts gives it (the largest weight among g's buckets in debt at
-        the batch's time, else 1), without the debts' tuple where _debts has not made it."""
-        cdef tuple d
-        cdef double inv
-        cdef Py_ssize_t cap, j
-        cdef void *grown
-        if g < self.iw_cap and self.iw_ok[g]:
-            return self.iw_v[g]
-        d = self.debt_cache.get(g)
-        inv = 1.0 / (<double>d[2] if d is not None else self.buckets.weight(g, self.now))
-        if g >= self.iw_cap:
-            cap = max(2 * self.iw_cap, g + 1, 64)
-            grown = realloc(self.iw_v, cap * sizeof(double))
-            if grown == NULL:
-                raise MemoryError()
-            self.iw_v = <double *>grown
-            grown = realloc(self.iw_ok, cap * sizeof(unsigned char))
-            if grown == NULL:
-                raise MemoryError()
-            self.iw_ok = <unsigned char *>grown
-            for j in range(self.iw_cap, cap):
-                self.iw_ok[j] = 0
-            self.iw_cap = cap
-        self.iw_v[g] = inv
-        self.iw_ok[g] = 1
-        return inv
-
-    cdef inline void _w_moved(self, int g) noexcept:
-        """One of g's buckets entered or left debt: its W_g is computed again."""
-        if 0 <= g < self.iw_cap:
-            self.iw_ok[g] = 0
-
     cdef int _push(self, int b) except -1:
         """PrefixShield._eligible_push."""
         cdef int g = self.owner[b]
@@ -305,40 +233,8 @@ cdef class PrefixShieldView(CachedHook):
             self.gl.push(s, b, sq)
         self.num_eligible.data.as_longlongs[g] += 1
         if self.num_eligible.data.as_longlongs[g] == 1:
-            self._relist(g)
+            self.rk.relist(g)
         return 0
-
-    cdef int _relist(self, int g) except -1:
-        """PrefixShield._relist."""
-        self._flush()
-        self.rk.relist(g)
-        self.rc_set = False
-        return 0
-
-    cdef int _ranked_c(self, Rank *r) except -1:
-        """The ranking at the view's now (its callers take the policy's now_s on entry),
-        into r (its ties in self.ties)."""
-        cdef DebtRanking rk = self.rk
-        rk.rank(self.now)
-        r.num_top = rk.num_top
-        r.top_g = rk.top_g
-        r.top_p = rk.top_p
-        r.runner_g = rk.runner_g
-        r.runner_p = rk.runner_p
-        if rk.num_top > 1:
-            self.ties = rk.ties
-        return 0
-
-    cdef tuple _rank_tuple(self, Rank *r, list ties):
-        """The rank cache's tuple for r: (top groups, P, runner-up or -1, its P); ties
-        holds the top groups where they are tied (num_top > 1)."""
-        if r.num_top == 1:
-            top = [r.top_g]
-        elif r.num_top > 1:
-            top = list(ties)
-        else:
-            top = []
-        return top, r.top_p, r.runner_g, r.runner_p
 
     cdef int _uncandidate(self, int b) except -1:
         """PrefixShield.uncandidate."""
@@ -352,9 +248,7 @@ cdef class PrefixShieldView(CachedHook):
                 self.gl.remove(b)
             self.num_eligible.data.as_longlongs[g] -= 1
             if self.num_eligible.data.as_longlongs[g] == 0:
-                self._flush()
                 self.rk.drop(g)
-                self.rc_set = False
         return 0
 
     cdef int _best_of(self, int g, int *seg) except -2:
@@ -384,79 +278,17 @@ cdef class PrefixShieldView(CachedHook):
         self.runner_g = next_g
         return best_g
 
-    cdef int _flush(self) except -1:
-        """Ends a run of victims of one group (pend_g): its batch state as _evicted would
-        have left it after the run's last victim."""
-        cdef int g = self.pend_g
-        if g < 0:
-            return 0
-        self.pend_g = -1
-        self._batch_state(g, self.pend_p, self.pend_n, True, self.pend_runner,
-                          self.pend_runner_p)
-        return 0
-
-    cdef int _batch_state(self, int g, double p_after, Py_ssize_t num, bint keep,
-                          int runner, double runner_p) except -1:
-        """_evicted's half for the responsible group g, after ``num`` victims of it: g at
-        p_after in the ranking, and the rank cache, ([g], P, runner, runner_p) before,
-        kept ([g] at p_after) while p_after is above the runner-up's runner_p, or dropped.
-        keep is false for a cache that g did not top alone."""
-        self.rk.responsible(g, p_after, num)
-        if keep and p_after > runner_p:
-            self.rc.num_top = 1
-            self.rc.top_g = g
-            self.rc.top_p = p_after
-            self.rc.runner_g = runner
-            self.rc.runner_p = runner_p
-            self.rc_set = True
-        else:
-            self.rc_set = False
-        return 0
-
-    cdef void _rc_put(self, Rank *r) noexcept:
-        """The rank cache holds the ranking r (with the view's ties, when tied)."""
-        self.rc = r[0]
-        self.rc_ties = self.ties if r.num_top > 1 else None
-        self.rc_set = True
-
     cdef int _evicted(self, int b, int g, object p_after) except -1:
         """PrefixShield.evicted."""
         pol = self.pol
-        self._flush()
         if not 0 <= b < self.n:
             pol.num_cand = self.num_cand
             pol.evicted(b, g, p_after)     # the reference's behaviour, whatever it is
             self.num_cand = pol.num_cand
             return 0
         if g >= 0:
-            self._responsible(g, p_after)
+            self.rk.took(g, p_after)
         return self._evicted_tail(b)
-
-    cdef int _responsible(self, int g, double p_after) except -1:
-        """_evicted's half for g, responsible for one victim and now projected at
-        p_after."""
-        # g stays responsible while it is the only group above the runner-up
-        if self.rc_set and self.rc.num_top == 1 and self.rc.top_g == g:
-            self._batch_state(g, p_after, 1, True, self.rc.runner_g, self.rc.runner_p)
-        else:
-            self._batch_state(g, p_after, 1, False, -1, 0.0)
-        return 0
-
-    # The Python reference's methods that read or write the group ranking call these
-    # while the view holds it (one victim at a time: select_victim, on_evict, a relist).
-    def responsible(self, int g, p_after):
-        """PrefixShield.evicted's half for the responsible group g."""
-        self._responsible(g, p_after)
-
-    def rank_cache(self):
-        """PrefixShield.choose's ranking: the rank cache, made by _ranked where there is
-        none."""
-        cdef Rank r
-        if not self.rc_set:
-            self.now = self.pol.now_s
-            self._ranked_c(&r)
-            self._rc_put(&r)
-        return self._rank_tuple(&self.rc, self.rc_ties)
 
     def eligible(self, int b):
         """PrefixShield._eligible_push: b (a candidate leaf) joins its queues."""
@@ -476,11 +308,6 @@ cdef class PrefixShieldView(CachedHook):
             self._uncandidate(b)
         finally:
             pol.num_cand = self.num_cand
-
-    def relist(self, int g):
-        """PrefixShield._relist, which the reference calls where g's buckets moved."""
-        self._w_moved(g)
-        self._relist(g)
 
     cdef int _evicted_tail(self, int b) except -1:
         """_evicted's half for the block b (0 <= b < n): it leaves the candidates and the
@@ -521,12 +348,6 @@ cdef class PrefixShieldView(CachedHook):
             if parent >= 0:
                 self.t_parent_gen[block] = self.t_gen[parent]
                 self.t_children[parent] += 1
-
-    def end_batch(self):
-        """PrefixShield._end_batch."""
-        self._flush()
-        if self.rk.end_batch():
-            self.rc_set = False
 
     def touched(self, list hits, ref_a, req):
         """The engine's touch loop over r's hits with on_touch and on_hit inline: each
@@ -586,8 +407,7 @@ cdef class PrefixShieldView(CachedHook):
     cdef double _charge(self, int g, Py_ssize_t i, double n, double t) except? -1.0:
         """PrefixShield._charge of bucket i (g's): n blocks at time t; the new balance."""
         cdef double b = self.buckets.charge(i, n, t)
-        self._w_moved(g)
-        self._relist(g)
+        self.rk.line_moved(g)
         return b
 
     def on_admit(self, req, now_ns):
@@ -596,12 +416,11 @@ cdef class PrefixShieldView(CachedHook):
         its id, and the batch's state starts afresh."""
         pol = self.pol
         cdef int g
-        self.end_batch()
+        self.rk.end_batch()
         t = now_ns / NS_PER_S
         g = self.buckets.clear_next(t)             # PrefixShield._advance
         while g >= 0:
-            self._w_moved(g)
-            self._relist(g)
+            self.rk.line_moved(g)
             g = self.buckets.clear_next(t)
         pol.now_s = t
         if req.group not in pol.gids:
@@ -610,7 +429,7 @@ cdef class PrefixShieldView(CachedHook):
         self.nb_keys = []
         pol.promoted = pol.denied = 0
         pol.promotion_debt = 0.0
-        self.rc_set = False
+        self.rk.forget()
         self.debt_cache.clear()
 
     def end_admit(self, req):
@@ -625,7 +444,7 @@ cdef class PrefixShieldView(CachedHook):
         cdef Py_ssize_t n = self.nb_n, j, i
         cdef double t
         cdef object n_out, ow, amount, balance, label
-        self.end_batch()
+        self.rk.end_batch()
         t = pol.now_s
         n_out = self.nb_out
         ow = pol.output_weight
@@ -753,8 +572,8 @@ cdef class PrefixShieldView(CachedHook):
         cdef Py_ssize_t i
         cdef int g, b, seg, runner
         cdef double top_p, p_after, w, runner_p
-        cdef bint alone, fresh
-        cdef Rank r
+        cdef bint alone
+        cdef DebtRanking rk = self.rk
         # the policy's glob_budget, held here between calls into its Python (held true)
         cdef long long budget
         cdef bint held = False
@@ -769,29 +588,16 @@ cdef class PrefixShieldView(CachedHook):
                     break
                 if i == 0:
                     pol.pending = None
-                fresh = False
-                if self.pend_g >= 0 and self.pend_p > self.eps:
-                    # the run goes on: the rank cache would be ([g], pend_p, runner, ...)
-                    g = self.pend_g
-                    top_p = self.pend_p
-                    runner, runner_p = self.pend_runner, self.pend_runner_p
-                    w = self.pend_inv_w
+                if rk.run_g >= 0 and rk.run_p > self.eps:
+                    # a run of one group's victims goes on (DebtRanking.run)
+                    g = rk.run_g
+                    top_p = rk.run_p
+                    runner, runner_p = rk.run_runner, rk.run_runner_p
+                    w = rk.run_w
                     alone = True
                 else:
-                    self._flush()
-                    if not self.rc_set:
-                        # A fresh ranking. It is cached only for what reads it (_choose,
-                        # _responsible): a run's flush writes the cache before anything
-                        # else could.
-                        fresh = True
-                        self._ranked_c(&r)
-                    else:
-                        r = self.rc
-                        if r.num_top > 1:
-                            self.ties = self.rc_ties
-                    if not (r.num_top and r.top_p > self.eps):
-                        if fresh:
-                            self._rc_put(&r)
+                    rk.rank_cached(self.now)
+                    if not (rk.num_top and rk.top_p > self.eps):
                         pol.num_cand = self.num_cand
                         pol.glob_budget = budget
                         held = False
@@ -806,18 +612,15 @@ cdef class PrefixShieldView(CachedHook):
                         self._evicted(b, choice[1], choice[3])
                         victims.append(b)
                         continue
-                    alone = r.num_top == 1
+                    alone = rk.num_top == 1
                     if alone:
-                        g = r.top_g
-                        runner, runner_p = r.runner_g, r.runner_p
+                        g = rk.top_g
+                        runner, runner_p = rk.runner_g, rk.runner_p
                     else:           # tied: sorted by best candidate, the second runs up
-                        if fresh:
-                            self._rc_put(&r)
-                            fresh = False
-                        g = self._first_of(self.ties)
-                        runner, runner_p = self.runner_g, r.top_p
-                    top_p = r.top_p
-                    w = self._inv_w(g)
+                        g = self._first_of(rk.ties)
+                        runner, runner_p = self.runner_g, rk.top_p
+                    top_p = rk.top_p
+                    w = rk.inv_w(g, self.now)
                 b = self._best_of(g, &seg)
                 if self.has_glob:
                     budget -= 1
@@ -829,26 +632,15 @@ cdef class PrefixShieldView(CachedHook):
                     decisions.append(self._decision(b, g, seg, top_p, p_after, runner,
                                                     runner_p))
                 if alone and 0 <= b < self.n:
-                    if self.pend_g < 0:     # a run starts: what its rank cache holds
-                        self.pend_g = g
-                        self.pend_n = 0
-                        self.pend_runner = runner
-                        self.pend_runner_p = runner_p
-                        self.pend_inv_w = w
-                    self.pend_n += 1
-                    self.pend_p = p_after
-                    if not p_after > self.pend_runner_p:
-                        self._flush()       # g meets the runner-up: the cache drops
+                    rk.run(g, p_after, runner, runner_p, w)
                     self._evicted_tail(b)
                 else:
-                    if fresh:               # _responsible reads it
-                        self._rc_put(&r)
                     self._evicted(b, g, p_after)
                 victims.append(b)
         finally:
             if held:
                 pol.glob_budget = budget
-            self._flush()
+            rk.flush()
         return 0
 
 

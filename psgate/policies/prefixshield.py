@@ -152,12 +152,10 @@ class PrefixShield(EvictionPolicy):
         self.promotion_debt = 0.0
         self.last_audit: dict = {}
         # valid for one batch (time and stored balances do not move inside it)
-        self._rank_cache: tuple | None = None
         self.debt_cache: dict[int, tuple[float, float, float]] = {}
         # The compiled forms of on_admit, on_free, evict_batch, on_cached and end_admit
-        # (psgate.core's PrefixShieldView), over this state (the rank cache and an
-        # admission's new blocks are the view's while bound); only for the classes whose
-        # methods they mirror.
+        # (psgate.core's PrefixShieldView), over this state (an admission's new blocks
+        # are the view's while bound); only for the classes whose methods they mirror.
         self._view = compiled_core.PrefixShieldView(self, Decision, SEGMENTS) if compiled else None
         if self._view is not None:       # called per block by the engine's compiled loop
             self.on_cached = self._view.cached
@@ -199,39 +197,25 @@ class PrefixShield(EvictionPolicy):
 
     def _charge(self, g: int, c: int, n: float, t: float) -> float:
         b = self.buckets.charge(self.bucket_index(g, c), n, t)
-        self._relist(g)
+        self.ranking.line_moved(g)
         return b
 
     def _advance(self, t: float) -> None:
         """Buckets whose debt cleared by t leave their group's S_g / k_g."""
         g = self.buckets.clear_next(t)
         while g >= 0:
-            self._relist(g)
+            self.ranking.line_moved(g)
             g = self.buckets.clear_next(t)
         self.now_s = t
-
-    def _relist(self, g: int) -> None:
-        """g's ranking changed: its heap entries go stale and a fresh one is pushed."""
-        if self._view is not None:
-            self._view.relist(g)
-            return
-        self.ranking.relist(g)
-        self._rank_cache = None
 
     # -- group ranking (psgate.policy.debt_ranking) --------------------------------
     def _p(self, g: int) -> float:
         return self.ranking.p(g, self.now_s)
 
     def _ranked(self) -> tuple[list[int], float, int, float]:
-        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P)."""
-        return self.ranking.ranked(self.now_s)
-
-    def _end_batch(self) -> None:
-        """Groups decremented or looked at in this batch go back to the kinetic heaps."""
-        if self._view is not None:
-            self._view.end_batch()
-        elif self.ranking.end_batch():
-            self._rank_cache = None
+        """(groups tied at the largest P_g, that P, runner-up gid or -1, its P): the
+        batch's ranking."""
+        return self.ranking.cached(self.now_s)
 
     def _best_of(self, g: int) -> tuple[int, int, int]:
         """(segment, native seq, block) of g's best eligible candidate."""
@@ -265,14 +249,16 @@ class PrefixShield(EvictionPolicy):
         if self._view is not None:
             self._view.on_admit(req, now_ns)
             return
-        self._end_batch()      # a select_victim outside a batch (a peek) may have left some
+        # the groups the last batch moved go back to their lines (a select_victim outside
+        # a batch, a peek, may have moved some)
+        self.ranking.end_batch()
         self._advance(now_ns / NS_PER_S)
         self.group_id(req.group)
         self.new_blocks = []
         self.num_new_output = 0
         self.promoted = self.denied = 0
         self.promotion_debt = 0.0
-        self._rank_cache = None
+        self.ranking.forget()
         self.debt_cache.clear()
 
     def _debts(self, g: int) -> tuple[float, float, float]:
@@ -314,7 +300,7 @@ class PrefixShield(EvictionPolicy):
         ne = self.num_eligible
         ne[g] += 1
         if ne[g] == 1:
-            self._relist(g)
+            self.ranking.relist(g)
 
     def uncandidate(self, b: int) -> None:
         if self._view is not None:
@@ -330,7 +316,6 @@ class PrefixShield(EvictionPolicy):
             self.num_eligible[g] -= 1
             if self.num_eligible[g] == 0:
                 self.ranking.drop(g)       # its heap entries are stale now
-                self._rank_cache = None
 
     def on_free(self, blocks: list[int], now_ns: int) -> None:
         if self._view is not None and type(blocks) is list:
@@ -361,25 +346,19 @@ class PrefixShield(EvictionPolicy):
     def choose(self) -> tuple:
         """(victim, responsible gid or -1, its P before and after, segment, runner-up gid
         or -1, its P, ancestry fallback?): select_victim's choice before the Decision."""
-        if self._view is not None:       # the view holds the rank cache while bound
-            cache = self._view.rank_cache()
-        else:
-            cache = self._rank_cache
-            if cache is None:
-                cache = self._rank_cache = self._ranked()
-        top, top_p, runner, runner_p = cache
+        top, top_p, runner, runner_p = self._ranked()
         if top and top_p > self.eps:
             if len(top) > 1:     # equal P_g: best candidate's segment, then native order
                 top = sorted(top, key=lambda g: self._best_of(g)[:2])
                 runner, runner_p = top[1], top_p
             g = top[0]
             seg, _, b = self._best_of(g)
-            debts = self.debt_cache.get(g) or self._debts(g)
+            p_after = top_p - self.ranking.inv_w(g, self.now_s)
             if self.glob is not None:
                 self.glob_budget -= 1
                 if self.glob_budget <= 0:       # unused for a pool's worth: drop it
                     self.glob = None
-            return b, g, top_p, top_p - 1.0 / debts[2], seg, runner, runner_p, False
+            return b, g, top_p, p_after, seg, runner, runner_p, False
         seg, b = self.global_best()
         if b >= 0:
             return b, -1, None, None, seg, -1, 0.0, False
@@ -446,16 +425,8 @@ class PrefixShield(EvictionPolicy):
 
     def evicted(self, b: int, g: int, p_after: float | None) -> None:
         """b is gone; g (>= 0) was responsible and is now projected at p_after."""
-        if g >= 0 and self._view is not None:
-            self._view.responsible(g, p_after)
-        elif g >= 0:
-            self.ranking.responsible(g, p_after, 1)
-            cache = self._rank_cache
-            # g stays responsible while it is the only group above the runner-up
-            if cache is not None and cache[0] == [g] and p_after > cache[3]:
-                self._rank_cache = ([g], p_after, cache[2], cache[3])
-            else:
-                self._rank_cache = None
+        if g >= 0:
+            self.ranking.took(g, p_after)
         tree, cand = self.tree, self.cand
         if tree is None and not cand[b]:
             return
@@ -484,7 +455,7 @@ class PrefixShield(EvictionPolicy):
             return self._view.end_admit(req)
         g = self.gids[req.group]
         c = self.cidx[req.contract]
-        self._end_batch()
+        self.ranking.end_batch()
         n = len(self.new_blocks)
         t = self.now_s
         n_out = self.num_new_output

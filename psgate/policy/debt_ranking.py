@@ -8,6 +8,13 @@ from, in O(log groups) per victim.
     responsible(g, p, n) g gave n victims in this batch and is now projected at p
     end_batch()          the groups the batch moved go back to their lines
 
+    The batch's ranking, kept between victims (PrefixShield takes victims one at a time):
+    rank_cached(t)       rank(t) where nothing has moved the ranking since the last one
+    took(g, p)           g gave a victim: while g stays alone above the runner-up, the
+                         ranking holds with g at p and needs no new rank
+    run(g, p, ...)       the same for victim after victim of one group, written once
+                         (flush) when the run ends or before anything reads the ranking
+
 Groups with the same k_g have parallel lines and keep their order as time passes, so one
 heap per k, keyed by -S_g, holds them, and the best group outside the batch is the best of
 the heads. A group the batch has looked at or taken victims from leaves its line for a
@@ -140,6 +147,12 @@ class DebtRanking:
         self.top_g = self.runner_g = -1
         self.top_p = self.runner_p = self.front_p = 0.0
         self.ties = []
+        self.valid = False
+        self.run_g = self.run_runner = -1
+        self.run_p = self.run_runner_p = self.run_w = 0.0
+        self.run_n = 0
+        self.iw = array("d")
+        self.iw_ok = array("i")
 
     def add_group(self):
         """A group, not ranked until it is relisted; its index."""
@@ -147,6 +160,8 @@ class DebtRanking:
         self.moved.append(0)
         self.moved_p.append(0.0)
         self.moved_order.append(0)
+        self.iw.append(1.0)
+        self.iw_ok.append(0)
         self.num_groups += 1
         return self.num_groups - 1
 
@@ -165,7 +180,22 @@ class DebtRanking:
     def drop(self, g):
         """g's entries go stale (it has no eligible block left)."""
         self._check(g)
+        self.flush()
         llongs(self.gver)[g] += 1
+        self.valid = False
+
+    def inv_w(self, g, t):
+        """1 / W_g at t (TokenBuckets.weight), kept until g's line moves (line_moved):
+        W_g changes only where one of g's buckets enters or leaves debt, a charge or a
+        debt that clears, and both move the line. With many groups in debt each victim
+        comes from another group, and W_g per victim was a walk over g's buckets."""
+        self._check(g)
+        if ints(self.iw_ok)[g]:
+            return doubles(self.iw)[g]
+        v: cython.double = 1.0 / self.buckets.weight(g, t)
+        doubles(self.iw)[g] = v
+        ints(self.iw_ok)[g] = 1
+        return v
 
     # -- the heaps ---------------------------------------------------------------
     def _push(self, s, k, g, v):
@@ -232,8 +262,10 @@ class DebtRanking:
         return 0
 
     def relist(self, g):
-        """g's line moved, or it gained eligible blocks: a fresh entry where it ranks now."""
+        """g gained eligible blocks (or its line moved): a fresh entry where it ranks now."""
         self._check(g)
+        self.flush()
+        self.valid = False
         gver: cython.p_longlong = llongs(self.gver)
         k: cython.longlong
         s: cython.Py_ssize_t
@@ -250,6 +282,12 @@ class DebtRanking:
                 self._compact(s)
             self._push(s, -doubles(self.buckets.S)[g], g, gver[g])
 
+    def line_moved(self, g):
+        """g's buckets moved (a charge, a debt that cleared): relisted, its W_g again."""
+        self._check(g)
+        ints(self.iw_ok)[g] = 0
+        self.relist(g)
+
     def responsible(self, g, p_after, num):
         """g gave ``num`` victims since its P was last written and is now at p_after."""
         self._check(g)
@@ -265,7 +303,8 @@ class DebtRanking:
 
     def end_batch(self):
         """The moved groups back on their lines (relisted in the order they moved); how
-        many there were."""
+        many there were. A ranking holds only where none moved."""
+        self.flush()
         llongs(self.hlen)[BATCH] = 0
         num: cython.Py_ssize_t = self.num_moved
         order: cython.p_int = ints(self.moved_order)
@@ -374,6 +413,8 @@ class DebtRanking:
         g: cython.int
         p: cython.double
         a: cython.p_double
+        self.flush()
+        self.valid = True
         # none of these arrays moves in a ranking (a push moves only its heap's items)
         hlen: cython.p_longlong = llongs(self.hlen)
         gver: cython.p_longlong = llongs(self.gver)
@@ -398,3 +439,70 @@ class DebtRanking:
         self.rank(t)
         top = [self.top_g] if self.num_top == 1 else list(self.ties) if self.num_top else []
         return top, self.top_p, self.runner_g, self.runner_p
+
+    # -- the batch's ranking between victims ----------------------------------------
+    def forget(self):
+        """The next rank_cached ranks afresh (the batch's time moved)."""
+        self.valid = False
+
+    def rank_cached(self, t):
+        """The ranking at t in the result fields: the last one where it still holds."""
+        self.flush()
+        if not self.valid:
+            self.rank(t)
+        return 0
+
+    def cached(self, t):
+        """rank_cached(t) as ranked's tuple."""
+        self.rank_cached(t)
+        top = [self.top_g] if self.num_top == 1 else list(self.ties) if self.num_top else []
+        return top, self.top_p, self.runner_g, self.runner_p
+
+    def _settle(self, g, p_after, num, keep, runner, runner_p):
+        """g gave num victims and is at p_after; the ranking, where keep says g topped it
+        alone ahead of runner at runner_p, holds while g stays above runner_p."""
+        self.responsible(g, p_after, num)
+        if keep and p_after > runner_p:
+            self.num_top = 1
+            self.top_g = g
+            self.top_p = p_after
+            self.runner_g = runner
+            self.runner_p = runner_p
+            self.valid = True
+        else:
+            self.valid = False
+        return 0
+
+    def took(self, g, p_after):
+        """g gave one victim and is now projected at p_after."""
+        self._check(g)
+        self.flush()
+        if self.valid and self.num_top == 1 and self.top_g == g:
+            self._settle(g, p_after, 1, True, self.runner_g, self.runner_p)
+        else:
+            self._settle(g, p_after, 1, False, -1, 0.0)
+
+    def run(self, g, p_after, runner, runner_p, w):
+        """g, alone at the top ahead of runner at runner_p, gave a victim and is at
+        p_after; a run of g's victims starts or goes on (w: what one victim takes off
+        its P), and ends where g meets the runner-up."""
+        self._check(g)
+        if self.run_g != g:
+            self.flush()
+            self.run_g = g
+            self.run_n = 0
+            self.run_runner = runner
+            self.run_runner_p = runner_p
+            self.run_w = w
+        self.run_n += 1
+        self.run_p = p_after
+        if not p_after > self.run_runner_p:
+            self.flush()
+
+    def flush(self):
+        """The run, if any, ends: the ranking as took would have left it after each of
+        its victims."""
+        g: cython.int = self.run_g
+        if g >= 0:
+            self.run_g = -1
+            self._settle(g, self.run_p, self.run_n, True, self.run_runner, self.run_runner_p)

@@ -81,6 +81,57 @@ def test_a_group_without_eligible_blocks_or_out_of_range_is_not_ranked(form):
         rk.p(-1, 0.0)
 
 
+def _check_brute_force(tb, elig, rk, moved, t, min_rho, top, top_p, runner, runner_p):
+    """The ranking (top, top_p, runner, runner_p) is the brute force's over the groups
+    with eligible blocks and a line (k > 0) or a batch P (``moved``, which learns the
+    groups the ranking pulled in)."""
+    p = {h: moved[h] if h in moved else min_rho * (tb.S[h] - tb.k[h] * t)
+         for h in range(len(elig)) if elig[h] and (h in moved or tb.k[h] > 0)}
+    want_p = max(p.values(), default=0.0)
+    assert top == sorted(h for h in p if p[h] == want_p) and top_p == want_p
+    below = [q for q in p.values() if q < want_p]
+    if below:
+        assert runner_p == max(below) and p[runner] == runner_p
+    else:
+        assert (runner, runner_p) == (-1, 0.0)
+    for h in range(len(elig)):           # pulled in: held at its P for the batch
+        if rk.moved[h] and h not in moved:
+            assert rk.moved_p[h] == p[h]
+            moved[h] = p[h]
+    assert set(top) | {runner} - {-1} <= set(moved)
+
+
+def _clear_debts(tb, rk, t):
+    """Buckets whose debt cleared by t leave their groups' lines (PrefixShield._advance)."""
+    g = tb.clear_next(t)
+    while g >= 0:
+        rk.line_moved(g)
+        g = tb.clear_next(t)
+
+
+def _moves_a_group(tb, elig, rk, op, g, c, n, t):
+    """Whether op is one that moves group g, done as the policy does it: a charge of n
+    blocks to its bucket for contract c (made on first use), an eligible block gained
+    (``elig``) or lost (``drop``)."""
+    if op == "charge":
+        i = tb.index.get((g, c))
+        if i is None:
+            i = tb.add(g, c, (1.0, 2.0, 0.5)[c], 4.0, (2.0, 4.0, 1.0)[c], t)
+        tb.charge(i, n, t)
+        rk.line_moved(g)
+    elif op == "elig":
+        elig[g] += 1
+        if elig[g] == 1:
+            rk.relist(g)
+    elif op == "drop" and elig[g]:
+        elig[g] -= 1
+        if elig[g] == 0:
+            rk.drop(g)
+    else:
+        return op == "drop"
+    return True
+
+
 ops = st.lists(st.tuples(st.sampled_from("charge charge elig drop resp rank end".split()),
                          st.integers(0, 5), st.integers(0, 2), st.integers(1, 12)),
                min_size=1, max_size=120)
@@ -101,43 +152,15 @@ def test_the_ranking_is_the_brute_force_order(form, ops):
     t = 0.0
     for op, g, c, n in ops:
         t += n / 8
-        g2 = tb.clear_next(t)
-        while g2 >= 0:
-            rk.relist(g2)
-            g2 = tb.clear_next(t)
-        if op == "charge":
-            i = tb.index.get((g, c))
-            if i is None:
-                i = tb.add(g, c, (1.0, 2.0, 0.5)[c], 4.0, (2.0, 4.0, 1.0)[c], t)
-            tb.charge(i, n, t)
-            rk.relist(g)
-        elif op == "elig":
-            elig[g] += 1
-            if elig[g] == 1:
-                rk.relist(g)
-        elif op == "drop" and elig[g]:
-            elig[g] -= 1
-            if elig[g] == 0:
-                rk.drop(g)
+        _clear_debts(tb, rk, t)
+        if _moves_a_group(tb, elig, rk, op, g, c, n, t):
+            pass
         elif op == "end":
             assert rk.end_batch() == len(moved)
             moved.clear()
         elif op in ("rank", "resp"):
-            p = {h: moved[h] if h in moved else min_rho * (tb.S[h] - tb.k[h] * t)
-                 for h in range(groups) if elig[h] and (h in moved or tb.k[h] > 0)}
             top, top_p, runner, runner_p = rk.ranked(t)
-            want_p = max(p.values(), default=0.0)
-            assert top == sorted(h for h in p if p[h] == want_p) and top_p == want_p
-            below = [q for q in p.values() if q < want_p]
-            if below:
-                assert runner_p == max(below) and p[runner] == runner_p
-            else:
-                assert (runner, runner_p) == (-1, 0.0)
-            for h in range(groups):          # pulled in: held at its P for the batch
-                if rk.moved[h] and h not in moved:
-                    assert rk.moved_p[h] == p[h]
-                    moved[h] = p[h]
-            assert set(top) | {runner} - {-1} <= set(moved)
+            _check_brute_force(tb, elig, rk, moved, t, min_rho, top, top_p, runner, runner_p)
             if op == "resp" and top:
                 moved[top[0]] = top_p - n / 4
                 rk.responsible(top[0], top_p - n / 4, 1)
@@ -161,3 +184,132 @@ def test_the_heap_functions_pop_entries_in_order(entries, num_pops):
         popped.append((int(a[0]), int(a[1])))
         n = mod.pop_top(a, n)
     assert popped == sorted(entries)[:len(popped)]
+
+
+def test_a_run_of_victims_leaves_the_ranking_as_one_took_per_victim(form):
+    """g0 (P 5) tops ahead of g2 (P 2). Three victims of 1 each: as a run, nothing is
+    written until it ends (flush, or anything that reads the ranking); then g0's P, its
+    version and the kept ranking are those three calls of took leave. A fourth victim
+    takes g0 to 2, no longer above the runner-up: the run ends by itself and the ranking
+    is made afresh, the tie sorted."""
+    states = []
+    for how in ("took", "run"):
+        tb, elig, rk = _make(form, 3)
+        for g, n in ((0, 6), (2, 3)):
+            tb.charge(tb.add(g, 0, 1.0, 10.0, 1.0, 0.0), 10 + n, 0.0)
+            elig[g] = 1
+            rk.relist(g)
+        assert rk.cached(1.0) == ([0], 5.0, 2, 2.0) and rk.valid
+        for p_after in (4.0, 3.0, 2.5):
+            if how == "took":
+                rk.took(0, p_after)
+            else:
+                rk.run(0, p_after, 2, 2.0, 1.0)
+                assert (rk.run_g, rk.run_p, rk.run_w) == (0, p_after, 1.0)
+                assert rk.moved_p[0] == 5.0             # written when the run ends
+        if how == "run":
+            assert rk.run_n == 3
+            rk.flush()
+            assert rk.run_g == -1
+        assert rk.valid and rk.moved_p[0] == 2.5
+        states.append((list(rk.gver), list(rk.moved_p), rk.cached(1.0)))
+        assert states[-1][2] == ([0], 2.5, 2, 2.0)
+        if how == "run":
+            rk.run(0, 2.0, 2, 2.0, 0.5)
+            assert rk.run_g == -1 and not rk.valid      # met the runner-up: ended
+        else:
+            rk.took(0, 2.0)
+            assert not rk.valid
+        assert rk.cached(1.0) == ([0, 2], 2.0, -1, 0.0)
+    assert states[0] == states[1]
+
+
+def test_whatever_reads_or_moves_the_ranking_ends_a_run_first(form):
+    """A pending run is written before a relist, a drop, the batch's end, a ranking (kept
+    or afresh) or another victim, so none of them sees g0 at its P before the run."""
+    for end in ("relist", "drop", "end_batch", "ranked", "cached", "took"):
+        tb, elig, rk = _make(form, 2)
+        tb.charge(tb.add(0, 0, 1.0, 10.0, 1.0, 0.0), 16, 0.0)
+        elig[0] = elig[1] = 1
+        rk.relist(0)
+        assert rk.cached(0.0) == ([0], 6.0, -1, 0.0)
+        rk.run(0, 5.0, -1, 0.0, 1.0)
+        if end == "relist":
+            rk.relist(1)
+        elif end == "drop":
+            elig[1] = 0
+            rk.drop(1)
+        elif end == "end_batch":
+            assert rk.end_batch() == 1
+            assert rk.moved[0] == 0 and rk.cached(0.0) == ([0], 6.0, -1, 0.0)
+            continue
+        elif end == "took":
+            rk.took(0, 4.0)
+            assert rk.run_g == -1 and rk.moved_p[0] == 4.0
+            assert rk.valid and rk.cached(0.0) == ([0], 4.0, -1, 0.0)
+            continue
+        else:
+            assert getattr(rk, end)(0.0) == ([0], 5.0, -1, 0.0)
+        assert rk.run_g == -1 and rk.moved_p[0] == 5.0, end
+        assert rk.valid == (end in ("ranked", "cached"))
+        assert rk.cached(0.0) == ([0], 5.0, -1, 0.0)
+
+
+def test_inv_w_is_kept_until_the_line_moves(form):
+    """1 / W_g, W_g the largest weight among g's buckets in debt: kept while g's line
+    holds, computed again after line_moved (a charge, a debt that cleared)."""
+    tb, elig, rk = _make(form, 1)
+    light = tb.add(0, 0, 1.0, 10.0, 2.0, 0.0)
+    heavy = tb.add(0, 1, 1.0, 10.0, 4.0, 0.0)
+    tb.charge(light, 12, 0.0)
+    rk.line_moved(0)
+    assert rk.inv_w(0, 0.0) == 0.5
+    tb.charge(heavy, 12, 0.0)
+    assert rk.inv_w(0, 0.0) == 0.5                      # not told: kept
+    rk.line_moved(0)
+    assert rk.inv_w(0, 0.0) == 0.25
+    with pytest.raises(IndexError):
+        rk.inv_w(1, 0.0)
+
+
+batch_ops = st.lists(st.tuples(st.sampled_from("admit charge elig drop look took run run"
+                                                .split()),
+                               st.integers(0, 5), st.integers(0, 2), st.integers(1, 12)),
+                     min_size=1, max_size=150)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=batch_ops)
+def test_the_ranking_kept_between_victims_is_the_brute_force_order(form, ops):
+    """Under the policy's batches (time moves at an admission, which ends the batch, clears
+    debts and forgets the ranking), the ranking that ``cached`` gives, kept through
+    ``took`` and runs of victims, is the brute force's every time it is read."""
+    groups, min_rho = 6, 0.5
+    tb, elig, rk = _make(form, groups, min_rho)
+    moved: dict[int, float] = {}
+    t = 0.0
+    for op, g, c, n in ops:
+        if op == "admit":
+            assert rk.end_batch() == len(moved)
+            moved.clear()
+            t += n / 8
+            _clear_debts(tb, rk, t)
+            rk.forget()
+        elif _moves_a_group(tb, elig, rk, op, g, c, n, t):
+            pass
+        elif op in ("look", "took", "run"):
+            top, top_p, runner, runner_p = rk.cached(t)
+            _check_brute_force(tb, elig, rk, moved, t, min_rho, top, top_p, runner, runner_p)
+            if op == "look" or not top:
+                continue
+            h, w = top[0], n / 4
+            if op == "took" or len(top) > 1:
+                moved[h] = top_p - w
+                rk.took(h, top_p - w)
+                continue
+            for _ in range(c + 1):          # victims of h while it stays alone on top
+                top_p -= w
+                moved[h] = top_p
+                rk.run(h, top_p, runner, runner_p, w)
+                if rk.run_g < 0:
+                    break
