@@ -155,7 +155,6 @@ cdef class PrefixShieldView(CachedHook):
     cdef tuple seg_names, class_names
     cdef signed char[:] contract
     cdef object decision_cls
-    cdef int runner_g           # _first_of's second group, -1 when one group tops
     # the policy's num_cand while a kernel runs (read on entry, written back on exit and
     # before any call into the policy's Python that could read or change it)
     cdef Py_ssize_t num_cand
@@ -253,30 +252,9 @@ cdef class PrefixShieldView(CachedHook):
 
     cdef int _best_of(self, int g, int *seg) except -2:
         """PrefixShield._best_of: g's best eligible block (its segment in seg), or -1."""
-        cdef int s, b
-        for s in range(3):
-            b = self.gq.head(3 * g + s)
-            if b >= 0:
-                seg[0] = s
-                return b
-        seg[0] = 3
-        return -1
-
-    cdef int _first_of(self, list top) except -2:
-        """The group _choose takes among groups tied at the top: sorted by their best
-        candidates' (segment, native seq), each looked up as the key function does."""
-        cdef int g, s, b, best_g = -1, best_s = 0, next_g = -1, next_s = 0
-        cdef long long best_seq = 0, next_seq = 0, sq
-        for g in top:
-            b = self._best_of(g, &s)
-            sq = llongs(self.gq.seq)[b] if b >= 0 else 0
-            if best_g < 0 or s < best_s or (s == best_s and sq < best_seq):
-                next_g, next_s, next_seq = best_g, best_s, best_seq
-                best_g, best_s, best_seq = g, s, sq
-            elif next_g < 0 or s < next_s or (s == next_s and sq < next_seq):
-                next_g, next_s, next_seq = g, s, sq
-        self.runner_g = next_g
-        return best_g
+        cdef int q = self.gq.first_queue(3 * g, 3)
+        seg[0] = q - 3 * g
+        return self.gq.head(q) if seg[0] < 3 else -1
 
     cdef int _evicted(self, int b, int g, object p_after) except -1:
         """PrefixShield.evicted."""
@@ -617,8 +595,8 @@ cdef class PrefixShieldView(CachedHook):
                         g = rk.top_g
                         runner, runner_p = rk.runner_g, rk.runner_p
                     else:           # tied: sorted by best candidate, the second runs up
-                        g = self._first_of(rk.ties)
-                        runner, runner_p = self.runner_g, rk.top_p
+                        g, runner = self.gq.first_two_families(rk.ties, 3)
+                        runner_p = rk.top_p
                     top_p = rk.top_p
                     w = rk.inv_w(g, self.now)
                 b = self._best_of(g, &seg)

@@ -217,14 +217,10 @@ class PrefixShield(EvictionPolicy):
         batch's ranking."""
         return self.ranking.cached(self.now_s)
 
-    def _best_of(self, g: int) -> tuple[int, int, int]:
-        """(segment, native seq, block) of g's best eligible candidate."""
-        gq = self.gq
-        for s in range(3):
-            b = gq.head(3 * g + s)
-            if b >= 0:
-                return s, gq.seq[b], b
-        return 3, 0, -1
+    def _best_of(self, g: int) -> tuple[int, int]:
+        """(segment, block) of g's best eligible candidate; (3, -1) if it has none."""
+        q = self.gq.first_queue(3 * g, 3)
+        return q - 3 * g, (self.gq.head(q) if q < 3 * g + 3 else -1)
 
     def global_queues(self) -> SeqQueues:
         """The all-groups queues, rebuilt if they were dropped; a use keeps them."""
@@ -238,11 +234,8 @@ class PrefixShield(EvictionPolicy):
         """(segment, block) of the best eligible candidate over all groups; block -1
         when no leaf is eligible."""
         glob = self.global_queues()
-        for s in range(3):
-            b = glob.head(s)
-            if b >= 0:
-                return s, b
-        return 2, -1
+        s = glob.first_queue(0, 3)
+        return (s, glob.head(s)) if s < 3 else (2, -1)
 
     # -- events -----------------------------------------------------------------
     def on_admit(self, req: PolicyRequest, now_ns: int) -> None:
@@ -348,11 +341,11 @@ class PrefixShield(EvictionPolicy):
         or -1, its P, ancestry fallback?): select_victim's choice before the Decision."""
         top, top_p, runner, runner_p = self._ranked()
         if top and top_p > self.eps:
-            if len(top) > 1:     # equal P_g: best candidate's segment, then native order
-                top = sorted(top, key=lambda g: self._best_of(g)[:2])
-                runner, runner_p = top[1], top_p
             g = top[0]
-            seg, _, b = self._best_of(g)
+            if len(top) > 1:     # equal P_g: best candidate's segment, then native order
+                g, runner = self.gq.first_two_families(top, 3)
+                runner_p = top_p
+            seg, b = self._best_of(g)
             p_after = top_p - self.ranking.inv_w(g, self.now_s)
             if self.glob is not None:
                 self.glob_budget -= 1

@@ -1,6 +1,8 @@
 # C declarations for seq_queues.py (Cython's pure-Python mode): SeqQueues' fields, declared
 # once here, and its methods, which PrefixShield's compiled paths call as C methods.
 
+cimport cython
+
 from psgate.flat cimport append_llong, ints, llongs, truncate_llongs
 
 cdef int COMPACT_SLACK
@@ -16,6 +18,7 @@ cdef int heap_pop(object h) except -1
 cdef void heapify(long long *a, Py_ssize_t n) noexcept
 
 
+@cython.final
 cdef class SeqQueues:
     cdef readonly Py_ssize_t num_blocks
     cdef readonly object where          # array('i')
@@ -28,5 +31,7 @@ cdef class SeqQueues:
     cpdef void remove(self, int b) except *
     cpdef void compact(self, int q) except *
     cpdef int head(self, int q) except -2
+    cpdef int first_queue(self, int q, int num) except -1
+    cpdef tuple first_two_families(self, list families, int width)
     cpdef list items(self, int q)
     cpdef void gather(self, SeqQueues other, Py_ssize_t stride) except *

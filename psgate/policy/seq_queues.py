@@ -199,6 +199,41 @@ class SeqQueues:
             heap_pop(h)
         return -1
 
+    def first_queue(self, q, num):
+        """The first of queues q .. q + num - 1 that is not empty; q + num when all are."""
+        i: cython.int
+        for i in range(q, q + num):
+            if self.head(i) >= 0:
+                return i
+        return q + num
+
+    def first_two_families(self, families, width):
+        """Of the given families of ``width`` queues (family f: queues width * f onwards),
+        the two whose best blocks come first, a block ranked by its queue's place in the
+        family, then its seq (a family with no block last); (first, second), -1 where
+        there is none. (PrefixShield: the groups tied at the top, by their best
+        candidates' segment and native order.)"""
+        f: cython.int
+        q: cython.int
+        place: cython.int
+        seq: cython.longlong
+        best: cython.int = -1
+        best_place: cython.int = 0
+        best_seq: cython.longlong = 0
+        nxt: cython.int = -1
+        next_place: cython.int = 0
+        next_seq: cython.longlong = 0
+        for f in families:
+            q = self.first_queue(width * f, width)
+            place = q - width * f
+            seq = llongs(self.seq)[self.head(q)] if place < width else 0
+            if best < 0 or place < best_place or (place == best_place and seq < best_seq):
+                nxt, next_place, next_seq = best, best_place, best_seq
+                best, best_place, best_seq = f, place, seq
+            elif nxt < 0 or place < next_place or (place == next_place and seq < next_seq):
+                nxt, next_place, next_seq = f, place, seq
+        return best, nxt
+
     def items(self, q):
         """The blocks of queue q in order."""
         if not 0 <= q < len(self.heaps):

@@ -118,3 +118,35 @@ def test_bad_queues_and_blocks_are_refused(form):
         sq.remove(2)
     with pytest.raises(ValueError, match="at most"):
         form.SeqQueues(form.SeqQueues.MASK + 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pushes=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 1000)), max_size=30),
+       removes=st.lists(st.integers(0, NUM_BLOCKS - 1), max_size=8),
+       families=st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True))
+def test_first_queue_and_first_two_families_are_the_model_s(form, pushes, removes,
+                                                           families):
+    """Four families of three queues (PrefixShield's groups and segments): a family's
+    first non-empty queue, and of any families the two whose best blocks come first by
+    (place in the family, seq), a family with none last and ties kept in the order
+    given, as sorting them would give."""
+    sq, model = form.SeqQueues(NUM_BLOCKS, 12), Model(12)
+    for b, (q, seq) in enumerate(pushes[:NUM_BLOCKS]):
+        sq.push(q, b, seq * NUM_BLOCKS + b)      # distinct seqs, as freed_seq's are
+        model.queues[q][b] = seq * NUM_BLOCKS + b
+    for b in removes:
+        if b in sq:
+            sq.remove(b)
+            del model.queues[model.where(b)][b]
+
+    def best(f):
+        for place in range(3):
+            order = model.order(3 * f + place)
+            if order:
+                return place, model.queues[3 * f + place][order[0]]
+        return 3, 0
+
+    for f in range(4):
+        assert sq.first_queue(3 * f, 3) == 3 * f + best(f)[0]
+    ranked = sorted(families, key=best)
+    assert sq.first_two_families(families, 3) == (ranked[0], (ranked + [-1])[1])
