@@ -21,6 +21,7 @@ from psgate.flat cimport byte_items, doubles, ints, llongs
 from psgate.policy.field_decision cimport FieldDecision
 from psgate.policies.lru cimport LRUDecision, freed_seconds
 from psgate.policy.history cimport PrefixHistory
+from psgate.policy.leaf_tracker cimport LeafTracker
 from psgate.policy.seq_queues cimport SeqQueues
 from psgate.policy.buckets cimport TokenBuckets
 from psgate.policy.debt_ranking cimport DebtRanking
@@ -130,7 +131,8 @@ cdef class PrefixShieldView(CachedHook):
     when no group is in debt, a block outside the pool) calls the policy's own Python
     method. Built by PrefixShield.bind for the classes whose hooks it mirrors; a subclass
     that overrides them (prefixshield-b) runs the Python ones."""
-    cdef object pol, tree
+    cdef object pol
+    cdef LeafTracker tree       # the policy's, None where it is not leaf-only
     cdef SeqQueues gq           # the group queues, q = 3 * g + segment
     cdef SeqQueues gl           # the all-groups queues while has_glob
     # the policy's num_eligible, an array('q') that grows by a group at a time (read
@@ -141,10 +143,6 @@ cdef class PrefixShieldView(CachedHook):
     cdef signed char[:] cls
     cdef long long[:] freed_seq
     cdef unsigned char[:] cand
-    cdef int[:] t_parent
-    cdef int[:] t_parent_gen
-    cdef int[:] t_gen
-    cdef int[:] t_children
     cdef bint segments, has_tree, has_glob
     cdef object glob_obj
     cdef double eps
@@ -188,11 +186,6 @@ cdef class PrefixShieldView(CachedHook):
         self.eps = pol.eps
         self.tree = pol.tree
         self.has_tree = self.tree is not None
-        if self.has_tree:
-            self.t_parent = self.tree.parent
-            self.t_parent_gen = self.tree.parent_gen
-            self.t_gen = self.tree.gen
-            self.t_children = self.tree.children
         self.glob_obj = False           # never the policy's: the first use syncs
         self.has_glob = False
         self.nb_b = NULL
@@ -290,19 +283,14 @@ cdef class PrefixShieldView(CachedHook):
     cdef int _evicted_tail(self, int b) except -1:
         """_evicted's half for the block b (0 <= b < n): it leaves the candidates and the
         leaf tracker, whose parent may become eligible."""
-        cdef int p, c
+        cdef int p
         if not self.has_tree and not self.cand[b]:
             return 0
         self._uncandidate(b)
         if self.has_tree:
-            self.t_gen[b] += 1
-            p = self.t_parent[b]
-            self.t_parent[b] = -1
-            if p >= 0 and self.t_parent_gen[b] == self.t_gen[p]:
-                c = self.t_children[p] - 1
-                self.t_children[p] = c
-                if c == 0 and self.cand[p]:
-                    self._push(p)
+            p = self.tree.evicted(b)
+            if p >= 0 and self.cand[p]:
+                self._push(p)
         self.owner[b] = -1
         return 0
 
@@ -320,12 +308,8 @@ cdef class PrefixShieldView(CachedHook):
         self.nb_keys.append(key)
         if pos >= num_prompt_blocks:
             self.nb_out += 1
-        if self.has_tree:                # LeafTracker.cached
-            self.t_parent[block] = parent
-            self.t_children[block] = 0
-            if parent >= 0:
-                self.t_parent_gen[block] = self.t_gen[parent]
-                self.t_children[parent] += 1
+        if self.has_tree:
+            self.tree.cached(block, parent)
 
     def touched(self, list hits, ref_a, req):
         """The engine's touch loop over r's hits with on_touch and on_hit inline: each
@@ -503,7 +487,7 @@ cdef class PrefixShieldView(CachedHook):
             self.freed_seq[b] = fs
             self.cand[b] = 1
             self.num_cand += 1
-            if not self.has_tree or self.t_children[b] == 0:
+            if not self.has_tree or self.tree.is_leaf(b):
                 self._push(b)
         pol.free_seq = fs
         pol.num_cand = self.num_cand

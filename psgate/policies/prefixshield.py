@@ -424,15 +424,10 @@ class PrefixShield(EvictionPolicy):
         if tree is None and not cand[b]:
             return
         self.uncandidate(b)
-        if tree is not None:             # LeafTracker.evicted, inline
-            tree.gen[b] += 1
-            p = tree.parent[b]
-            tree.parent[b] = -1
-            if p >= 0 and tree.parent_gen[b] == tree.gen[p]:
-                n = tree.children[p] - 1
-                tree.children[p] = n
-                if n == 0 and cand[p]:   # p is a leaf now
-                    self._eligible_push(p)
+        if tree is not None:
+            p = tree.evicted(b)
+            if p >= 0 and cand[p]:       # p is a leaf now
+                self._eligible_push(p)
         self.owner[b] = -1
 
     def on_cached(self, block: int, req: PolicyRequest, pos: int, parent: int,

@@ -60,7 +60,8 @@ from psgate.policy.base import (Decision, EvictionPolicy, GroupIds, PolicyReques
                                 PoolInfo, RetentionRange, non_finite)
 from psgate.policy.field_decision import FieldDecision
 from psgate.policy.history import PrefixHistory
-from psgate.policy.queues import BlockQueues, LeafCandidates, LeafTracker
+from psgate.policy.leaf_tracker import LeafTracker
+from psgate.policy.queues import BlockQueues, LeafCandidates
 from psgate.policy.buckets import TokenBuckets
 from psgate.policy.debt_ranking import DebtRanking
 from psgate.policy.seq_queues import SeqQueues

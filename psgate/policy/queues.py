@@ -4,8 +4,8 @@ Every policy keeps its eviction order here: a block sits in at most one queue,
 append/remove/head are O(1), and the cost is three int32 slots per block plus
 three per queue, not a Python object per block. Queue ``q``'s sentinel lives at
 index ``num_blocks + q``. ``SeqQueues`` (``psgate.policy.seq_queues``) orders blocks by a
-key instead (heaps); ``LeafTracker`` and ``LeafCandidates`` keep a leaf-first policy's tree
-and candidates.
+key instead (heaps); ``LeafCandidates`` keeps a leaf-first policy's candidates, over a
+``LeafTracker`` (``psgate.policy.leaf_tracker``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from psgate.policy.base import Decision
+from psgate.policy.leaf_tracker import LeafTracker
 from psgate.policy.seq_queues import SeqQueues
 
 
@@ -87,44 +88,6 @@ class BlockQueues:
             out.append(b)
             b = self.next[b]
         return out
-
-
-class LeafTracker:
-    """Which cached blocks are leaves: no resident block was computed on top of them.
-
-    A block's parent is the block its request held at the previous position
-    when it was cached. Evicting only leaves never orphans a block. A
-    generation counter per block guards a parent link against the parent's id
-    having been reused for other content (possible only when a non-leaf is
-    evicted, which leaf-only policies do not do).
-    """
-
-    def __init__(self, num_blocks: int) -> None:
-        self.parent = array("i", [-1]) * num_blocks
-        self.parent_gen = array("i", [0]) * num_blocks
-        self.gen = array("i", [0]) * num_blocks
-        self.children = array("i", [0]) * num_blocks
-
-    def cached(self, b: int, parent: int) -> None:
-        self.parent[b] = parent
-        self.children[b] = 0
-        if parent >= 0:
-            self.parent_gen[b] = self.gen[parent]
-            self.children[parent] += 1
-
-    def is_leaf(self, b: int) -> bool:
-        return self.children[b] == 0
-
-    def evicted(self, b: int) -> int:
-        """Forget b; returns its parent if b was that parent's last child, else -1."""
-        self.gen[b] += 1
-        p = self.parent[b]
-        self.parent[b] = -1
-        if p >= 0 and self.parent_gen[b] == self.gen[p]:
-            self.children[p] -= 1
-            if self.children[p] == 0:
-                return p
-        return -1
 
 
 class LeafCandidates:
