@@ -228,17 +228,33 @@ def run_events(tmp_path: Path, events, cap: int, policy: str, **params):
     return replay_checked(write(tmp_path, events), cap, policy, params or None)
 
 
+_INTERPRETED: dict[str, object] = {}
+
+
 def interpreted(module):
     """``module``, written in Cython's pure-Python mode, loaded again from its ``.py``
     under another name: its interpreted form, whether the installed one is compiled or
-    not."""
+    not (loaded once per test session)."""
     from psgate import core
     name = module.__name__.replace(".", "_") + "_interpreted"
-    spec = importlib.util.spec_from_file_location(name, core.source_file(module.__file__))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert not mod.cython.compiled
-    return mod
+    if name not in _INTERPRETED:
+        spec = importlib.util.spec_from_file_location(name, core.source_file(module.__file__))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert not mod.cython.compiled
+        _INTERPRETED[name] = mod
+    return _INTERPRETED[name]
+
+
+def both_forms(*modules, scope: str = "module"):
+    """A fixture ``form`` over the two forms of pure-mode modules: as installed (compiled
+    where the install compiled them) and interpreted from their sources; its value is the
+    module, or the tuple of them where several are given."""
+    @pytest.fixture(scope=scope, params=["installed", "interpreted"])
+    def form(request):
+        mods = modules if request.param == "installed" else tuple(map(interpreted, modules))
+        return mods if len(mods) > 1 else mods[0]
+    return form
 
 
 def heavy_python(name: str, modules: tuple[str, ...], install: str) -> str:

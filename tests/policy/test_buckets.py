@@ -10,17 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import interpreted
+from helpers import both_forms
 from psgate.policy import buckets
 
-FORMS = {"installed": buckets}
+form = both_forms(buckets)
 
-
-@pytest.fixture(scope="module", params=["installed", "interpreted"])
-def form(request):
-    if request.param not in FORMS:
-        FORMS[request.param] = interpreted(buckets)
-    return FORMS[request.param]
 
 
 # (rho, beta, weight) of three contracts

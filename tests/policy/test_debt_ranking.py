@@ -8,17 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import interpreted
+from helpers import both_forms, interpreted
 from psgate.policy import buckets, debt_ranking
 
-FORMS = {"installed": (debt_ranking, buckets)}
-
-
-@pytest.fixture(scope="module", params=["installed", "interpreted"])
-def form(request):
-    if request.param not in FORMS:
-        FORMS[request.param] = (interpreted(debt_ranking), interpreted(buckets))
-    return FORMS[request.param]
+form = both_forms(debt_ranking, buckets)
 
 
 def _make(form, num_groups, min_rho=1.0):
@@ -174,7 +167,7 @@ def test_the_heap_functions_pop_entries_in_order(entries, num_pops):
     """sift_up and pop_top (the interpreted source, which the install compiles) keep a
     heap: pushes then pops give the entries sorted, ties on the key broken by the group."""
     from array import array
-    mod = FORMS.get("interpreted", (None,))[0] or interpreted(debt_ranking)
+    mod = interpreted(debt_ranking)
     a = array("d", [0.0]) * (3 * len(entries))
     for n, (k, g) in enumerate(entries):
         mod.sift_up(a, n, float(k), float(g), 1.0)

@@ -7,17 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import interpreted
+from helpers import both_forms
 from psgate.policy import leaf_tracker
 
-FORMS = {"installed": leaf_tracker}
+form = both_forms(leaf_tracker)
 
-
-@pytest.fixture(scope="module", params=["installed", "interpreted"])
-def form(request):
-    if request.param not in FORMS:
-        FORMS[request.param] = interpreted(leaf_tracker)
-    return FORMS[request.param]
 
 
 def test_a_chain_s_leaf_goes_and_its_parent_becomes_the_leaf(form):

@@ -8,18 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import interpreted
+from helpers import both_forms
 from psgate.policy import seq_queues
 
-FORMS = {"installed": seq_queues}
+form = both_forms(seq_queues)
 NUM_BLOCKS = 16
-
-
-@pytest.fixture(scope="module", params=["installed", "interpreted"])
-def form(request):
-    if request.param not in FORMS:
-        FORMS[request.param] = interpreted(seq_queues)
-    return FORMS[request.param]
 
 
 class Model:

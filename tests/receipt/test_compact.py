@@ -282,18 +282,11 @@ def test_huge_ids_and_fields_round_trip(tmp_path):
 # -- the encoder as installed (compiled where the install compiled field_code) against
 # -- its interpreted form, written by csv.writer ------------------------------------------
 
-FORMS = {}
-
-
-def interpreted_codes() -> object:
-    if "interpreted" not in FORMS:
-        FORMS["interpreted"] = interpreted(field_code)
-    return FORMS["interpreted"]
 
 
 def _python_text(rows: list[str]) -> str:
     """The rows' codes by the interpreted encoder's encode, written by csv.writer."""
-    enc = interpreted_codes().CompactEncoder(HEADER[:-1])
+    enc = interpreted(field_code).CompactEncoder(HEADER[:-1])
     s = io.StringIO()
     csv.writer(s, lineterminator="\r\n").writerows(enc.encode(r[:-1]) for r in rows)
     return s.getvalue()
@@ -377,7 +370,7 @@ def test_the_installed_encoder_writes_the_interpreted_codes(rows):
 
 def test_the_installed_encoder_numbers_hashes_as_the_interpreted_one(monkeypatch):
     monkeypatch.setattr(field_code, "HASH_LIMIT", 3)
-    monkeypatch.setattr(interpreted_codes(), "HASH_LIMIT", 3)
+    monkeypatch.setattr(interpreted(field_code), "HASH_LIMIT", 3)
     hashes = ["a1", "b2", "a1", "c3", "d4", "a1", "", "d4", "d4"] * 3
     lines = [row(run="b", policy="lru", seq=i + 1, t="1.000000000", kind="evict", block=i,
                  hash=h) for i, h in enumerate(hashes)]

@@ -12,21 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import interpreted
+from helpers import both_forms
 from psgate.receipt import field_code
 
-FORMS = {"installed": field_code}
+form = both_forms(field_code)
 
 INT = re.compile(r"(0|-?[1-9][0-9]{0,17})\Z")
 SECONDS = re.compile(r"(0|[1-9][0-9]{0,9})\.[0-9]{9}\Z")
 DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)\.([0-9]+)\Z")
-
-
-@pytest.fixture(scope="module", params=["installed", "interpreted"])
-def form(request):
-    if request.param not in FORMS:
-        FORMS[request.param] = interpreted(field_code)
-    return FORMS[request.param]
 
 
 def decimal(t: str):

@@ -16,19 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import close_ranks, csv_texts, decisions, interpreted
+from helpers import both_forms, close_ranks, csv_texts, decisions, interpreted
 from psgate.engines.results import RequestOutcome
 from psgate.policy.base import Decision
 from psgate.receipt import row_text
 
-FORMS = {"installed": row_text}
-
-
-@pytest.fixture(params=["installed", "interpreted"])
-def form(request):
-    if request.param not in FORMS:
-        FORMS[request.param] = interpreted(row_text)
-    return FORMS[request.param]
+form = both_forms(row_text, scope="function")
 
 
 def csv_row(fields: list) -> str:
