@@ -377,13 +377,8 @@ cdef class PrefixShieldView(CachedHook):
         the admission's time leave their group's kinetic sums (_advance), the group gets
         its id, and the batch's state starts afresh."""
         pol = self.pol
-        cdef int g
-        self.rk.end_batch()
         t = now_ns / NS_PER_S
-        g = self.buckets.clear_next(t)             # PrefixShield._advance
-        while g >= 0:
-            self.rk.line_moved(g)
-            g = self.buckets.clear_next(t)
+        self.rk.start_batch(t)                     # PrefixShield._advance
         pol.now_s = t
         if req.group not in pol.gids:
             pol.group_id(req.group)
@@ -391,7 +386,6 @@ cdef class PrefixShieldView(CachedHook):
         self.nb_keys = []
         pol.promoted = pol.denied = 0
         pol.promotion_debt = 0.0
-        self.rk.forget()
         self.debt_cache.clear()
 
     def end_admit(self, req):

@@ -201,11 +201,9 @@ class PrefixShield(EvictionPolicy):
         return b
 
     def _advance(self, t: float) -> None:
-        """Buckets whose debt cleared by t leave their group's S_g / k_g."""
-        g = self.buckets.clear_next(t)
-        while g >= 0:
-            self.ranking.line_moved(g)
-            g = self.buckets.clear_next(t)
+        """A batch at time t: the last batch's groups back on their lines, buckets whose
+        debt cleared by t out of their groups' S_g / k_g (DebtRanking.start_batch)."""
+        self.ranking.start_batch(t)
         self.now_s = t
 
     # -- group ranking (psgate.policy.debt_ranking) --------------------------------
@@ -242,16 +240,12 @@ class PrefixShield(EvictionPolicy):
         if self._view is not None:
             self._view.on_admit(req, now_ns)
             return
-        # the groups the last batch moved go back to their lines (a select_victim outside
-        # a batch, a peek, may have moved some)
-        self.ranking.end_batch()
         self._advance(now_ns / NS_PER_S)
         self.group_id(req.group)
         self.new_blocks = []
         self.num_new_output = 0
         self.promoted = self.denied = 0
         self.promotion_debt = 0.0
-        self.ranking.forget()
         self.debt_cache.clear()
 
     def _debts(self, g: int) -> tuple[float, float, float]:

@@ -67,6 +67,7 @@ cdef class DebtRanking:
                               long long *elig) except -2
     cpdef int rank(self, double t) except -1
     cpdef tuple ranked(self, double t)
+    cpdef int start_batch(self, double t) except -1
     cpdef void forget(self) noexcept
     cpdef int rank_cached(self, double t) except -1
     cpdef tuple cached(self, double t)

@@ -9,6 +9,7 @@ from, in O(log groups) per victim.
     end_batch()          the groups the batch moved go back to their lines
 
     The batch's ranking, kept between victims (PrefixShield takes victims one at a time):
+    start_batch(t)       end_batch(), the debts cleared by t off their lines, no ranking kept
     rank_cached(t)       rank(t) where nothing has moved the ranking since the last one
     took(g, p)           g gave a victim: while g stays alone above the runner-up, the
                          ranking holds with g at p and needs no new rank
@@ -441,6 +442,19 @@ class DebtRanking:
         return top, self.top_p, self.runner_g, self.runner_p
 
     # -- the batch's ranking between victims ----------------------------------------
+    def start_batch(self, t):
+        """A batch at time t begins: the groups the last one moved go back to their lines
+        (end_batch; a peek outside a batch may have moved some), buckets whose debt
+        cleared by t leave their groups' lines (line_moved), and the next ranking is made
+        afresh."""
+        self.end_batch()
+        g: cython.int = self.buckets.clear_next(t)
+        while g >= 0:
+            self.line_moved(g)
+            g = self.buckets.clear_next(t)
+        self.valid = False
+        return 0
+
     def forget(self):
         """The next rank_cached ranks afresh (the batch's time moved)."""
         self.valid = False

@@ -274,20 +274,20 @@ batch_ops = st.lists(st.tuples(st.sampled_from("admit charge elig drop look took
 @settings(max_examples=150, deadline=None)
 @given(ops=batch_ops)
 def test_the_ranking_kept_between_victims_is_the_brute_force_order(form, ops):
-    """Under the policy's batches (time moves at an admission, which ends the batch, clears
-    debts and forgets the ranking), the ranking that ``cached`` gives, kept through
-    ``took`` and runs of victims, is the brute force's every time it is read."""
+    """Under the policy's batches (time moves at an admission: start_batch ends the last
+    batch, clears debts and forgets the ranking), the ranking that ``cached`` gives, kept
+    through ``took`` and runs of victims, is the brute force's every time it is read."""
     groups, min_rho = 6, 0.5
     tb, elig, rk = _make(form, groups, min_rho)
     moved: dict[int, float] = {}
     t = 0.0
     for op, g, c, n in ops:
         if op == "admit":
-            assert rk.end_batch() == len(moved)
+            assert rk.num_moved == len(moved)
             moved.clear()
             t += n / 8
-            _clear_debts(tb, rk, t)
-            rk.forget()
+            rk.start_batch(t)
+            assert rk.num_moved == 0 and not rk.valid and tb.clear_next(t) == -1
         elif _moves_a_group(tb, elig, rk, op, g, c, n, t):
             pass
         elif op in ("look", "took", "run"):
@@ -306,3 +306,18 @@ def test_the_ranking_kept_between_victims_is_the_brute_force_order(form, ops):
                 rk.run(h, top_p, runner, runner_p, w)
                 if rk.run_g < 0:
                     break
+
+
+def test_start_batch_takes_a_cleared_debt_off_its_group_s_line(form):
+    """g0 owes 6 blocks (clears at t=6), g1 owes 5 (t=5). At t=1 g0 tops; a batch at t=5.5
+    ends the last one and takes g1's cleared bucket off its line, so g1 is neither top
+    nor runner-up: only g0 ranks, at 0.5."""
+    tb, elig, rk = _make(form, 2)
+    for g, n in ((0, 6), (1, 5)):
+        tb.charge(tb.add(g, 0, 1.0, 10.0, 1.0, 0.0), 10 + n, 0.0)
+        elig[g] = 1
+        rk.relist(g)
+    assert rk.cached(1.0) == ([0], 5.0, 1, 4.0)
+    rk.start_batch(5.5)
+    assert list(tb.k) == [1, 0] and rk.num_moved == 0 and not rk.valid
+    assert rk.cached(5.5) == ([0], 0.5, -1, 0.0)
